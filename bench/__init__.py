@@ -1,0 +1,1 @@
+"""Serge's benchmark suite: `python -m bench --help` (see bench/README.md)."""

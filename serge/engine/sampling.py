@@ -1,0 +1,150 @@
+"""Sampling parameters, and choosing the next token from logits.
+
+A `SamplingParams` is a frozen, validated value. Layers of defaults (the engine's,
+a model's recommended ones, a chat's, a request's) are merged with `over()`, which
+makes a new value; nothing here ever writes to a model or its generation_config.
+`choose_next` is a pure function of logits, the token history, the settings and a
+per-sequence random generator, so two sequences can never disturb each other.
+"""
+
+from __future__ import annotations
+
+import random
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+MAX_STOP_STRINGS = 4
+MAX_STOP_LENGTH = 200
+
+
+class SamplingParams(BaseModel):
+    """How to pick tokens. A field left as None falls back to the layer below."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    temperature: float | None = Field(None, ge=0, le=2, description="0 picks the most likely token (greedy).")
+    top_p: float | None = Field(None, gt=0, le=1, description="Nucleus sampling: keep the smallest set of tokens with this much probability.")
+    top_k: int | None = Field(None, ge=0, description="Keep only the k most likely tokens; 0 turns it off.")
+    min_p: float | None = Field(None, ge=0, le=1, description="Drop tokens less likely than min_p times the most likely one.")
+    max_new_tokens: int | None = Field(None, ge=1, description="Longest reply, in tokens.")
+    repetition_penalty: float | None = Field(None, gt=0, le=10, description="Above 1 discourages tokens already seen (1 = off).")
+    frequency_penalty: float | None = Field(None, ge=-2, le=2, description="Lowers a token's score by how often it was generated.")
+    presence_penalty: float | None = Field(None, ge=-2, le=2, description="Lowers a token's score once it has been generated.")
+    stop: tuple[str, ...] | None = Field(None, description=f"Up to {MAX_STOP_STRINGS} strings that end the reply.")
+    seed: int | None = Field(None, ge=0, le=2**63 - 1, description="Makes sampling repeatable.")
+    ignore_eos: bool | None = Field(None, description="Keep generating past the end-of-turn token (benchmarks).")
+
+    @field_validator("stop", mode="before")
+    @classmethod
+    def _stop_list(cls, value):
+        if value is None:
+            return None
+        if isinstance(value, str):
+            value = [value]
+        value = tuple(value)
+        if len(value) > MAX_STOP_STRINGS:
+            raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings are allowed")
+        for s in value:
+            if not isinstance(s, str) or not s or len(s) > MAX_STOP_LENGTH:
+                raise ValueError(f"each stop string must be 1 to {MAX_STOP_LENGTH} characters")
+        return value
+
+    def over(self, base: SamplingParams | None) -> SamplingParams:
+        """These settings on top of `base`: a new value, neither input changed."""
+        if base is None:
+            return self
+        return base.model_copy(update=self.model_dump(exclude_none=True))
+
+    def resolved(self, room: int) -> ResolvedSampling:
+        """Fill every gap with the engine's defaults, for a reply with `room` tokens of context left."""
+        p = self.over(ENGINE_DEFAULTS)
+        wanted = p.max_new_tokens or room
+        return ResolvedSampling(
+            temperature=p.temperature,
+            top_p=p.top_p,
+            top_k=p.top_k,
+            min_p=p.min_p,
+            max_new_tokens=max(1, min(wanted, room)),
+            repetition_penalty=p.repetition_penalty,
+            frequency_penalty=p.frequency_penalty,
+            presence_penalty=p.presence_penalty,
+            stop=p.stop or (),
+            seed=p.seed if p.seed is not None else random.randrange(2**63),
+            ignore_eos=bool(p.ignore_eos),
+        )
+
+
+ENGINE_DEFAULTS = SamplingParams(
+    temperature=0.7,
+    top_p=1.0,
+    top_k=0,
+    min_p=0.0,
+    max_new_tokens=1024,
+    repetition_penalty=1.0,
+    frequency_penalty=0.0,
+    presence_penalty=0.0,
+    stop=(),
+)
+
+
+class ResolvedSampling(BaseModel):
+    """Every setting decided; what one sequence actually runs with."""
+
+    model_config = ConfigDict(frozen=True)
+
+    temperature: float
+    top_p: float
+    top_k: int
+    min_p: float
+    max_new_tokens: int
+    repetition_penalty: float
+    frequency_penalty: float
+    presence_penalty: float
+    stop: tuple[str, ...]
+    seed: int
+    ignore_eos: bool
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    def generator(self, device: torch.device) -> torch.Generator:
+        return torch.Generator(device=device).manual_seed(self.seed)
+
+
+def choose_next(
+    logits: torch.Tensor,
+    params: ResolvedSampling,
+    seen: torch.Tensor,
+    generated: torch.Tensor,
+    generator: torch.Generator | None,
+) -> int:
+    """Pick one token from a 1-D row of logits.
+
+    `seen` holds every token id of prompt and reply (for repetition_penalty),
+    `generated` only the reply's (for the OpenAI frequency and presence penalties).
+    """
+    scores = logits.float()
+    if params.repetition_penalty != 1.0 and seen.numel():
+        picked = scores.gather(0, seen)
+        picked = torch.where(picked < 0, picked * params.repetition_penalty, picked / params.repetition_penalty)
+        scores = scores.scatter(0, seen, picked)
+    if (params.frequency_penalty or params.presence_penalty) and generated.numel():
+        counts = torch.bincount(generated, minlength=scores.shape[0]).to(scores.dtype)
+        scores = scores - params.frequency_penalty * counts - params.presence_penalty * (counts > 0).to(scores.dtype)
+    if params.greedy:
+        return int(scores.argmax())
+    scores = scores / params.temperature
+    if params.top_k and params.top_k < scores.shape[0]:
+        kth = torch.topk(scores, params.top_k).values[-1]
+        scores = scores.masked_fill(scores < kth, float("-inf"))
+    probs = torch.softmax(scores, dim=-1)
+    if params.min_p > 0:
+        probs = probs.masked_fill(probs < params.min_p * probs.max(), 0.0)
+    if params.top_p < 1.0:
+        sorted_probs, order = torch.sort(probs, descending=True)
+        before = sorted_probs.cumsum(0) - sorted_probs
+        sorted_probs = sorted_probs.masked_fill(before >= params.top_p * sorted_probs.sum(), 0.0)
+        probs = torch.zeros_like(probs).scatter(0, order, sorted_probs)
+    return int(torch.multinomial(probs, 1, generator=generator))

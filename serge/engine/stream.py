@@ -1,0 +1,185 @@
+"""One generation's lifecycle, as its consumer sees it.
+
+A `Stream` is fed by the model's worker (`push`, `finish`) and read once by a
+consumer, sync (`for delta in stream`) or async (`async for`). Each piece of text
+arrives exactly once; the prompt is never part of it. A consumer that stops
+reading early, or calls `cancel()`, makes the worker drop the sequence within a
+step; `close()` returns only once the worker has let go of it.
+
+`TextAssembler` turns token ids into safe text deltas: it never splits a UTF-8
+character, and it holds back text that could be the start of a stop string.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from enum import StrEnum
+
+
+class FinishReason(StrEnum):
+    STOP = "stop"
+    LENGTH = "length"
+    CANCELLED = "cancelled"
+    ERROR = "error"
+
+
+@dataclass(frozen=True)
+class GenerationRecord:
+    """What a finished generation produced and what it cost."""
+
+    text: str
+    finish_reason: FinishReason
+    prompt_tokens: int
+    completion_tokens: int
+    seed: int
+    queued_s: float
+    ttft_s: float | None
+    duration_s: float
+    error: str | None = None
+
+    @property
+    def tokens_per_s(self) -> float:
+        decode = self.duration_s - (self.ttft_s or 0.0)
+        if self.completion_tokens < 2 or decode <= 0:
+            return 0.0
+        return (self.completion_tokens - 1) / decode
+
+
+class GenerationError(RuntimeError):
+    """A generation failed; the message is safe to show to a user."""
+
+
+_END = object()
+
+
+class Stream:
+    """Text deltas of one generation, then its `record`."""
+
+    def __init__(self) -> None:
+        self._deltas: queue.SimpleQueue = queue.SimpleQueue()
+        self._cancelled = threading.Event()
+        self._done = threading.Event()
+        self._record: GenerationRecord | None = None
+        self.created = time.monotonic()
+
+    # --- the worker's side -------------------------------------------------
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled.is_set()
+
+    def push(self, delta: str) -> None:
+        if delta:
+            self._deltas.put(delta)
+
+    def finish(self, record: GenerationRecord) -> None:
+        """Called once by the worker, after it has let go of the sequence."""
+        self._record = record
+        self._done.set()
+        self._deltas.put(_END)
+
+    # --- the consumer's side -----------------------------------------------
+    def cancel(self) -> None:
+        self._cancelled.set()
+
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def close(self, timeout: float = 30.0) -> GenerationRecord:
+        """Stop the generation if it still runs, and wait until the worker lets go."""
+        if not self._done.is_set():
+            self.cancel()
+        if not self._done.wait(timeout):
+            raise GenerationError("the model worker did not release a cancelled generation")
+        return self._record
+
+    @property
+    def record(self) -> GenerationRecord:
+        if self._record is None:
+            raise RuntimeError("the stream has not finished; read it to the end or close() it")
+        return self._record
+
+    def __iter__(self) -> Iterator[str]:
+        try:
+            while (item := self._deltas.get()) is not _END:
+                yield item
+        finally:
+            self.close()
+
+    async def __aiter__(self) -> AsyncIterator[str]:
+        try:
+            while True:
+                try:
+                    item = self._deltas.get_nowait()
+                except queue.Empty:
+                    item = await asyncio.to_thread(self._deltas.get)
+                if item is _END:
+                    return
+                yield item
+        finally:
+            if not self._done.is_set():
+                self.cancel()
+                await asyncio.to_thread(self.close)
+
+    def text(self) -> str:
+        """Read to the end and return the whole reply."""
+        for _ in self:
+            pass
+        return self.record.text
+
+
+class TextAssembler:
+    """Incremental detokenizer for one sequence, with stop strings."""
+
+    def __init__(self, tokenizer, stop: tuple[str, ...] = ()) -> None:
+        self._tokenizer = tokenizer
+        self._stop = stop
+        self._ids: list[int] = []
+        self._text = ""
+        self._emitted = 0
+        self.stopped = False
+
+    def add(self, token_id: int) -> str:
+        """Take one generated token; return the text now safe to show."""
+        self._ids.append(token_id)
+        text = self._tokenizer.decode(self._ids, skip_special_tokens=True)
+        if text.endswith("\ufffd"):  # half a UTF-8 character: wait for the rest
+            return ""
+        self._text = text
+        safe = len(text)
+        if self._stop:
+            longest = max(map(len, self._stop))
+            start = max(0, self._emitted - longest + 1)
+            hits = [i for s in self._stop if (i := text.find(s, start)) != -1]
+            if hits:
+                self.stopped = True
+                self._text = text = text[: min(hits)]
+                safe = len(text)
+            else:
+                safe -= self._held_back(text)
+        delta = text[self._emitted : safe]
+        self._emitted = max(self._emitted, safe)
+        return delta
+
+    def _held_back(self, text: str) -> int:
+        """Length of the longest tail of `text` that could begin a stop string."""
+        for size in range(min(len(text), max(map(len, self._stop)) - 1), 0, -1):
+            tail = text[-size:]
+            if any(s.startswith(tail) for s in self._stop):
+                return size
+        return 0
+
+    def flush(self) -> str:
+        """At the end: whatever was held back and is part of the reply."""
+        delta = self._text[self._emitted :]
+        self._emitted = len(self._text)
+        return delta
+
+    @property
+    def text(self) -> str:
+        return self._text

@@ -1,0 +1,69 @@
+"""The one typed settings object, built once at start and passed down.
+
+Values come from defaults, then `SERGE_*` environment variables, then CLI flags
+(the CLI passes its flags as keyword arguments). Nothing else in Serge reads the
+environment.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def _default_data_dir() -> Path:
+    base = os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share"
+    return Path(base) / "serge"
+
+
+def _available_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS
+        return os.cpu_count() or 1
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="SERGE_", extra="ignore")
+
+    host: str = Field("127.0.0.1", description="Address the server listens on.")
+    port: int = Field(8008, ge=1, le=65535, description="Port the server listens on.")
+    data_dir: Path = Field(default_factory=_default_data_dir, description="Where models, chats and caches live.")
+    models_dir: Path | None = Field(None, description="Installed models; defaults to DATA_DIR/models.")
+    database_url: str | None = Field(None, description="SQLAlchemy URL; defaults to a SQLite file in DATA_DIR.")
+    device: str = Field("auto", description="auto, cpu, cuda, cuda:N or mps.")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="auto: bfloat16 on CUDA, float16 on MPS, float32 on CPU."
+    )
+    quantization: Literal["none", "8bit", "4bit"] = Field("none", description="bitsandbytes load on CUDA.")
+    default_model: str = Field("smollm2-135m-instruct", description="Model used when a request names none.")
+    torch_threads: int = Field(
+        default_factory=_available_cores,
+        ge=1,
+        description="torch intra-op threads; more than the free cores makes decoding much slower.",
+    )
+    context_window: int | None = Field(
+        None, ge=64, description="Cap on prompt + reply tokens; defaults to the model's own window."
+    )
+    max_request_bytes: int = Field(1_000_000, ge=1024, description="Largest request body accepted.")
+
+    @field_validator("device")
+    @classmethod
+    def _known_device(cls, value: str) -> str:
+        value = value.strip().lower()
+        kind = value.split(":", 1)[0]
+        if kind not in {"auto", "cpu", "cuda", "mps"}:
+            raise ValueError(f"unknown device {value!r}; use auto, cpu, cuda, cuda:N or mps")
+        return value
+
+    @property
+    def models_path(self) -> Path:
+        return self.models_dir or self.data_dir / "models"
+
+    @property
+    def database(self) -> str:
+        return self.database_url or f"sqlite:///{self.data_dir / 'serge.db'}"
