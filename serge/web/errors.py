@@ -1,0 +1,69 @@
+"""One error shape for every endpoint: OpenAI's, with a message that says what to fix.
+
+Routes raise `ApiError` (or let the engine's own exceptions through); the
+handlers here turn them into `{"error": {"message", "type", "param", "code"}}`
+with a 4xx status for anything the client can fix.
+"""
+
+from __future__ import annotations
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from serge.engine import ContextTooLong, ModelNotFound
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, *, code: str | None = None, param: str | None = None,
+                 headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.code, self.param = status, message, code, param
+        self.headers = headers
+
+
+def error_body(message: str, *, status: int, code: str | None = None, param: str | None = None) -> dict:
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+def _response(status: int, message: str, code: str | None = None, param: str | None = None,
+              headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(error_body(message, status=status, code=code, param=param), status_code=status,
+                        headers=headers)
+
+
+def describe_validation(errors) -> tuple[str, str | None]:
+    """A readable sentence from pydantic's error list, and the first offending field."""
+    parts, first = [], None
+    for err in errors[:5]:
+        loc = [str(x) for x in err.get("loc", ()) if x not in ("body", "query", "path")]
+        field = ".".join(loc) or None
+        first = first or field
+        msg = err.get("msg", "is invalid")
+        parts.append(f"{field}: {msg}" if field else msg)
+    return "; ".join(parts) or "the request is invalid", first
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(ApiError)
+    async def _api_error(_: Request, exc: ApiError):
+        return _response(exc.status, exc.message, exc.code, exc.param, exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_: Request, exc: RequestValidationError):
+        message, param = describe_validation(exc.errors())
+        return _response(400, message, "invalid_value", param)
+
+    @app.exception_handler(ModelNotFound)
+    async def _no_model(_: Request, exc: ModelNotFound):
+        return _response(404, str(exc), "model_not_found", "model")
+
+    @app.exception_handler(ContextTooLong)
+    async def _too_long(_: Request, exc: ContextTooLong):
+        return _response(400, str(exc), "context_length_exceeded", "messages")
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException):
+        return _response(exc.status_code, str(exc.detail), None, None, getattr(exc, "headers", None))

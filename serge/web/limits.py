@@ -1,0 +1,60 @@
+"""A cap on request bodies, checked before any route reads them.
+
+Declared lengths over the cap are refused at once with 413; chunked bodies are
+counted as they arrive and cut off at the cap.
+"""
+
+from __future__ import annotations
+
+import json
+
+from serge.web.errors import error_body
+
+
+class BodyTooLarge(Exception):
+    pass
+
+
+class BodySizeLimit:
+    def __init__(self, app, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        declared = dict(scope.get("headers") or []).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+            return await self._refuse(send)
+
+        seen = 0
+        started = False
+
+        async def counted_receive():
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.max_bytes:
+                    raise BodyTooLarge
+            return message
+
+        async def tracked_send(message):
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, counted_receive, tracked_send)
+        except BodyTooLarge:
+            if not started:
+                await self._refuse(send)
+
+    async def _refuse(self, send) -> None:
+        body = json.dumps(error_body(
+            f"the request body is larger than {self.max_bytes} bytes; send less (SERGE_MAX_REQUEST_BYTES sets the cap)",
+            status=413, code="request_too_large",
+        )).encode()
+        await send({"type": "http.response.start", "status": 413,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body})
