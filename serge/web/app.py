@@ -12,13 +12,18 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
+from fastapi.staticfiles import StaticFiles
 
 from serge import __version__
+from serge.chats import ChatService
 from serge.engine import Engine
 from serge.settings import Settings
+from serge.store import ChatStore, Database
+from serge.web.chats_api import router as chats_router
 from serge.web.errors import install_error_handlers
 from serge.web.limits import BodySizeLimit
 from serge.web.openai_api import router as openai_router
+from serge.web.pages import STATIC, build_pages
 
 log = logging.getLogger(__name__)
 
@@ -38,9 +43,17 @@ def build_app(settings: Settings, engine: Engine) -> FastAPI:
     async def lifespan(app: FastAPI):
         app.state.engine = engine
         app.state.load_error = None
+        database = Database(settings.database)
+        database.migrate()  # schema changes are applied at start, before any request
+        app.state.chats = ChatService(ChatStore(database), engine)
+        app.state.chats.recover()  # replies cut off by a crash are shown as interrupted
         loader = threading.Thread(target=_warm_up, args=(app.state.engine, app), name="serge-warm-up", daemon=True)
         loader.start()
-        yield
+        try:
+            yield
+        finally:
+            app.state.chats.close()  # replies in progress are stopped and saved as incomplete
+            database.close()
         loader.join()
 
     app = FastAPI(
@@ -53,6 +66,9 @@ def build_app(settings: Settings, engine: Engine) -> FastAPI:
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_request_bytes)
     install_error_handlers(app)
     app.include_router(openai_router)
+    app.include_router(chats_router)
+    app.include_router(build_pages())
+    app.mount("/static", StaticFiles(directory=STATIC), name="static")
 
     @app.get("/api/health", tags=["system"], summary="Is the server ready, and on what device")
     def health(request: Request):

@@ -1,0 +1,41 @@
+# Two commands: `make run` (install, fetch the default model, serve) and `make test`.
+PYTHON ?= python3
+TORCH ?= torch==2.13.0
+MODEL ?= smollm2-135m-instruct
+VENV := .venv
+BIN := $(VENV)/bin
+
+.PHONY: run test model install install-dev bench clean
+
+run: install model
+	$(BIN)/serge serve
+
+test: install-dev model
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+bench: install-dev model
+	$(BIN)/python -m bench $(BENCH_ARGS)
+
+model: install
+	$(BIN)/serge models pull $(MODEL)
+
+install: $(VENV)/.installed
+install-dev: $(VENV)/.installed-dev
+
+# torch goes in first and alone: a bare `torch` requirement would pull a multi-GB CUDA build.
+$(VENV)/.torch:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install "$(TORCH)"
+	touch $@
+
+$(VENV)/.installed: pyproject.toml $(VENV)/.torch
+	$(BIN)/python -m pip install --quiet -e .
+	touch $@
+
+$(VENV)/.installed-dev: pyproject.toml $(VENV)/.torch
+	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	touch $@ $(VENV)/.installed
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,266 @@
+"""`ChatService`: every chat operation the web layer can ask for.
+
+It checks input (sizes, settings through `SamplingParams`, the model name),
+commits the user's message before generation starts, builds the conversation
+for the engine from the branch on screen, and keeps the replies in progress
+(chat id -> `Reply`) so a reply can be stopped from another request. That
+registry belongs to the instance; nothing here is global. It knows nothing of
+HTTP: callers get records, `Reply` handles and the exceptions below.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from pydantic import ValidationError
+
+from serge.chats.replies import Reply
+from serge.chats.transfer import ChatExport, export_json
+from serge.engine import Engine, Message, SamplingParams
+from serge.store import ChatRecord, ChatStore, MessageNotFound, MessageRecord, NewMessage
+
+log = logging.getLogger(__name__)
+
+LOCAL_OWNER = "local"  # the single user until accounts arrive
+DEFAULT_TITLE = "New chat"
+MAX_MESSAGE_CHARS = 100_000
+MAX_TITLE_CHARS = 200
+MAX_SYSTEM_PROMPT_CHARS = 20_000
+AUTO_TITLE_CHARS = 60
+
+
+class InvalidChatInput(ValueError):
+    """Something the user can fix; `param` names the field."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+class ChatBusy(RuntimeError):
+    """The chat already has a reply in progress."""
+
+
+def check_settings(settings: dict | None) -> dict:
+    """A chat's generation settings, validated by `SamplingParams`; unset fields dropped."""
+    try:
+        params = SamplingParams(**(settings or {}))
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        field = ".".join(str(x) for x in err.get("loc", ()))
+        raise InvalidChatInput(f"settings.{field}: {err.get('msg', 'is invalid')}", f"settings.{field}") from None
+    return params.model_dump(mode="json", exclude_none=True)
+
+
+def check_text(value: str | None, field: str, limit: int, *, required: bool = False) -> str | None:
+    if value is None:
+        return None
+    if required and not value.strip():
+        raise InvalidChatInput(f"{field} is empty; write something first", field)
+    if len(value) > limit:
+        raise InvalidChatInput(f"{field} is {len(value)} characters; the limit is {limit}", field)
+    return value
+
+
+def auto_title(text: str) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= AUTO_TITLE_CHARS else line[: AUTO_TITLE_CHARS - 1].rstrip() + "…"
+
+
+class ChatService:
+    def __init__(self, store: ChatStore, engine: Engine) -> None:
+        self.store = store
+        self.engine = engine
+        self._active: dict[str, Reply | None] = {}  # None: reserved while the reply starts
+        self._lock = threading.Lock()
+
+    # --- life cycle ---------------------------------------------------------------
+    def recover(self) -> int:
+        """At start: replies a dead server left half-written are marked interrupted."""
+        count = self.store.mark_interrupted()
+        if count:
+            log.warning("%d reply(ies) were cut off when the server last stopped; they are marked interrupted", count)
+        return count
+
+    def close(self) -> None:
+        """Stop every reply in progress and wait until each is saved."""
+        with self._lock:
+            replies = [r for r in self._active.values() if r is not None]
+        for reply in replies:
+            reply.cancel()
+        for reply in replies:
+            reply.wait(30)
+
+    # --- chats --------------------------------------------------------------------
+    def _check_model(self, model: str | None) -> str | None:
+        if model:
+            self.engine.catalog.find(model)  # raises ModelNotFound
+        return model or None
+
+    def create(self, owner: str, *, title: str | None = None, model: str | None = None,
+               system_prompt: str | None = None, settings: dict | None = None) -> ChatRecord:
+        title = (check_text(title, "title", MAX_TITLE_CHARS) or "").strip() or DEFAULT_TITLE
+        return self.store.create_chat(
+            owner, title=title, model=self._check_model(model),
+            system_prompt=check_text(system_prompt, "system_prompt", MAX_SYSTEM_PROMPT_CHARS) or None,
+            settings=check_settings(settings),
+        )
+
+    def list(self, owner: str, query: str | None = None) -> list[ChatRecord]:
+        return self.store.list_chats(owner, (query or "").strip()[:200] or None)
+
+    def get(self, owner: str, chat_id: str) -> ChatRecord:
+        return self.store.get_chat(owner, chat_id)
+
+    def update(self, owner: str, chat_id: str, changes: dict) -> ChatRecord:
+        """Change title, model, system prompt or settings; only the keys given."""
+        checked = {}
+        if "title" in changes:
+            title = (check_text(changes["title"], "title", MAX_TITLE_CHARS) or "").strip()
+            if not title:
+                raise InvalidChatInput("title is empty; give the chat a name", "title")
+            checked["title"] = title
+        if "model" in changes:
+            checked["model"] = self._check_model(changes["model"])
+        if "system_prompt" in changes:
+            checked["system_prompt"] = check_text(changes["system_prompt"], "system_prompt",
+                                                  MAX_SYSTEM_PROMPT_CHARS) or None
+        if "settings" in changes:
+            checked["settings"] = check_settings(changes["settings"])
+        return self.store.update_chat(owner, chat_id, **checked)
+
+    def delete(self, owner: str, chat_id: str) -> None:
+        self.store.get_chat(owner, chat_id)  # not found before anything stops
+        self.stop(owner, chat_id)
+        self.store.delete_chat(owner, chat_id)
+
+    def select(self, owner: str, chat_id: str, message_id: str) -> ChatRecord:
+        """Flip to another version of a message (and the conversation that follows it)."""
+        self._refuse_if_busy(chat_id)
+        return self.store.select_branch(owner, chat_id, message_id)
+
+    def export(self, owner: str, chat_id: str) -> dict:
+        return export_json(self.store.get_chat(owner, chat_id), self.store.all_messages(owner, chat_id))
+
+    def import_chat(self, owner: str, data: ChatExport) -> ChatRecord:
+        chat = data.chat
+        settings = check_settings(chat.settings)
+        check_text(chat.system_prompt, "chat.system_prompt", MAX_SYSTEM_PROMPT_CHARS)
+        for i, m in enumerate(data.messages):
+            check_text(m.content, f"messages.{i}.content", MAX_MESSAGE_CHARS)
+        try:
+            return self.store.import_chat(
+                owner,
+                {**chat.model_dump(), "title": chat.title.strip()[:MAX_TITLE_CHARS] or DEFAULT_TITLE,
+                 "settings": settings},
+                [m.model_dump() for m in data.messages],
+                data.current_id,
+            )
+        except ValueError as exc:
+            raise InvalidChatInput(str(exc), "messages") from None
+
+    # --- replies ------------------------------------------------------------------
+    def _refuse_if_busy(self, chat_id: str) -> None:
+        if chat_id in self._active:
+            raise ChatBusy("this chat is still answering; stop the reply or wait for it to finish")
+
+    def _reserve(self, chat_id: str) -> None:
+        with self._lock:
+            self._refuse_if_busy(chat_id)
+            self._active[chat_id] = None
+
+    def _release(self, reply_or_chat: Reply | str) -> None:
+        with self._lock:
+            if isinstance(reply_or_chat, str):
+                self._active.pop(reply_or_chat, None)
+            elif self._active.get(reply_or_chat.chat_id) is reply_or_chat:
+                del self._active[reply_or_chat.chat_id]
+
+    def active(self, chat_id: str) -> Reply | None:
+        return self._active.get(chat_id)
+
+    def reply(self, owner: str, chat_id: str, content: str) -> Reply:
+        """Save the user's message, then start the assistant's reply to it."""
+        check_text(content, "content", MAX_MESSAGE_CHARS, required=True)
+        chat = self.store.get_chat(owner, chat_id)
+        self._reserve(chat_id)
+        try:
+            user = self.store.add_message(owner, chat_id, NewMessage("user", content))
+            if not chat.messages and chat.title == DEFAULT_TITLE:
+                self.store.update_chat(owner, chat_id, title=auto_title(content))
+            return self._start(owner, chat_id, user, user)
+        except BaseException:
+            self._release(chat_id)
+            raise
+
+    def regenerate(self, owner: str, chat_id: str) -> Reply:
+        """A new reply to the last question; the old one stays as an alternative."""
+        chat = self.store.get_chat(owner, chat_id)
+        if not chat.messages:
+            raise InvalidChatInput("this chat has no message to answer yet", "chat")
+        last = chat.messages[-1]
+        question = last if last.role == "user" else next(
+            (m for m in reversed(chat.messages) if m.id == last.parent_id), None)
+        if question is None or question.role != "user":
+            raise InvalidChatInput("the last reply does not follow a user message", "chat")
+        self._reserve(chat_id)
+        try:
+            return self._start(owner, chat_id, question, None)
+        except BaseException:
+            self._release(chat_id)
+            raise
+
+    def edit_and_resend(self, owner: str, chat_id: str, message_id: str, content: str) -> Reply:
+        """Branch from an earlier user message with new text; the old branch is kept."""
+        check_text(content, "content", MAX_MESSAGE_CHARS, required=True)
+        original = self.store.get_message(owner, chat_id, message_id)
+        if original.role != "user":
+            raise InvalidChatInput("only your own messages can be edited", "message_id")
+        self._reserve(chat_id)
+        try:
+            user = self.store.add_message(
+                owner, chat_id, NewMessage("user", content, parent_id=original.parent_id, after_current=False))
+            return self._start(owner, chat_id, user, user)
+        except BaseException:
+            self._release(chat_id)
+            raise
+
+    def stop(self, owner: str, chat_id: str, timeout: float = 30.0) -> MessageRecord | None:
+        """Stop the reply in progress; its partial text is kept. None when nothing ran."""
+        self.store.get_chat(owner, chat_id)  # the owner's chat, or ChatNotFound
+        reply = self._active.get(chat_id)
+        if reply is None:
+            return None
+        reply.cancel()
+        return reply.wait(timeout)
+
+    def _conversation(self, owner: str, chat_id: str, question: MessageRecord) -> tuple[ChatRecord, list[Message]]:
+        chat = self.store.get_chat(owner, chat_id)  # the question is on the branch on screen
+        upto = []
+        for m in chat.messages:
+            upto.append(m)
+            if m.id == question.id:
+                break
+        history = [Message("system", chat.system_prompt)] if chat.system_prompt else []
+        for m in upto:
+            if m.role == "assistant" and not m.content:
+                continue  # a reply that failed before it said anything
+            history.append(Message(m.role, m.content))
+        return chat, history
+
+    def _start(self, owner: str, chat_id: str, question: MessageRecord, user: MessageRecord | None) -> Reply:
+        chat, history = self._conversation(owner, chat_id, question)
+        model = chat.model or self.engine.settings.default_model
+        placeholder = self.store.add_message(owner, chat_id, NewMessage(
+            "assistant", "", parent_id=question.id, after_current=False, model=model, settings=chat.settings,
+            complete=False))
+        try:
+            stream = self.engine.chat(model, history, SamplingParams(**chat.settings))
+        except Exception as exc:
+            self.store.finish_message(owner, placeholder.id, finish_reason="error", complete=False, error=str(exc))
+            raise
+        reply = Reply(self.store, owner, chat_id, placeholder, user, stream, self._release)
+        with self._lock:
+            self._active[chat_id] = reply
+        return reply.start()

@@ -1,0 +1,103 @@
+"""Export a chat as JSON (every branch, re-importable) or Markdown (the branch on screen), and
+the shape an import must have.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from serge.store import ChatRecord, MessageRecord
+
+FORMAT = "serge.chat"
+VERSION = 1
+MAX_IMPORT_MESSAGES = 10_000
+
+_MESSAGE_KEYS = (
+    "id", "parent_id", "role", "content", "model", "settings", "prompt_tokens", "completion_tokens", "seed",
+    "queued_s", "ttft_s", "duration_s", "tokens_per_s", "finish_reason", "complete", "error", "created_at",
+    "updated_at",
+)
+
+
+class ExportedChat(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    title: str = Field("New chat", max_length=1000)
+    model: str | None = None
+    system_prompt: str | None = None
+    settings: dict = Field(default_factory=dict)
+    created_at: datetime | None = None
+    updated_at: datetime | None = None
+
+
+class ExportedMessage(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    id: str = Field(min_length=1, max_length=64)
+    parent_id: str | None = Field(None, max_length=64)
+    role: Literal["user", "assistant"]
+    content: str
+    model: str | None = Field(None, max_length=200)
+    settings: dict | None = None
+    prompt_tokens: int | None = Field(None, ge=0)
+    completion_tokens: int | None = Field(None, ge=0)
+    seed: str | None = Field(None, max_length=24)
+    queued_s: float | None = None
+    ttft_s: float | None = None
+    duration_s: float | None = None
+    tokens_per_s: float | None = None
+    finish_reason: Literal["stop", "length", "cancelled", "error", "interrupted"] | None = None
+    complete: bool = True
+    error: str | None = Field(None, max_length=10_000)
+    created_at: datetime | None = None
+    updated_at: datetime | None = None
+
+
+class ChatExport(BaseModel):
+    """A chat as `GET /api/chats/{id}/export?format=json` writes it and `POST /api/chats/import` reads it."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    format: Literal["serge.chat"] = FORMAT
+    version: Literal[1] = VERSION
+    chat: ExportedChat
+    current_id: str | None = None
+    messages: list[ExportedMessage] = Field(default_factory=list, max_length=MAX_IMPORT_MESSAGES)
+
+
+def export_json(chat: ChatRecord, messages: list[MessageRecord]) -> dict:
+    return {
+        "format": FORMAT,
+        "version": VERSION,
+        "exported_at": datetime.now(UTC).isoformat(),
+        "chat": {
+            "title": chat.title,
+            "model": chat.model,
+            "system_prompt": chat.system_prompt,
+            "settings": chat.settings,
+            "created_at": chat.created_at.isoformat(),
+            "updated_at": chat.updated_at.isoformat(),
+        },
+        "current_id": chat.current_id,
+        "messages": [
+            {k: (v.isoformat() if isinstance(v := getattr(m, k), datetime) else v) for k in _MESSAGE_KEYS}
+            for m in messages
+        ],
+    }
+
+
+def export_markdown(chat: ChatRecord) -> str:
+    lines = [f"# {chat.title}", ""]
+    meta = [f"Model: {chat.model or 'default'}", f"Created: {chat.created_at:%Y-%m-%d %H:%M} UTC"]
+    lines += ["_" + " · ".join(meta) + "_", ""]
+    if chat.system_prompt:
+        lines += ["## System", "", chat.system_prompt, ""]
+    for m in chat.messages:
+        heading = "You" if m.role == "user" else "Assistant"
+        if m.role == "assistant" and not m.complete:
+            heading += f" ({m.finish_reason or 'incomplete'})"
+        lines += [f"## {heading}", "", m.content, ""]
+    return "\n".join(lines).rstrip() + "\n"

@@ -1,0 +1,1 @@
+"""Alembic migrations, packaged with serge; applied by `Database.migrate()`."""

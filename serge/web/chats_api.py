@@ -1,0 +1,207 @@
+"""The chat API under /api/chats: HTTP only.
+
+It parses requests, calls `ChatService`, and formats records as JSON or a reply
+as server-sent events (`start`, then `delta` events with text, then `done` with
+the saved message). A client that goes away stops its reply, as `/stop` does.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Literal
+
+from fastapi import APIRouter, Query, Request, Response
+from fastapi.responses import PlainTextResponse, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.concurrency import run_in_threadpool
+
+from serge.chats import ChatBusy, ChatExport, ChatNotFound, ChatService, InvalidChatInput, MessageNotFound, Reply
+from serge.chats import export_markdown
+from serge.chats.service import LOCAL_OWNER
+from serge.store import ChatRecord, MessageRecord
+from serge.web.errors import ApiError
+
+router = APIRouter(prefix="/api/chats", tags=["chats"])
+
+
+class ChatIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    title: str | None = Field(None, description="Defaults to the start of the first message.")
+    model: str | None = Field(None, description="An installed model; the server's default when left out.")
+    system_prompt: str | None = None
+    settings: dict | None = Field(None, description="Generation settings: any field of SamplingParams "
+                                                    "(temperature, top_p, top_k, max_new_tokens, ...).")
+
+
+class ChatPatch(ChatIn):
+    """Only the fields sent are changed; `null` clears model or system prompt."""
+
+
+class MessageIn(BaseModel):
+    content: str = Field(description="What the user writes.")
+
+
+def owner(request: Request) -> str:
+    """Every query is scoped by owner; until accounts arrive there is one local user."""
+    return LOCAL_OWNER
+
+
+def service(request: Request) -> ChatService:
+    return request.app.state.chats
+
+
+@contextmanager
+def api_errors() -> Iterator[None]:
+    """The service's exceptions as 4xx answers."""
+    try:
+        yield
+    except ChatNotFound as exc:
+        raise ApiError(404, str(exc), code="chat_not_found", param="chat_id") from None
+    except MessageNotFound as exc:
+        raise ApiError(404, str(exc), code="message_not_found", param="message_id") from None
+    except InvalidChatInput as exc:
+        raise ApiError(400, str(exc), code="invalid_value", param=exc.param) from None
+    except ChatBusy as exc:
+        raise ApiError(409, str(exc), code="chat_busy") from None
+
+
+def message_status(m: MessageRecord) -> str:
+    """complete, length (cut at max tokens), stopped, error, interrupted, or streaming."""
+    if m.finish_reason is None:
+        return "complete" if m.complete else "streaming"
+    return {"stop": "complete", "cancelled": "stopped"}.get(m.finish_reason, m.finish_reason)
+
+
+def message_out(m: MessageRecord) -> dict:
+    return {
+        "id": m.id, "parent_id": m.parent_id, "role": m.role, "content": m.content, "model": m.model,
+        "settings": m.settings, "status": message_status(m), "complete": m.complete,
+        "finish_reason": m.finish_reason, "error": m.error, "prompt_tokens": m.prompt_tokens,
+        "completion_tokens": m.completion_tokens, "seed": m.seed, "queued_s": m.queued_s, "ttft_s": m.ttft_s,
+        "duration_s": m.duration_s, "tokens_per_s": m.tokens_per_s, "alternatives": list(m.alternatives),
+        "created_at": m.created_at.isoformat(), "updated_at": m.updated_at.isoformat(),
+    }
+
+
+def chat_out(chat: ChatRecord, *, messages: bool = True) -> dict:
+    body = {
+        "id": chat.id, "title": chat.title, "model": chat.model, "system_prompt": chat.system_prompt,
+        "settings": chat.settings, "created_at": chat.created_at.isoformat(),
+        "updated_at": chat.updated_at.isoformat(),
+    }
+    if messages:
+        body["messages"] = [message_out(m) for m in chat.messages]
+    return body
+
+
+def _event(kind: str, data: dict) -> str:
+    return f"event: {kind}\ndata: {json.dumps(data)}\n\n"
+
+
+def reply_events(reply: Reply) -> StreamingResponse:
+    async def events():
+        try:
+            yield _event("start", {
+                "chat_id": reply.chat_id, "message_id": reply.message_id,
+                "user_message": message_out(reply.user_message) if reply.user_message else None,
+            })
+            async for kind, value in reply.events():
+                if kind == "delta":
+                    yield _event("delta", {"text": value})
+                else:
+                    yield _event("done", {"message": message_out(value)})
+        finally:
+            if not reply.finished:  # the client went away: stop, and the partial reply is kept
+                reply.cancel()
+
+    return StreamingResponse(events(), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+@router.post("", status_code=201, summary="Create a chat")
+def create_chat(body: ChatIn, request: Request):
+    with api_errors():
+        return chat_out(service(request).create(owner(request), **body.model_dump()))
+
+
+@router.get("", summary="List chats, newest activity first; q searches titles and messages")
+def list_chats(request: Request, q: str | None = Query(None, max_length=200)):
+    with api_errors():
+        chats = service(request).list(owner(request), q)
+    return {"data": [chat_out(c, messages=False) for c in chats]}
+
+
+@router.post("/import", status_code=201, summary="Import a chat from a JSON export")
+def import_chat(body: ChatExport, request: Request):
+    with api_errors():
+        return chat_out(service(request).import_chat(owner(request), body))
+
+
+@router.get("/{chat_id}", summary="A chat with the messages of the branch on screen")
+def get_chat(chat_id: str, request: Request):
+    with api_errors():
+        return chat_out(service(request).get(owner(request), chat_id))
+
+
+@router.patch("/{chat_id}", summary="Rename a chat, or change its model, system prompt or settings")
+def patch_chat(chat_id: str, body: ChatPatch, request: Request):
+    with api_errors():
+        return chat_out(service(request).update(owner(request), chat_id, body.model_dump(exclude_unset=True)))
+
+
+@router.delete("/{chat_id}", status_code=204, summary="Delete a chat and all its messages")
+def delete_chat(chat_id: str, request: Request):
+    with api_errors():
+        service(request).delete(owner(request), chat_id)
+    return Response(status_code=204)
+
+
+@router.get("/{chat_id}/export", summary="Download a chat as Markdown or JSON (JSON keeps every branch)")
+def export_chat(chat_id: str, request: Request, format: Literal["md", "json"] = "json"):
+    with api_errors():
+        chats = service(request)
+        if format == "md":
+            chat = chats.get(owner(request), chat_id)
+            return PlainTextResponse(export_markdown(chat), media_type="text/markdown; charset=utf-8", headers={
+                "Content-Disposition": f'attachment; filename="chat-{chat_id}.md"'})
+        body = chats.export(owner(request), chat_id)
+    return Response(json.dumps(body, ensure_ascii=False, indent=2), media_type="application/json",
+                    headers={"Content-Disposition": f'attachment; filename="chat-{chat_id}.json"'})
+
+
+@router.post("/{chat_id}/messages", summary="Send a message; the reply streams back as server-sent events")
+async def send_message(chat_id: str, body: MessageIn, request: Request):
+    with api_errors():
+        reply = await run_in_threadpool(service(request).reply, owner(request), chat_id, body.content)
+    return reply_events(reply)
+
+
+@router.post("/{chat_id}/regenerate", summary="A new reply to the last message; the old one stays as an alternative")
+async def regenerate(chat_id: str, request: Request):
+    with api_errors():
+        reply = await run_in_threadpool(service(request).regenerate, owner(request), chat_id)
+    return reply_events(reply)
+
+
+@router.post("/{chat_id}/messages/{message_id}/edit", summary="Edit one of your messages and resend it (a new branch)")
+async def edit_and_resend(chat_id: str, message_id: str, body: MessageIn, request: Request):
+    with api_errors():
+        reply = await run_in_threadpool(service(request).edit_and_resend, owner(request), chat_id, message_id,
+                                        body.content)
+    return reply_events(reply)
+
+
+@router.post("/{chat_id}/messages/{message_id}/select", summary="Show another version of a message")
+def select_alternative(chat_id: str, message_id: str, request: Request):
+    with api_errors():
+        return chat_out(service(request).select(owner(request), chat_id, message_id))
+
+
+@router.post("/{chat_id}/stop", summary="Stop the reply in progress; the partial text is kept")
+def stop(chat_id: str, request: Request):
+    with api_errors():
+        message = service(request).stop(owner(request), chat_id)
+    return {"stopped": message is not None, "message": message_out(message) if message else None}

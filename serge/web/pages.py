@@ -1,0 +1,164 @@
+"""The chat page: server-rendered HTML (Jinja2) and the fragments its scripts swap in.
+
+Reply text is turned into HTML only here, through `MarkdownRenderer` (raw HTML
+off), and every other value goes through Jinja's autoescaping, so nothing a
+model or a user writes can add markup or script. The scripts in static/ only
+stream text (as text) and fetch these fragments; there is no front-end build.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from annotated_types import Ge, Gt, Le, Lt
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import HTMLResponse, Response
+from fastapi.templating import Jinja2Templates
+
+from serge import __version__
+from serge.chats import ChatNotFound, ChatService
+from serge.chats.service import LOCAL_OWNER, MAX_MESSAGE_CHARS, MAX_SYSTEM_PROMPT_CHARS
+from serge.engine import SamplingParams
+from serge.store import ChatRecord, MessageRecord
+from serge.web.chats_api import message_status
+from serge.web.markdown import MarkdownRenderer
+
+TEMPLATES = Path(__file__).parent / "templates"
+STATIC = Path(__file__).parent / "static"
+
+# The settings a person can change in the panel, with the step of their input.
+PANEL_SETTINGS = (
+    ("temperature", "Temperature", 0.05),
+    ("top_p", "Top p", 0.05),
+    ("top_k", "Top k", 1),
+    ("max_new_tokens", "Max tokens", 1),
+    ("repetition_penalty", "Repetition penalty", 0.05),
+)
+
+
+@dataclass(frozen=True)
+class SettingField:
+    name: str
+    label: str
+    description: str
+    min: float | None
+    max: float | None
+    min_exclusive: bool
+    step: float
+
+    @property
+    def range_text(self) -> str:
+        low = "" if self.min is None else (f"above {self.min:g}" if self.min_exclusive else f"{self.min:g}")
+        if self.max is None:
+            return f"{low} or more" if not self.min_exclusive else low
+        return f"{low} to {self.max:g}"
+
+
+def setting_fields() -> list[SettingField]:
+    """The panel's fields, with the ranges `SamplingParams` itself enforces."""
+    fields = []
+    for name, label, step in PANEL_SETTINGS:
+        info = SamplingParams.model_fields[name]
+        low = high = None
+        exclusive = False
+        for rule in info.metadata:
+            if isinstance(rule, Ge):
+                low = rule.ge
+            elif isinstance(rule, Gt):
+                low, exclusive = rule.gt, True
+            elif isinstance(rule, Le):
+                high = rule.le
+            elif isinstance(rule, Lt):
+                high = rule.lt
+        fields.append(SettingField(name, label, info.description or "", low, high, exclusive, step))
+    return fields
+
+
+def _view(render: MarkdownRenderer, chat: ChatRecord | None) -> list[dict]:
+    """Messages as the template shows them; the last one gets Regenerate."""
+    if chat is None:
+        return []
+    shown = []
+    for m in chat.messages:
+        index = m.alternatives.index(m.id) if m.id in m.alternatives else 0
+        shown.append({
+            "m": m,
+            "html": render.render(m.content) if m.role == "assistant" else None,
+            "status": message_status(m),
+            "stats": _stats(m),
+            "position": index + 1,
+            "count": len(m.alternatives) or 1,
+            "previous": m.alternatives[index - 1] if index > 0 else None,
+            "next": m.alternatives[index + 1] if index + 1 < len(m.alternatives) else None,
+            "regenerate": m.id == chat.messages[-1].id,  # a new reply to the last question
+        })
+    return shown
+
+
+def _stats(m: MessageRecord) -> str:
+    if m.role != "assistant" or m.completion_tokens is None:
+        return ""
+    text = f"{m.completion_tokens} tokens"
+    if m.tokens_per_s:
+        text += f" · {m.tokens_per_s:.1f} tokens/s"
+    return text
+
+
+def build_pages() -> APIRouter:
+    router = APIRouter(include_in_schema=False)
+    templates = Jinja2Templates(directory=str(TEMPLATES))
+    render = MarkdownRenderer()
+    pygments_css = render.stylesheet()
+
+    def chats(request: Request) -> ChatService:
+        return request.app.state.chats
+
+    def page(request: Request, chat: ChatRecord | None, status_code: int = 200, missing: str | None = None):
+        service = chats(request)
+        engine = service.engine
+        return templates.TemplateResponse(request, "chat.html", {
+            "chat": chat,
+            "messages": _view(render, chat),
+            "chats": service.list(LOCAL_OWNER),
+            "models": [m.name for m in engine.catalog.installed()],
+            "default_model": engine.settings.default_model,
+            "fields": setting_fields(),
+            "max_message_chars": MAX_MESSAGE_CHARS,
+            "max_system_prompt_chars": MAX_SYSTEM_PROMPT_CHARS,
+            "missing": missing,
+            "version": __version__,
+        }, status_code=status_code)
+
+    @router.get("/", response_class=HTMLResponse)
+    def new_chat(request: Request):
+        return page(request, None)
+
+    @router.get("/c/{chat_id}", response_class=HTMLResponse)
+    def show_chat(chat_id: str, request: Request):
+        try:
+            chat = chats(request).get(LOCAL_OWNER, chat_id)
+        except ChatNotFound:
+            return page(request, None, 404, missing="This chat does not exist (it may have been deleted).")
+        return page(request, chat)
+
+    @router.get("/c/{chat_id}/conversation", response_class=HTMLResponse)
+    def conversation(chat_id: str, request: Request):
+        try:
+            chat = chats(request).get(LOCAL_OWNER, chat_id)
+        except ChatNotFound:
+            return HTMLResponse("", status_code=404)
+        return templates.TemplateResponse(request, "_conversation.html",
+                                          {"chat": chat, "messages": _view(render, chat)})
+
+    @router.get("/fragments/chats", response_class=HTMLResponse)
+    def chat_list(request: Request, q: str | None = Query(None, max_length=200), current: str | None = None):
+        found = chats(request).list(LOCAL_OWNER, q)
+        return templates.TemplateResponse(request, "_chat_list.html",
+                                          {"chats": found, "current": current, "query": q})
+
+    @router.get("/pygments.css")
+    def code_colours():
+        return Response(pygments_css, media_type="text/css", headers={"Cache-Control": "max-age=3600"})
+
+    return router

@@ -1,0 +1,418 @@
+// The chat page's behaviour. The server renders every message; this module only
+// streams a reply's text (as plain text) and swaps in server-rendered fragments.
+
+import { readEvents, errorText } from "./sse.js";
+
+const $ = (selector, root = document) => root.querySelector(selector);
+const JSON_HEADERS = { "Content-Type": "application/json" };
+
+const ui = {
+  app: $(".app"),
+  conversation: $("#conversation"),
+  composer: $("#composer"),
+  message: $("#message"),
+  send: $("#send"),
+  stop: $("#stop"),
+  status: $("#status"),
+  title: $("#chat-title"),
+  chatList: $("#chat-list"),
+  search: $("#search"),
+  settings: $("#settings"),
+  settingsForm: $("#settings-form"),
+  settingsError: $("#settings-error"),
+  settingsSaved: $("#settings-saved"),
+  toggleSettings: $("#toggle-settings"),
+};
+
+const state = { chatId: document.body.dataset.chatId || null, busy: false };
+
+const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
+
+function debounce(fn, ms) {
+  let timer;
+  return (...args) => { clearTimeout(timer); timer = setTimeout(() => fn(...args), ms); };
+}
+
+// --- status line: model loading, busy, errors ------------------------------------
+function showStatus(text, kind = "info") {
+  ui.status.hidden = !text;
+  ui.status.textContent = text || "";
+  ui.status.dataset.kind = text ? kind : "";
+}
+
+async function watchHealth() {
+  for (;;) {
+    let body;
+    try {
+      body = await (await fetch("/api/health")).json();
+    } catch (err) {
+      showStatus("Cannot reach the Serge server; retrying…", "error");
+      await sleep(3000);
+      continue;
+    }
+    if (body.status === "ok") {
+      if (ui.status.dataset.kind === "loading") showStatus("");
+      return;
+    }
+    if (body.status === "error") {
+      showStatus(`The model could not be loaded: ${body.error || "unknown error"}`, "error");
+      return;
+    }
+    showStatus(`Loading the model ${body.default_model}… replies start once it is ready.`, "loading");
+    await sleep(2000);
+  }
+}
+
+// --- rendering helpers ------------------------------------------------------------
+function scrollToEnd() {
+  ui.conversation.scrollTop = ui.conversation.scrollHeight;
+}
+
+function addCodeCopyButtons(root) {
+  for (const pre of root.querySelectorAll(".md pre")) {
+    if (pre.querySelector(".code-copy")) continue;
+    const button = document.createElement("button");
+    button.type = "button";
+    button.className = "code-copy";
+    button.textContent = "Copy code";
+    pre.prepend(button);
+  }
+}
+
+function appendMessage(role, content) {
+  $(".empty-chat", ui.conversation)?.remove();
+  const article = document.createElement("article");
+  article.className = `msg msg-${role}`;
+  article.dataset.role = role;
+  const head = document.createElement("header");
+  head.className = "msg-head";
+  const who = document.createElement("span");
+  who.className = "who";
+  who.textContent = role === "user" ? "You" : "Assistant";
+  head.append(who);
+  const body = document.createElement("div");
+  body.className = "msg-body plain";
+  body.textContent = content;
+  article.append(head, body);
+  ui.conversation.append(article);
+  scrollToEnd();
+  return article;
+}
+
+async function refreshConversation() {
+  if (!state.chatId) return;
+  const response = await fetch(`/c/${state.chatId}/conversation`);
+  if (!response.ok) return;
+  ui.conversation.innerHTML = await response.text(); // server-rendered and escaped
+  addCodeCopyButtons(ui.conversation);
+  scrollToEnd();
+  if (!state.busy && $('[data-status="streaming"]', ui.conversation)) {
+    showStatus("A reply to this chat is still being written…", "info");
+    setTimeout(refreshConversation, 2000);
+  } else if (ui.status.dataset.kind === "info") {
+    showStatus("");
+  }
+}
+
+async function refreshChats() {
+  const params = new URLSearchParams({ q: ui.search.value.trim(), current: state.chatId || "" });
+  const response = await fetch(`/fragments/chats?${params}`);
+  if (!response.ok) return;
+  ui.chatList.innerHTML = await response.text();
+  const current = $('[aria-current="page"] .chat-name', ui.chatList);
+  if (current) {
+    ui.title.textContent = current.textContent;
+    document.title = `${current.textContent} · Serge`;
+  }
+}
+
+// --- sending and streaming --------------------------------------------------------
+function setBusy(busy) {
+  state.busy = busy;
+  ui.send.disabled = busy;
+  ui.stop.hidden = !busy;
+  ui.stop.disabled = false;
+  ui.conversation.setAttribute("aria-busy", busy ? "true" : "false");
+  if (!busy && document.activeElement === ui.stop) ui.message.focus();
+}
+
+async function ensureChat() {
+  if (state.chatId) return true;
+  const response = await fetch("/api/chats", {
+    method: "POST", headers: JSON_HEADERS, body: JSON.stringify(collectSettings()),
+  });
+  if (!response.ok) {
+    showStatus(await errorText(response), "error");
+    return false;
+  }
+  const chat = await response.json();
+  state.chatId = chat.id;
+  document.body.dataset.chatId = chat.id;
+  history.pushState({ chatId: chat.id }, "", `/c/${chat.id}`);
+  return true;
+}
+
+async function streamReply(url, body) {
+  setBusy(true);
+  const bubble = appendMessage("assistant", "");
+  bubble.dataset.status = "streaming";
+  const text = $(".msg-body", bubble);
+  try {
+    const response = await fetch(url, {
+      method: "POST", headers: JSON_HEADERS, body: body ? JSON.stringify(body) : undefined,
+    });
+    if (!response.ok) {
+      const reason = await errorText(response);
+      const busy = response.status === 503 || response.status === 429 || response.status === 409;
+      showStatus(busy ? `The model is busy: ${reason}` : `Error: ${reason}`, "error");
+      return;
+    }
+    showStatus("");
+    for await (const { event, data } of readEvents(response)) {
+      if (event === "delta") {
+        text.textContent += data.text; // as text, never as markup
+        scrollToEnd();
+      } else if (event === "done" && data.message.status === "error") {
+        showStatus(`The reply failed: ${data.message.error || "unknown error"}`, "error");
+      }
+    }
+  } catch (err) {
+    showStatus(`Lost the connection to the server: ${err.message}`, "error");
+  } finally {
+    setBusy(false);
+    await refreshConversation();
+    await refreshChats();
+  }
+}
+
+async function send() {
+  const content = ui.message.value;
+  if (state.busy || !content.trim()) return;
+  if (!(await ensureChat())) return;
+  ui.message.value = "";
+  appendMessage("user", content);
+  await streamReply(`/api/chats/${state.chatId}/messages`, { content });
+}
+
+async function stop() {
+  if (!state.chatId) return;
+  ui.stop.disabled = true;
+  const response = await fetch(`/api/chats/${state.chatId}/stop`, { method: "POST" });
+  if (!response.ok) showStatus(await errorText(response), "error");
+}
+
+// --- message actions: copy, edit, regenerate, versions ----------------------------
+async function copyText(text, button) {
+  try {
+    await navigator.clipboard.writeText(text);
+  } catch (_) {
+    const area = document.createElement("textarea");
+    area.value = text;
+    document.body.append(area);
+    area.select();
+    document.execCommand("copy");
+    area.remove();
+  }
+  const label = button.textContent;
+  button.textContent = "Copied";
+  setTimeout(() => { button.textContent = label; }, 1200);
+}
+
+function rawText(article) {
+  return $("template.raw", article)?.content.textContent ?? $(".msg-body", article).textContent;
+}
+
+function startEdit(article) {
+  if (state.busy) return;
+  const body = $(".msg-body", article);
+  const form = document.createElement("form");
+  form.className = "edit-form";
+  const area = document.createElement("textarea");
+  area.value = rawText(article);
+  area.rows = 3;
+  area.setAttribute("aria-label", "Edit message");
+  const save = document.createElement("button");
+  save.type = "submit";
+  save.className = "primary";
+  save.textContent = "Send edit";
+  const cancel = document.createElement("button");
+  cancel.type = "button";
+  cancel.textContent = "Cancel";
+  form.append(area, save, cancel);
+  body.replaceWith(form);
+  area.focus();
+  cancel.addEventListener("click", refreshConversation);
+  area.addEventListener("keydown", (event) => {
+    if (event.key === "Escape") refreshConversation();
+    if (event.key === "Enter" && !event.shiftKey && !event.isComposing) {
+      event.preventDefault();
+      form.requestSubmit();
+    }
+  });
+  form.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    const content = area.value;
+    if (!content.trim()) return;
+    while (article.nextElementSibling) article.nextElementSibling.remove();
+    article.remove();
+    appendMessage("user", content);
+    await streamReply(`/api/chats/${state.chatId}/messages/${article.dataset.id}/edit`, { content });
+  });
+}
+
+async function regenerate(article) {
+  if (state.busy) return;
+  if (article.dataset.role === "assistant") article.remove();
+  await streamReply(`/api/chats/${state.chatId}/regenerate`);
+}
+
+async function selectVersion(messageId) {
+  if (state.busy || !messageId) return;
+  const response = await fetch(`/api/chats/${state.chatId}/messages/${messageId}/select`, { method: "POST" });
+  if (!response.ok) showStatus(await errorText(response), "error");
+  await refreshConversation();
+}
+
+ui.conversation.addEventListener("click", (event) => {
+  const button = event.target.closest("button");
+  if (!button) return;
+  const article = button.closest("article.msg");
+  if (button.classList.contains("code-copy")) {
+    const code = button.parentElement.querySelector("code") || button.parentElement;
+    copyText(code.textContent, button);
+  } else if (button.classList.contains("copy")) {
+    copyText(rawText(article), button);
+  } else if (button.classList.contains("edit")) {
+    startEdit(article);
+  } else if (button.classList.contains("regenerate")) {
+    regenerate(article);
+  } else if (button.classList.contains("version")) {
+    selectVersion(button.dataset.target);
+  }
+});
+
+// --- the sidebar: new, search, rename, delete -------------------------------------
+function startRename(item) {
+  const link = $(".chat-link", item);
+  const name = $(".chat-name", item).textContent;
+  const input = document.createElement("input");
+  input.type = "text";
+  input.value = name;
+  input.maxLength = 200;
+  input.className = "rename-input";
+  input.setAttribute("aria-label", "Chat title");
+  link.replaceWith(input);
+  input.focus();
+  input.select();
+  let done = false;
+  const finish = async (save) => {
+    if (done) return;
+    done = true;
+    const title = input.value.trim();
+    if (save && title && title !== name) {
+      const response = await fetch(`/api/chats/${item.dataset.chatId}`, {
+        method: "PATCH", headers: JSON_HEADERS, body: JSON.stringify({ title }),
+      });
+      if (!response.ok) showStatus(await errorText(response), "error");
+    }
+    await refreshChats();
+    $(`[data-chat-id="${item.dataset.chatId}"] .rename`, ui.chatList)?.focus();
+  };
+  input.addEventListener("keydown", (event) => {
+    if (event.key === "Enter") { event.preventDefault(); finish(true); }
+    if (event.key === "Escape") { event.preventDefault(); finish(false); }
+  });
+  input.addEventListener("blur", () => finish(true));
+}
+
+async function deleteChat(item) {
+  const name = $(".chat-name", item).textContent;
+  if (!confirm(`Delete the chat “${name}”? This cannot be undone.`)) return;
+  const response = await fetch(`/api/chats/${item.dataset.chatId}`, { method: "DELETE" });
+  if (!response.ok && response.status !== 404) {
+    showStatus(await errorText(response), "error");
+    return;
+  }
+  if (item.dataset.chatId === state.chatId) location.assign("/");
+  else await refreshChats();
+}
+
+ui.chatList.addEventListener("click", (event) => {
+  const button = event.target.closest("button");
+  const item = event.target.closest(".chat-item");
+  if (!button || !item) return;
+  if (button.classList.contains("rename")) startRename(item);
+  if (button.classList.contains("delete")) deleteChat(item);
+});
+
+ui.search.addEventListener("input", debounce(refreshChats, 250));
+$("#new-chat").addEventListener("click", () => location.assign("/"));
+$("#open-sidebar").addEventListener("click", () => ui.app.classList.add("show-sidebar"));
+$("#close-sidebar").addEventListener("click", () => ui.app.classList.remove("show-sidebar"));
+
+// --- the settings panel -------------------------------------------------------------
+function collectSettings() {
+  const form = new FormData(ui.settingsForm);
+  const settings = {};
+  for (const input of ui.settingsForm.querySelectorAll('input[type="number"]')) {
+    if (input.value !== "") settings[input.name] = Number(input.value);
+  }
+  return {
+    model: form.get("model") || null,
+    system_prompt: form.get("system_prompt") || null,
+    settings,
+  };
+}
+
+const saveSettings = debounce(async () => {
+  ui.settingsError.hidden = true;
+  if (!state.chatId) {
+    ui.settingsSaved.textContent = "These settings apply when the chat starts.";
+    return;
+  }
+  const response = await fetch(`/api/chats/${state.chatId}`, {
+    method: "PATCH", headers: JSON_HEADERS, body: JSON.stringify(collectSettings()),
+  });
+  if (response.ok) {
+    ui.settingsSaved.textContent = "Saved.";
+  } else {
+    ui.settingsSaved.textContent = "";
+    ui.settingsError.textContent = await errorText(response);
+    ui.settingsError.hidden = false;
+  }
+}, 400);
+
+function toggleSettings(open) {
+  ui.settings.hidden = !open;
+  ui.toggleSettings.setAttribute("aria-expanded", String(open));
+  if (open) $("#set-model").focus();
+  else ui.toggleSettings.focus();
+}
+
+ui.settingsForm.addEventListener("input", saveSettings);
+ui.settingsForm.addEventListener("submit", (event) => event.preventDefault());
+ui.toggleSettings.addEventListener("click", () => toggleSettings(ui.settings.hidden));
+$("#close-settings").addEventListener("click", () => toggleSettings(false));
+ui.settings.addEventListener("keydown", (event) => { if (event.key === "Escape") toggleSettings(false); });
+
+// --- the message box ------------------------------------------------------------------
+ui.composer.addEventListener("submit", (event) => { event.preventDefault(); send(); });
+ui.message.addEventListener("keydown", (event) => {
+  if (event.key === "Enter" && !event.shiftKey && !event.isComposing) {
+    event.preventDefault();
+    send();
+  }
+});
+ui.stop.addEventListener("click", stop);
+
+// Closing or leaving the page stops a reply in progress (its text so far is kept).
+window.addEventListener("pagehide", () => {
+  if (state.busy && state.chatId) navigator.sendBeacon(`/api/chats/${state.chatId}/stop`);
+});
+window.addEventListener("popstate", () => location.reload());
+
+addCodeCopyButtons(ui.conversation);
+scrollToEnd();
+if ($('[data-status="streaming"]', ui.conversation)) refreshConversation();
+ui.message.focus();
+watchHealth();

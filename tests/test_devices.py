@@ -1,0 +1,87 @@
+"""Devices: resolved once, inputs follow the model, clear errors, quantized loads never moved."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from serge.engine import DeviceUnavailable, resolve_device
+from serge.engine.devices import DevicePlan, to_model_device
+from serge.engine.registry import ModelRegistry
+
+from conftest import MODEL
+
+
+@pytest.fixture
+def no_gpu(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+
+
+def test_auto_resolves_to_cpu_without_a_gpu(no_gpu):
+    plan = resolve_device("auto")
+    assert plan.device == "cpu" and plan.dtype == torch.float32
+
+
+def test_auto_prefers_cuda_then_mps(monkeypatch, no_gpu):
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: True)
+    assert resolve_device("auto").device == "mps"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    plan = resolve_device("auto")
+    assert plan.device == "cuda:0" and plan.dtype == torch.bfloat16
+
+
+def test_a_missing_gpu_gives_one_clear_line(no_gpu):
+    with pytest.raises(DeviceUnavailable) as err:
+        resolve_device("cuda")
+    message = str(err.value)
+    assert "\n" not in message and "cuda" in message and "available: cpu" in message
+    with pytest.raises(DeviceUnavailable, match="mps"):
+        resolve_device("mps")
+
+
+def test_serve_with_a_missing_gpu_exits_with_one_line_and_no_traceback(tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    done = subprocess.run(
+        [sys.executable, "-m", "serge", "serve", "--device", "cuda", "--data-dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("serge: device 'cuda'"), done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_quantized_plan_uses_device_map():
+    kwargs = DevicePlan(device="cuda:0", dtype=torch.bfloat16, quantization="4bit").load_kwargs()
+    assert kwargs["device_map"] == "cuda:0"
+    assert kwargs["quantization_config"].load_in_4bit
+    with pytest.raises(DeviceUnavailable, match="CUDA"):
+        resolve_device("cpu", quantization="8bit")
+
+
+def test_loading_never_moves_the_model_by_hand(engine, monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("a loaded model was moved with .to(); loads must place weights through device_map")
+
+    monkeypatch.setattr(torch.nn.Module, "to", refuse)
+    monkeypatch.setattr(torch.nn.Module, "cuda", refuse)
+    registry = ModelRegistry(engine.catalog, engine.plan, threads=1)
+    try:
+        loaded = registry.get(MODEL)
+        assert str(loaded.model.device) == engine.plan.device
+    finally:
+        registry.close()
+
+
+def test_inputs_land_on_the_models_device(engine):
+    model = engine.model(MODEL).model
+    batch = to_model_device({"input_ids": torch.tensor([[1, 2, 3]]), "note": "kept"}, model)
+    assert batch["input_ids"].device == model.device
+    assert batch["note"] == "kept"

@@ -1,0 +1,117 @@
+"""Streaming lifecycle: each token once, no echo, cancellation, no thread left behind."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from serge.engine import FinishReason, Message, SamplingParams
+from serge.engine.stream import TextAssembler
+
+from conftest import MODEL
+
+GREEDY = SamplingParams(temperature=0, max_new_tokens=16)
+
+
+def test_ten_streamed_turns_leave_no_thread_behind(engine):
+    history = [Message("system", "You are a terse assistant."), Message("user", "Name a colour.")]
+    engine.chat(MODEL, history, GREEDY).text()  # warm-up: pools that live for the process start here
+    before = {t.ident for t in threading.enumerate()}
+    for turn in range(10):
+        stream = engine.chat(MODEL, history, GREEDY)
+        pieces = list(stream)
+        record = stream.record
+        assert "".join(pieces) == record.text, "the streamed pieces must add up to the reply, nothing twice"
+        assert "Name a colour" not in record.text, "the prompt must never be echoed"
+        assert record.completion_tokens > 0
+        history += [Message("assistant", record.text), Message("user", f"Another one ({turn}).")]
+    time.sleep(0.2)
+    after = {t.ident for t in threading.enumerate()}
+    assert after <= before, f"threads left behind: {[t.name for t in threading.enumerate() if t.ident not in before]}"
+
+
+def test_async_iteration_yields_the_same_pieces(engine):
+    import asyncio
+
+    messages = [Message("user", "Count from one to five.")]
+    expected = engine.chat(MODEL, messages, GREEDY).text()
+
+    async def collect():
+        return [piece async for piece in engine.chat(MODEL, messages, GREEDY)]
+
+    assert "".join(asyncio.run(collect())) == expected
+
+
+def test_cancelling_stops_generation_within_two_token_steps(engine):
+    loaded = engine.model(MODEL)
+    original = loaded.model.forward
+    calls = {"n": 0}
+
+    def counting_forward(*args, **kwargs):
+        calls["n"] += 1
+        return original(*args, **kwargs)
+
+    loaded.model.forward = counting_forward
+    try:
+        stream = engine.chat(MODEL, [Message("user", "Tell me a very long story.")],
+                             SamplingParams(temperature=0, max_new_tokens=400, ignore_eos=True))
+        pieces = iter(stream)
+        for _ in range(3):
+            next(pieces)
+        stream.cancel()
+        at_cancel = calls["n"]
+        record = stream.close()
+        assert calls["n"] - at_cancel <= 2, "generation went on after cancel"
+        assert record.finish_reason is FinishReason.CANCELLED
+        assert record.completion_tokens < 400
+    finally:
+        del loaded.model.forward  # back to the class's method
+    assert "forward" not in vars(loaded.model)
+
+
+def test_a_consumer_that_walks_away_cancels_its_generation(engine):
+    stream = engine.chat(MODEL, [Message("user", "Write a poem.")],
+                         SamplingParams(temperature=0, max_new_tokens=400, ignore_eos=True))
+    for _ in stream:
+        break  # leaving the loop closes the iterator, which cancels and waits for the worker
+    assert stream.done
+    assert stream.record.finish_reason is FinishReason.CANCELLED
+
+
+def test_stop_strings_end_the_reply_and_are_not_shown(engine):
+    messages = [Message("user", "Count from 1 to 10, separated by commas.")]
+    full = engine.chat(MODEL, messages, SamplingParams(temperature=0, max_new_tokens=32)).text()
+    assert "4" in full
+    stream = engine.chat(MODEL, messages, SamplingParams(temperature=0, max_new_tokens=32, stop=["4"]))
+    pieces = list(stream)
+    assert stream.record.finish_reason is FinishReason.STOP
+    assert "".join(pieces) == stream.record.text == full[: full.index("4")]
+
+
+def test_max_new_tokens_ends_with_length(engine):
+    stream = engine.chat(MODEL, [Message("user", "Tell me a story.")],
+                         SamplingParams(temperature=0, max_new_tokens=3, ignore_eos=True))
+    stream.text()
+    assert stream.record.finish_reason is FinishReason.LENGTH
+    assert stream.record.completion_tokens == 3
+
+
+@pytest.mark.parametrize("text", ["naïve café 😀 日本語", "emoji 🦙🦙 and ✨"])
+def test_assembler_never_emits_half_a_character(engine, text):
+    tokenizer = engine.model(MODEL).tokenizer
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    assembler = TextAssembler(tokenizer)
+    pieces = [assembler.add(i) for i in ids] + [assembler.flush()]
+    assert all("\ufffd" not in p for p in pieces)
+    assert "".join(pieces) == text
+
+
+def test_assembler_holds_back_a_possible_stop_string(engine):
+    tokenizer = engine.model(MODEL).tokenizer
+    assembler = TextAssembler(tokenizer, stop=("END",))
+    shown = "".join(assembler.add(i) for i in tokenizer.encode("one two EN", add_special_tokens=False))
+    assert shown == "one two "  # "EN" might become "END"
+    rest = "".join(assembler.add(i) for i in tokenizer.encode("D three", add_special_tokens=False))
+    assert assembler.stopped and rest == "" and assembler.text == "one two "
