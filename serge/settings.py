@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import BaseModel, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -25,6 +25,14 @@ def _available_cores() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # macOS
         return os.cpu_count() or 1
+
+
+class RemoteModel(BaseModel):
+    """A model served by an OpenAI-compatible server (vLLM, llama.cpp, Ollama, another Serge)."""
+
+    url: str = Field(description="Base URL of the API, ending in /v1.")
+    model: str | None = Field(None, description="The model's name on that server; defaults to Serge's name for it.")
+    api_key: str | None = Field(None, description="Sent as a bearer token.")
 
 
 class Settings(BaseSettings):
@@ -48,6 +56,10 @@ class Settings(BaseSettings):
     )
     context_window: int | None = Field(
         None, ge=64, description="Cap on prompt + reply tokens; defaults to the model's own window."
+    )
+    remote_models: dict[str, RemoteModel] = Field(
+        default_factory=dict,
+        description='Models on OpenAI-compatible servers, as JSON: {"name": {"url": "http://host:8000/v1"}}.',
     )
     max_request_bytes: int = Field(1_000_000, ge=1024, description="Largest request body accepted.")
 

@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 
 def _warm_up(engine: Engine, app: FastAPI) -> None:
     try:
-        engine.model()
+        engine.warm_up()
     except Exception as exc:  # shown by /api/health; requests get the error on their own
         log.error("Could not load the default model: %s", exc)
         app.state.load_error = str(exc)
@@ -73,15 +73,15 @@ def build_app(settings: Settings, engine: Engine) -> FastAPI:
     @app.get("/api/health", tags=["system"], summary="Is the server ready, and on what device")
     def health(request: Request):
         engine: Engine = request.app.state.engine
-        loaded = engine.registry.loaded()
-        ready = settings.default_model in loaded
+        ready = engine.ready
         body = {
             "status": "ok" if ready else "error" if request.app.state.load_error else "loading",
             "version": __version__,
             "device": engine.plan.device,
             "dtype": engine.plan.dtype_name,
             "default_model": settings.default_model,
-            "models_loaded": loaded,
+            "models_loaded": engine.registry.loaded(),
+            "models_remote": sorted(engine.remote.models),
             "models_loading": sorted(engine.registry.loading),
             "error": request.app.state.load_error,
         }

@@ -111,13 +111,11 @@ def _engine(request: Request) -> Engine:
 @router.get("/models", summary="List installed models")
 def list_models(request: Request):
     engine = _engine(request)
-    return {
-        "object": "list",
-        "data": [
-            {"id": m.name, "object": "model", "created": int(m.path.stat().st_mtime), "owned_by": "serge"}
-            for m in engine.catalog.installed()
-        ],
-    }
+    local = [{"id": m.name, "object": "model", "created": int(m.path.stat().st_mtime), "owned_by": "serge"}
+             for m in engine.catalog.installed()]
+    remote = [{"id": name, "object": "model", "created": 0, "owned_by": remote.url}
+              for name, remote in engine.remote.models.items()]
+    return {"object": "list", "data": local + remote}
 
 
 def _usage(record: GenerationRecord) -> dict:

@@ -1,0 +1,138 @@
+"""Generation on a remote OpenAI-compatible server: vLLM, llama.cpp, Ollama, another Serge.
+
+When one machine is not enough, a model name can point at such a server (for
+example a vLLM cluster spreading a large model over many GPUs). The server
+applies its own chat template and sampling; Serge streams its reply through the
+same `Stream` as a local model, so a chat does not care where tokens come from.
+All remote requests share one event-loop thread and one HTTP client: no thread
+per request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from collections.abc import Sequence
+
+import httpx
+
+from serge.engine.prompts import Message
+from serge.engine.sampling import SamplingParams
+from serge.engine.stream import FinishReason, GenerationRecord, Stream
+from serge.settings import RemoteModel
+
+_FIELDS = {  # SamplingParams field -> request field; the non-OpenAI ones are understood by vLLM and Serge
+    "temperature": "temperature", "top_p": "top_p", "max_new_tokens": "max_tokens", "stop": "stop",
+    "seed": "seed", "frequency_penalty": "frequency_penalty", "presence_penalty": "presence_penalty",
+    "top_k": "top_k", "min_p": "min_p", "repetition_penalty": "repetition_penalty", "ignore_eos": "ignore_eos",
+}
+
+
+class RemoteModels:
+    """Remote models by Serge's name for them."""
+
+    def __init__(self, models: dict[str, RemoteModel], timeout_s: float = 600.0) -> None:
+        self.models = dict(models)
+        self._timeout = timeout_s
+        self._loop = asyncio.new_event_loop()
+        self._thread: threading.Thread | None = None
+        self._client: httpx.AsyncClient | None = None
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.models
+
+    def submit(self, name: str, messages: Sequence[Message], params: SamplingParams) -> Stream:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop.run_forever, name="serge-remote", daemon=True)
+            self._thread.start()
+        stream = Stream()
+        remote = self.models[name]
+        body = {
+            "model": remote.model or name,
+            "messages": [{"role": m.role, "content": m.content} for m in messages],
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            **{_FIELDS[k]: (list(v) if k == "stop" else v) for k, v in params.model_dump(exclude_none=True).items()},
+        }
+        headers = {"Authorization": f"Bearer {remote.api_key}"} if remote.api_key else {}
+        url = f"{remote.url.rstrip('/')}/chat/completions"
+        asyncio.run_coroutine_threadsafe(self._run(url, headers, body, stream, params), self._loop)
+        return stream
+
+    def close(self) -> None:
+        if self._thread is None:
+            return
+        if self._client is not None:
+            asyncio.run_coroutine_threadsafe(self._client.aclose(), self._loop).result(10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
+        self._loop.close()
+
+    async def _run(self, url: str, headers: dict, body: dict, stream: Stream, params: SamplingParams) -> None:
+        if self._client is None:
+            self._client = httpx.AsyncClient(timeout=httpx.Timeout(self._timeout, connect=10))
+        started, state = time.monotonic(), {"text": "", "usage": {}, "finish": None, "first": None}
+        reading = asyncio.ensure_future(self._read(url, headers, body, stream, state))
+        reason, error = FinishReason.STOP, None
+        try:
+            while not reading.done():
+                await asyncio.wait([reading], timeout=0.05)
+                if stream.cancelled and not reading.done():
+                    reading.cancel()
+                    reason = FinishReason.CANCELLED
+            if reason is not FinishReason.CANCELLED:
+                reading.result()
+                reason = FinishReason.LENGTH if state["finish"] == "length" else FinishReason.STOP
+        except asyncio.CancelledError:
+            reason = FinishReason.CANCELLED
+        except Exception as exc:
+            reason, error = FinishReason.ERROR, f"remote model at {url}: {_describe(exc)}"
+        now = time.monotonic()
+        stream.finish(GenerationRecord(
+            text=state["text"],
+            finish_reason=reason,
+            prompt_tokens=state["usage"].get("prompt_tokens", 0),
+            completion_tokens=state["usage"].get("completion_tokens", 0),
+            seed=params.seed or 0,
+            queued_s=started - stream.created,
+            ttft_s=None if state["first"] is None else state["first"] - started,
+            duration_s=now - started,
+            error=error,
+        ))
+
+    async def _read(self, url: str, headers: dict, body: dict, stream: Stream, state: dict) -> None:
+        async with self._client.stream("POST", url, json=body, headers=headers) as reply:
+            if reply.status_code >= 400:
+                await reply.aread()
+                raise RemoteError(reply.status_code, reply.text)
+            async for line in reply.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[6:])
+                if "error" in chunk:
+                    raise RemoteError(500, json.dumps(chunk))
+                state["usage"] = chunk.get("usage") or state["usage"]
+                for choice in chunk.get("choices", []):
+                    delta = choice.get("delta", {}).get("content") or ""
+                    if delta and state["first"] is None:
+                        state["first"] = time.monotonic()
+                    state["text"] += delta
+                    stream.push(delta)
+                    state["finish"] = choice.get("finish_reason") or state["finish"]
+
+
+class RemoteError(RuntimeError):
+    def __init__(self, status: int, body: str) -> None:
+        try:
+            message = json.loads(body)["error"]["message"]
+        except (ValueError, KeyError, TypeError):
+            message = body[:500]
+        super().__init__(f"HTTP {status}: {message}")
+
+
+def _describe(exc: Exception) -> str:
+    if isinstance(exc, httpx.ConnectError):
+        return "could not connect; is the server running?"
+    return str(exc) or type(exc).__name__

@@ -1,0 +1,55 @@
+"""Remote models: a model name can point at an OpenAI-compatible server (here, another Serge)."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from serge.engine import Engine, FinishReason, Message, SamplingParams
+from serge.settings import RemoteModel, Settings
+
+from conftest import MODEL, free_port
+
+QUESTION = [Message("user", "What is the capital of France?")]
+
+
+@pytest.fixture(scope="module")
+def front(server, settings, tmp_path_factory):
+    """An engine with no local model of its own, driving the test server remotely."""
+    front_settings = Settings(
+        data_dir=tmp_path_factory.mktemp("front"), models_dir=settings.models_path,
+        remote_models={"far-smollm": RemoteModel(url=f"{server}/v1", model=MODEL),
+                       "unreachable": RemoteModel(url=f"http://127.0.0.1:{free_port()}/v1")},
+        default_model="far-smollm",
+    )
+    with Engine(front_settings) as engine:
+        yield engine
+
+
+def test_a_remote_reply_matches_the_local_one(front, engine):
+    greedy = SamplingParams(temperature=0, max_new_tokens=16)
+    local = engine.chat(MODEL, QUESTION, greedy).text()
+    stream = front.chat(None, QUESTION, greedy)
+    pieces = list(stream)
+    assert "".join(pieces) == stream.record.text == local
+    assert stream.record.completion_tokens > 0 and stream.record.prompt_tokens > 0
+    assert front.ready and front.registry.loaded() == []
+
+
+def test_cancelling_a_remote_stream_ends_it(front):
+    threads_before = threading.active_count()
+    stream = front.chat("far-smollm", [Message("user", "Write a long essay.")],
+                        SamplingParams(temperature=0, max_new_tokens=400, ignore_eos=True))
+    for _ in stream:
+        break
+    assert stream.record.finish_reason is FinishReason.CANCELLED
+    assert stream.record.completion_tokens < 400
+    assert threading.active_count() <= threads_before
+
+
+def test_an_unreachable_server_gives_a_clear_error(front):
+    stream = front.chat("unreachable", QUESTION)
+    stream.text()
+    assert stream.record.finish_reason is FinishReason.ERROR
+    assert "could not connect" in stream.record.error
