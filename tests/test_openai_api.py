@@ -130,3 +130,11 @@ def test_a_client_that_disconnects_cancels_its_generation(server, engine):
     assert quick.status_code == 200
     assert time.monotonic() - started < 30, "the abandoned generation kept the model busy"
     assert loaded.scheduler is not None
+
+
+def test_the_api_docs_describe_the_endpoints(server):
+    spec = httpx.get(f"{server}/openapi.json").json()
+    assert {"/v1/chat/completions", "/v1/models", "/api/health"} <= set(spec["paths"])
+    fields = spec["components"]["schemas"]["ChatCompletionRequest"]["properties"]
+    assert {"top_k", "min_p", "repetition_penalty", "seed", "stop"} <= set(fields)
+    assert httpx.get(f"{server}/docs").status_code == 200
