@@ -18,7 +18,7 @@ from pydantic import ValidationError
 from serge.chats.replies import Reply
 from serge.chats.transfer import ChatExport, export_json
 from serge.engine import Engine, Message, SamplingParams
-from serge.store import ChatRecord, ChatStore, MessageNotFound, MessageRecord, NewMessage
+from serge.store import ChatRecord, ChatStore, MessageRecord, NewMessage
 
 log = logging.getLogger(__name__)
 

@@ -20,6 +20,7 @@ from starlette.concurrency import run_in_threadpool
 from serge.chats import ChatBusy, ChatExport, ChatNotFound, ChatService, InvalidChatInput, MessageNotFound, Reply
 from serge.chats import export_markdown
 from serge.chats.service import LOCAL_OWNER
+from serge.engine import EngineBusy
 from serge.store import ChatRecord, MessageRecord
 from serge.web.errors import ApiError
 
@@ -66,6 +67,10 @@ def api_errors() -> Iterator[None]:
         raise ApiError(400, str(exc), code="invalid_value", param=exc.param) from None
     except ChatBusy as exc:
         raise ApiError(409, str(exc), code="chat_busy") from None
+    except EngineBusy as exc:  # the user's message is kept; Regenerate answers it later
+        retry = max(1, round(exc.retry_after_s))
+        raise ApiError(503, f"{exc}; your message is saved, try Regenerate in {retry} s", code="engine_busy",
+                       headers={"Retry-After": str(retry)}) from None
 
 
 def message_status(m: MessageRecord) -> str:

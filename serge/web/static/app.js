@@ -230,11 +230,11 @@ function startEdit(article) {
   const area = document.createElement("textarea");
   area.value = rawText(article);
   area.rows = 3;
-  area.setAttribute("aria-label", "Edit message");
+  area.setAttribute("aria-label", "Edited text");
   const save = document.createElement("button");
   save.type = "submit";
   save.className = "primary";
-  save.textContent = "Send edit";
+  save.textContent = "Ask again";
   const cancel = document.createElement("button");
   cancel.type = "button";
   cancel.textContent = "Cancel";

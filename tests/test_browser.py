@@ -1,0 +1,169 @@
+"""A person using the chat page in Debian's Chromium (driven by Playwright)."""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from conftest import ServerThread, free_port
+
+from serge.settings import Settings
+from serge.web.app import build_app
+
+CHROMIUM = Path("/usr/bin/chromium")
+
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.skipif(not CHROMIUM.exists(), reason="Debian's Chromium is not installed (apt-get install chromium)"),
+]
+
+playwright_sync = pytest.importorskip("playwright.sync_api")
+expect = playwright_sync.expect
+
+
+@pytest.fixture(scope="module")
+def server(settings, engine, tmp_path_factory):
+    own = Settings(data_dir=tmp_path_factory.mktemp("browser"), models_dir=settings.models_dir,
+                   torch_threads=settings.torch_threads)
+    with ServerThread(build_app(own, engine), free_port()) as running:
+        yield running.url
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with playwright_sync.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM),
+                                    args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"])
+        yield browser
+        browser.close()
+
+
+@pytest.fixture
+def page(browser):
+    context = browser.new_context(viewport={"width": 1280, "height": 860})
+    page = context.new_page()
+    errors = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    yield page
+    context.close()
+    assert not errors, f"the page threw: {errors}"
+
+
+def set_setting(page, label: str, value: str) -> None:
+    field = page.get_by_label(label)
+    field.fill(value)
+    field.dispatch_event("input")
+
+
+def test_a_person_chats_stops_a_reply_renames_and_finds_everything_after_reload(page, server):
+    page.goto(server + "/")
+    page.get_by_role("button", name="Settings").click()
+    set_setting(page, "Max tokens", "8")
+    set_setting(page, "Temperature", "0")
+    page.get_by_role("button", name="Close").click()
+
+    box = page.get_by_label("Message")
+    box.fill("Say hello.")
+    box.press("Enter")
+    expect(page).to_have_url(re.compile(r"/c/[0-9a-f]{32}$"))  # the chat's own address, at once
+    first = page.locator('[data-role="assistant"]').first
+    expect(first).to_have_attribute("data-status", re.compile("complete|length"), timeout=90_000)
+    expect(first.locator(".stats")).to_contain_text("tokens/s")
+    expect(page.get_by_role("button", name="Stop")).to_be_hidden()
+    first_reply = first.locator(".msg-body").inner_text()
+    assert first_reply.strip()
+
+    page.get_by_role("button", name="Settings").click()
+    set_setting(page, "Max tokens", "300")
+    expect(page.locator("#settings-saved")).to_have_text("Saved.")
+    page.get_by_role("button", name="Close").click()
+
+    box.fill("Write a very long story about a dragon who learns to cook.")
+    page.get_by_role("button", name="Send").click()
+    stop = page.get_by_role("button", name="Stop")
+    expect(stop).to_be_visible()
+    growing = page.locator('[data-role="assistant"]').nth(1).locator(".msg-body")
+    lengths = []
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline and len(set(lengths)) < 3:
+        lengths.append(len(growing.inner_text()))
+        time.sleep(0.15)
+    assert len(set(lengths)) >= 3 and lengths == sorted(lengths), f"the reply did not grow live: {lengths}"
+    stop.click()
+    stopped = page.locator('[data-role="assistant"]').nth(1)
+    expect(stopped).to_have_attribute("data-status", "stopped", timeout=30_000)
+    expect(stopped).to_contain_text("stopped")
+    partial = stopped.locator(".msg-body").inner_text()
+    assert partial.strip()
+
+    page.get_by_role("button", name=re.compile("^Rename")).first.click()
+    title = page.get_by_label("Chat title")
+    title.fill("Dragon chat")
+    title.press("Enter")
+    expect(page.locator("#chat-title")).to_have_text("Dragon chat")
+
+    url = page.url
+    page.reload()
+    assert page.url == url
+    expect(page.locator("#chat-title")).to_have_text("Dragon chat")
+    expect(page.get_by_role("link", name=re.compile("Dragon chat"))).to_be_visible()
+    roles = page.locator("[data-role]").evaluate_all("els => els.map(e => e.dataset.role)")
+    assert roles == ["user", "assistant", "user", "assistant"]
+    expect(page.locator('[data-role="user"]').first).to_have_text(re.compile("Say hello."))
+    expect(page.locator('[data-role="assistant"]').first.locator(".msg-body")).to_have_text(first_reply)
+    expect(page.locator('[data-role="assistant"]').nth(1).locator(".msg-body")).to_have_text(partial)
+    expect(page.locator('[data-role="assistant"]').nth(1)).to_have_attribute("data-status", "stopped")
+    if shot := os.environ.get("SERGE_SCREENSHOT"):  # docs/screenshot.png is made this way
+        page.screenshot(path=shot)
+
+
+def test_markup_in_messages_and_replies_shows_as_text(page, server):
+    hostile = ('Here: <script>window.__pwned = 1</script> and <img src=x onerror="window.__pwned = 2"> '
+               'and [a link](javascript:window.__pwned=3)\n\n```python\nprint("<b>bold?</b>")\n```\n')
+    exported = {"chat": {"title": "<i>not italic</i>", "settings": {"max_new_tokens": 4, "temperature": 0}},
+                "messages": [{"id": "q", "role": "user", "content": "Show me some HTML"},
+                             {"id": "a", "parent_id": "q", "role": "assistant", "content": hostile}]}
+    chat = httpx.post(f"{server}/api/chats/import", json=exported, timeout=30).json()
+    page.goto(f"{server}/c/{chat['id']}")
+    reply = page.locator('[data-role="assistant"] .msg-body')
+    expect(reply).to_contain_text("<script>window.__pwned = 1</script>")
+    expect(reply).to_contain_text('<img src=x onerror="window.__pwned = 2">')
+    assert reply.locator("script, img, a[href^='javascript']").count() == 0
+    expect(reply.locator("pre code")).to_contain_text('print("<b>bold?</b>")')
+    expect(reply.get_by_role("button", name="Copy code")).to_be_visible()
+    expect(page.locator("#chat-title")).to_have_text("<i>not italic</i>")
+
+    # a user message with markup, sent from the page, streams and renders as text too
+    page.get_by_label("Message").fill('<img src=x onerror="window.__pwned = 4">')
+    page.get_by_label("Message").press("Enter")
+    expect(page.locator('[data-role="assistant"]').nth(1)).to_have_attribute(
+        "data-status", re.compile("complete|length"), timeout=90_000)
+    expect(page.locator('[data-role="user"]').nth(1)).to_contain_text('<img src=x onerror="window.__pwned = 4">')
+    assert page.locator("#conversation img").count() == 0
+    assert page.evaluate("window.__pwned") is None
+
+
+def test_phone_sized_screen_and_keyboard_only(browser, server):
+    context = browser.new_context(viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True)
+    page = context.new_page()
+    try:
+        page.goto(server + "/")
+        expect(page.get_by_label("Message")).to_be_visible()
+        expect(page.get_by_role("button", name="Send")).to_be_visible()
+        expect(page.get_by_role("button", name="New chat")).not_to_be_in_viewport()
+        page.get_by_role("button", name="Show chats").click()
+        expect(page.get_by_role("button", name="New chat")).to_be_in_viewport()
+        page.get_by_role("button", name="Hide chats").click()
+        # the whole page fits the width: nothing scrolls sideways
+        assert page.evaluate("document.documentElement.scrollWidth") <= 390
+
+        page.get_by_label("Message").focus()
+        page.keyboard.press("Shift+Enter")  # a new line, not a send
+        assert page.get_by_label("Message").input_value() == "\n"
+        assert page.url.rstrip("/") == server
+    finally:
+        context.close()

@@ -1,0 +1,116 @@
+"""`serge serve` as a real process: chats outlive restarts, and a kill mid-reply loses nothing the user wrote."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import pytest
+from conftest import free_port, models_dir
+from test_chats_api import LONG, SHORT, STORY, read_events, send, wait_for
+
+
+class Serve:
+    """`python -m serge serve` on a data dir, until stopped or killed."""
+
+    def __init__(self, data_dir, log_path) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = open(log_path, "ab")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "serge", "serve", "--port", str(self.port), "--data-dir", str(data_dir),
+             "--models-dir", str(models_dir()), "--threads", str(min(2, os.cpu_count() or 1))],
+            stdout=self.log, stderr=subprocess.STDOUT,
+        )
+        self.client = httpx.Client(base_url=self.url, timeout=120)
+
+    def __enter__(self):
+        def healthy():
+            assert self.process.poll() is None, f"serge serve exited with {self.process.returncode}"
+            try:
+                return self.client.get("/api/health").status_code == 200
+            except httpx.HTTPError:
+                return False
+        wait_for(healthy, timeout=180, what="serge serve to become healthy")
+        return self
+
+    def __exit__(self, *exc):
+        self.client.close()
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(60)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.log.close()
+
+
+@pytest.fixture
+def data_dir(tmp_path):
+    return tmp_path / "data"
+
+
+def test_chats_survive_a_restart_and_a_kill_mid_reply(data_dir, tmp_path):
+    log = tmp_path / "serve.log"
+    with Serve(data_dir, log) as first:
+        http = first.client
+        kept = http.post("/api/chats", json={"settings": SHORT}).json()
+        _, answer = send(http, f"/api/chats/{kept['id']}/messages", {"content": "Hello there"})
+        story = http.post("/api/chats", json={"settings": LONG}).json()
+
+        deltas, started = [], []
+
+        def listen():
+            try:
+                with http.stream("POST", f"/api/chats/{story['id']}/messages", json={"content": STORY}) as r:
+                    for kind, data in read_events(r):
+                        if kind == "delta":
+                            started.append(started[0] if started else time.monotonic())
+                            deltas.append(data["text"])
+            except httpx.HTTPError:
+                pass  # the server is killed under it
+
+        listener = threading.Thread(target=listen, daemon=True)
+        listener.start()
+        # long enough after the first words for the reply to have been saved at least once
+        wait_for(lambda: started and time.monotonic() - started[0] > 2.5 and len(deltas) >= 3,
+                 timeout=120, what="the reply to stream for a while")
+        first.process.send_signal(signal.SIGKILL)
+        first.process.wait(30)
+        listener.join(30)
+    seen = "".join(deltas)
+
+    with Serve(data_dir, log) as second:
+        http = second.client
+        listed = [c["id"] for c in http.get("/api/chats").json()["data"]]
+        assert set(listed) == {kept["id"], story["id"]}
+        before = http.get(f"/api/chats/{kept['id']}").json()["messages"]
+        assert [(m["role"], m["content"]) for m in before] == [("user", "Hello there"),
+                                                                ("assistant", answer["content"])]
+
+        messages = http.get(f"/api/chats/{story['id']}").json()["messages"]
+        assert [m["role"] for m in messages] == ["user", "assistant"]
+        assert messages[0]["content"] == STORY  # the user's message was committed before generation
+        cut = messages[1]
+        assert cut["status"] == "interrupted" and cut["complete"] is False
+        assert cut["content"] and seen.startswith(cut["content"])  # saved as it streamed
+
+        # the chat goes on normally after the interruption
+        http.patch(f"/api/chats/{story['id']}", json={"settings": SHORT})
+        _, more = send(http, f"/api/chats/{story['id']}/messages", {"content": "Go on."})
+        assert more["status"] in {"complete", "length"}
+        after_kill = http.get(f"/api/chats/{story['id']}").json()["messages"]
+    assert second.process.returncode == 0 or second.process.returncode == -signal.SIGTERM
+
+    with Serve(data_dir, log) as third:  # a clean restart shows exactly the same chats
+        http = third.client
+        assert [c["id"] for c in http.get("/api/chats").json()["data"]] == [story["id"], kept["id"]]
+        again = http.get(f"/api/chats/{story['id']}").json()["messages"]
+        assert [(m["id"], m["content"], m["status"]) for m in again] == [
+            (m["id"], m["content"], m["status"]) for m in after_kill]
