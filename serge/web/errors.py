@@ -12,7 +12,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from serge.engine import ContextTooLong, ModelNotFound
+from serge.engine import ContextTooLong, EngineBusy, ModelNotFound
 
 
 class ApiError(Exception):
@@ -63,6 +63,11 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ContextTooLong)
     async def _too_long(_: Request, exc: ContextTooLong):
         return _response(400, str(exc), "context_length_exceeded", "messages")
+
+    @app.exception_handler(EngineBusy)
+    async def _busy(_: Request, exc: EngineBusy):
+        retry = max(1, round(exc.retry_after_s))
+        return _response(503, f"{exc}; retry in {retry} s", "engine_busy", None, {"Retry-After": str(retry)})
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException):
