@@ -94,7 +94,7 @@ class ChatService:
 
     # --- chats --------------------------------------------------------------------
     def _check_model(self, model: str | None) -> str | None:
-        if model:
+        if model and model not in self.engine.remote:
             self.engine.catalog.find(model)  # raises ModelNotFound
         return model or None
 
