@@ -11,6 +11,7 @@ import argparse
 import asyncio
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -77,6 +78,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--ready-timeout", type=float, default=300.0, help="seconds to wait for a server to be ready")
     ap.add_argument("--request-timeout", type=float, default=None,
                     help="seconds per request (default: 120 + 0.3 s x streams x max tokens)")
+    ap.add_argument("--level-timeout", type=float, default=360.0,
+                    help="seconds a concurrency level may run; a level with timeouts ends its system's levels")
     ap.add_argument("--out-dir", type=Path, default=None, help="default bench/results (bench/results/scratch with --quick)")
     ap.add_argument("--quick", action="store_true",
                     help="smoke run: 8 new tokens, concurrency 1,2, 2 chat turns, 1 single rep")
@@ -170,6 +173,12 @@ def run_server_system(args, cfg: Config, name: str, entry: dict[str, Any]) -> No
     system.info = entry["info"]
     system.check()
     log(f"{name}: starting")
+
+    def alive(srv, where: str) -> None:
+        if srv.proc is not None and srv.proc.poll() is not None:
+            raise RuntimeError(f"{name} exited with {srv.proc.returncode} during {where} (a signal from outside "
+                               f"if its log ends in a clean shutdown):\n{srv.log_tail(8)}")
+
     with system.running() as srv:
         log(f"{name}: ready in {entry['info'].get('ready_s')}s at {srv.base_url}")
         # warm-up: one full-length request (transformers serve --continuous-batching also
@@ -178,11 +187,19 @@ def run_server_system(args, cfg: Config, name: str, entry: dict[str, Any]) -> No
         entry["checks"] = sanity_checks(system, srv.base_url, args)
         if entry["checks"].get("problem"):
             log(f"{name}: check: {entry['checks']['problem']}")
+        # the chat first: a level that times out may leave work behind in the server
+        if args.chat_turns:
+            rs = asyncio.run(run_chat(srv.base_url, system.body, args.chat_max_tokens,
+                                      request_timeout(args, 1), CHAT_TURNS[: args.chat_turns]))
+            entry["chat"] = summarize_chat(rs, args.chat_turns)
+            log(f"{name}: chat TTFT by turn: " + ", ".join(report._f(r.ttft, "{:.2f}") for r in rs)
+                + (f" ({rs[-1].error})" if rs and not rs[-1].ok else ""))
+            alive(srv, "the chat")
         entry["levels"] = []
         for c in levels_for(args):
             reps = args.single_reps if c == 1 else args.rounds
             rs, t0, t1 = asyncio.run(run_concurrent(srv.base_url, system.body, c, reps, args.max_tokens,
-                                                    request_timeout(args, c)))
+                                                    request_timeout(args, c), args.level_timeout))
             lv = summarize_level(rs, t0, t1, c)
             entry["levels"].append(lv)
             short = [r for r in rs if r.ok and r.tokens < args.max_tokens]
@@ -192,18 +209,23 @@ def run_server_system(args, cfg: Config, name: str, entry: dict[str, Any]) -> No
                 f"{report._f(lv['ttft_p95'], '{:.2f}')}s, errors {lv['errors']}"
                 + (f" ({lv['error_samples'][0][:120]})" if lv["errors"] else "")
                 + (f", {len(short)} replies shorter than {args.max_tokens}" if short else ""))
-            if lv["errors"] == len(rs):
-                log(f"{name}: every request failed at {c} streams; skipping higher levels")
+            alive(srv, f"the {c}-stream level")
+            timeouts = sum(1 for r in rs if (r.error or "").startswith("timeout"))
+            if lv["errors"] == len(rs) or timeouts:
+                lv["stopped_here"] = f"{timeouts} timeouts" if timeouts else "every request failed"
+                log(f"{name}: {lv['stopped_here']} at {c} streams; skipping higher levels")
                 break
-        if args.chat_turns:
-            rs = asyncio.run(run_chat(srv.base_url, system.body, args.chat_max_tokens,
-                                      request_timeout(args, 1), CHAT_TURNS[: args.chat_turns]))
-            entry["chat"] = summarize_chat(rs, args.chat_turns)
-            log(f"{name}: chat TTFT by turn: " + ", ".join(report._f(r.ttft, "{:.2f}") for r in rs))
     log(f"{name}: stopped")
 
 
+def _terminate(signum, frame):  # noqa: ANN001
+    # SIGTERM/SIGHUP: unwind like Ctrl-C so every `finally` stops its server
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def main(argv: list[str] | None = None) -> int:
+    signal.signal(signal.SIGTERM, _terminate)
+    signal.signal(signal.SIGHUP, _terminate)
     args = parse_args(argv)
     names = [s.strip() for s in args.systems.split(",") if s.strip()]
     for n in names:
@@ -225,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
             "model_dir": str(cfg.model_dir), "dtype": "float32", "gguf": str(args.gguf) if args.gguf else None,
             "threads": args.threads,
             "max_tokens": args.max_tokens, "concurrency": levels_for(args), "single_reps": args.single_reps,
-            "rounds": args.rounds, "chat_turns": args.chat_turns, "chat_max_tokens": args.chat_max_tokens,
+            "rounds": args.rounds, "level_timeout": args.level_timeout, "chat_turns": args.chat_turns, "chat_max_tokens": args.chat_max_tokens,
             "prompt_tokens": count_prompt_tokens(cfg.model_dir),
             "cpus": os.cpu_count(), "loadavg_start": [round(x, 2) for x in os.getloadavg()],
             "python": sys.version.split()[0], "log_dir": str(log_dir),

@@ -194,22 +194,29 @@ async def run_concurrent(
     requests_per_stream: int,
     max_tokens: int,
     timeout: float,
+    level_timeout: float | None = None,
 ) -> tuple[list[StreamResult], float, float]:
     """`concurrency` streams, each sending `requests_per_stream` requests back to back.
+    No request runs past `level_timeout` seconds from the level's start.
 
     Returns (results, wall_start, wall_end)."""
     url = base_url.rstrip("/") + "/v1/chat/completions"
     limits = httpx.Limits(max_connections=concurrency + 2, max_keepalive_connections=concurrency + 2)
     async with httpx.AsyncClient(timeout=httpx.Timeout(timeout), limits=limits) as client:
 
+        t0 = time.perf_counter()
+        deadline = t0 + (level_timeout or float("inf"))
+
         async def worker() -> list[StreamResult]:
             out = []
             for _ in range(requests_per_stream):
+                left = deadline - time.perf_counter()
+                if left <= 0:
+                    break
                 body = body_fn(single_prompt_messages(next_tag()), max_tokens, True)
-                out.append(await stream_chat(client, url, body, timeout))
+                out.append(await stream_chat(client, url, body, min(timeout, left)))
             return out
 
-        t0 = time.perf_counter()
         nested = await asyncio.gather(*(worker() for _ in range(concurrency)))
         t1 = time.perf_counter()
     return [r for rs in nested for r in rs], t0, t1
@@ -226,9 +233,11 @@ async def run_chat(
     async with httpx.AsyncClient(timeout=httpx.Timeout(timeout)) as client:
         for msg in turns or CHAT_TURNS:
             history.append({"role": "user", "content": msg})
-            res = await stream_chat(client, url, body_fn(list(history), max_tokens, False), timeout)
+            body = body_fn(list(history), max_tokens, False)
+            res = await stream_chat(client, url, body, timeout)
             out.append(res)
             if not res.ok:
+                res.failed_request = body  # kept in the JSON to reproduce the failure
                 break
             history.append({"role": "assistant", "content": res.text})
     return out
@@ -237,9 +246,10 @@ async def run_chat(
 def summarize_level(results: list[StreamResult], t0: float, t1: float, concurrency: int) -> dict[str, Any]:
     """Aggregate metrics for one concurrency level."""
     ok = [r for r in results if r.ok]
-    tokens = sum(r.tokens for r in ok)
-    ttfts = [r.ttft for r in ok if r.ttft is not None]
-    itls = [g for r in ok for g in r.itls]
+    # tokens actually received, a timed-out stream's included (counted chunks)
+    tokens = sum(r.tokens for r in results)
+    ttfts = [r.ttft for r in results if r.ttft is not None]
+    itls = [g for r in results for g in r.itls]
     wall = t1 - t0
     per_stream = [r.tokens / r.duration for r in ok if r.duration > 0]
     decode = [
@@ -256,7 +266,7 @@ def summarize_level(results: list[StreamResult], t0: float, t1: float, concurren
         "tokens_source": sorted({r.tokens_source for r in ok}),
         "prompt_tokens": ok[0].prompt_tokens if ok else None,
         "wall_s": wall,
-        "agg_tok_s": tokens / wall if wall > 0 and ok else None,
+        "agg_tok_s": tokens / wall if wall > 0 and tokens else None,
         "stream_tok_s_mean": sum(per_stream) / len(per_stream) if per_stream else None,
         "decode_tok_s_mean": sum(decode) / len(decode) if decode else None,
         "ttft_p50": percentile(ttfts, 50),
@@ -279,6 +289,8 @@ def summarize_chat(results: list[StreamResult], expected_turns: int | None = Non
             "tokens": r.tokens,
             "duration": r.duration,
             "error": r.error,
+            "text": r.text,
+            **({"failed_request": r.failed_request} if getattr(r, "failed_request", None) else {}),
         }
         for i, r in enumerate(results)
     ]

@@ -38,7 +38,6 @@ def settings(tmp_path_factory) -> Settings:
     return Settings(
         data_dir=tmp_path_factory.mktemp("data"),
         models_dir=models_dir(),
-        torch_threads=min(2, os.cpu_count() or 1),
         port=free_port(),
     )
 

@@ -30,7 +30,7 @@ def _wait_for(out: queue.Queue, seen: list[str], needle: str, timeout: float = 1
 
 
 def test_terminal_chat_streams_and_ctrl_c_stops_only_the_reply(tmp_path):
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "SERGE_TORCH_THREADS": "2"}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     chat = subprocess.Popen(
         [sys.executable, "-m", "serge", "chat", "--data-dir", str(tmp_path), "--models-dir", str(models_dir()),
          "--temperature", "0", "--max-tokens", "300"],

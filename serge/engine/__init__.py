@@ -3,8 +3,10 @@
 from serge.engine.catalog import CATALOG, ModelCatalog, ModelNotFound, PullFailed
 from serge.engine.devices import DevicePlan, DeviceUnavailable, resolve_device
 from serge.engine.engine import Engine
+from serge.engine.metrics import EngineMetrics, ModelSnapshot
 from serge.engine.prompts import ContextTooLong, Message
 from serge.engine.sampling import SamplingParams
+from serge.engine.scheduler import EngineBusy, SchedulerLimits
 from serge.engine.stream import FinishReason, GenerationError, GenerationRecord, Stream
 
 __all__ = [
@@ -13,14 +15,18 @@ __all__ = [
     "DevicePlan",
     "DeviceUnavailable",
     "Engine",
+    "EngineBusy",
+    "EngineMetrics",
     "FinishReason",
     "GenerationError",
     "GenerationRecord",
     "Message",
     "ModelCatalog",
     "ModelNotFound",
+    "ModelSnapshot",
     "PullFailed",
     "SamplingParams",
+    "SchedulerLimits",
     "Stream",
     "resolve_device",
 ]

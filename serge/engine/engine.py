@@ -14,10 +14,12 @@ from collections.abc import Sequence
 
 from serge.engine.catalog import ModelCatalog
 from serge.engine.devices import DevicePlan, resolve_device
+from serge.engine.metrics import EngineMetrics
 from serge.engine.prompts import Message, build_prompt
 from serge.engine.registry import LoadedModel, ModelRegistry
 from serge.engine.remote import RemoteModels
 from serge.engine.sampling import SamplingParams
+from serge.engine.scheduler import SchedulerLimits
 from serge.engine.stream import Stream
 from serge.settings import Settings
 
@@ -27,7 +29,9 @@ class Engine:
         self.settings = settings
         self.plan: DevicePlan = resolve_device(settings.device, settings.dtype, settings.quantization)
         self.catalog = ModelCatalog(settings.models_path)
-        self.registry = ModelRegistry(self.catalog, self.plan, settings.torch_threads, settings.context_window)
+        self.metrics = EngineMetrics()
+        self.registry = ModelRegistry(self.catalog, self.plan, settings.torch_threads, settings.context_window,
+                                      SchedulerLimits.from_settings(settings), self.metrics)
         self.remote = RemoteModels(settings.remote_models)
 
     def model(self, name: str | None = None) -> LoadedModel:

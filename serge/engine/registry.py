@@ -14,8 +14,9 @@ from dataclasses import dataclass
 
 from serge.engine.catalog import InstalledModel, ModelCatalog
 from serge.engine.devices import DevicePlan
+from serge.engine.metrics import EngineMetrics
 from serge.engine.sampling import SamplingParams
-from serge.engine.scheduler import Scheduler
+from serge.engine.scheduler import Scheduler, SchedulerLimits
 
 log = logging.getLogger(__name__)
 
@@ -43,11 +44,21 @@ def _model_defaults(model, installed: InstalledModel) -> SamplingParams:
 
 
 class ModelRegistry:
-    def __init__(self, catalog: ModelCatalog, plan: DevicePlan, threads: int, context_cap: int | None = None):
+    def __init__(
+        self,
+        catalog: ModelCatalog,
+        plan: DevicePlan,
+        threads: int,
+        context_cap: int | None = None,
+        limits: SchedulerLimits | None = None,
+        metrics: EngineMetrics | None = None,
+    ):
         self.catalog = catalog
         self.plan = plan
         self._threads = threads
         self._context_cap = context_cap
+        self._limits = limits or SchedulerLimits()
+        self.metrics = metrics if metrics is not None else EngineMetrics()  # shared by every model's scheduler
         self._models: dict[str, LoadedModel] = {}
         self._locks: dict[str, threading.Lock] = {}
         self._guard = threading.Lock()
@@ -104,6 +115,6 @@ class ModelRegistry:
             tokenizer=tokenizer,
             context_window=window,
             defaults=_model_defaults(model, installed),
-            scheduler=Scheduler(model, tokenizer, self._threads, name),
+            scheduler=Scheduler(model, tokenizer, self._threads, name, self._limits, self.metrics),
             load_seconds=seconds,
         )

@@ -1,35 +1,83 @@
-"""The one worker that runs a model's generations.
+"""Many generations sharing one model: continuous batching behind a bounded queue.
 
 Each loaded model gets one `Scheduler` and so one worker thread: no thread per
-request. Requests wait in a queue and the worker runs them one after another,
-each on its own KV cache, so no two requests can ever mix. Per-request state
-(ids, cache, random generator, settings) lives on the `_Sequence`, never on the
-shared model. Every sequence ends with `stream.finish()`, on every path.
+request. `submit` puts a request in a bounded queue (full: `EngineBusy`). At
+every step the worker admits waiting requests while fewer than `max_running`
+run, runs one forward pass over every sequence being decoded, prefills at most
+about `prefill_chunk` prompt tokens (so a long prompt delays the others by a step,
+never by its whole length), and samples each sequence's next token with its own
+settings and random generator. A sequence that finishes, stops, fails or is
+cancelled leaves the batch in the same step, and its KV goes to the prefix cache,
+from which the next turn of the same chat takes what it shares.
+
+Batching never changes what a sequence produces: see `forward.py` for how.
+Every sequence ends with `stream.finish()`, on every path.
 """
 
 from __future__ import annotations
 
-import queue
+import logging
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 
 import torch
-from transformers import DynamicCache
 
+from serge.engine.forward import BatchForward
+from serge.engine.kvcache import PrefixCache, SequenceKV
+from serge.engine.metrics import EngineMetrics
 from serge.engine.sampling import ResolvedSampling, choose_next
-from serge.engine.stream import FinishReason, GenerationRecord, Stream, TextAssembler
+from serge.engine.stream import FinishReason, GenerationError, GenerationRecord, Stream, TextAssembler
+
+log = logging.getLogger(__name__)
 
 
-@dataclass
+class EngineBusy(RuntimeError):
+    """Every slot is taken and the queue is full; try again after `retry_after_s`."""
+
+    def __init__(self, retry_after_s: float, message: str = "the server is busy; try again later") -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+@dataclass(frozen=True)
+class SchedulerLimits:
+    """How much one model's scheduler takes on at once."""
+
+    max_running: int | None = None  # None: 64 on CUDA, 16 elsewhere
+    max_queue: int = 64
+    queue_timeout_s: float = 120.0
+    prefix_cache_mb: int = 512
+    prefill_chunk: int = 256
+
+    @classmethod
+    def from_settings(cls, settings) -> SchedulerLimits:
+        return cls(
+            max_running=settings.max_running,
+            max_queue=settings.max_queue,
+            queue_timeout_s=settings.queue_timeout_s,
+            prefix_cache_mb=settings.prefix_cache_mb,
+            prefill_chunk=settings.prefill_chunk,
+        )
+
+
+@dataclass(eq=False)
 class _Sequence:
     prompt: list[int]
     params: ResolvedSampling
     stream: Stream
     assembler: TextAssembler
     generated: list[int] = field(default_factory=list)
+    kv: SequenceKV | None = None
+    prefilled: int = 0  # prompt tokens whose keys and values are in `kv`
+    logits: torch.Tensor | None = None  # the next token is sampled from these
+    prompt_logits: torch.Tensor | None = None  # after the whole prompt: kept with the KV for reuse
+    feed: int | None = None  # the sampled token the next decode step runs
+    generator: torch.Generator | None = None
     started: float | None = None
     first_token: float | None = None
+    last_token: float | None = None
 
 
 def _eos_ids(model, tokenizer) -> frozenset[int]:
@@ -40,95 +88,264 @@ def _eos_ids(model, tokenizer) -> frozenset[int]:
     return frozenset(ids)
 
 
+def _message(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
 class Scheduler:
-    def __init__(self, model, tokenizer, threads: int, name: str = "model") -> None:
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        threads: int,
+        name: str = "model",
+        limits: SchedulerLimits | None = None,
+        metrics: EngineMetrics | None = None,
+    ) -> None:
+        limits = limits or SchedulerLimits()
+        self.name = name
         self._model = model
         self._tokenizer = tokenizer
         self._threads = threads
         self._eos = _eos_ids(model, tokenizer)
-        self._pending: queue.SimpleQueue[_Sequence | None] = queue.SimpleQueue()
+        self.max_running = limits.max_running or (64 if model.device.type == "cuda" else 16)
+        self.max_queue = limits.max_queue
+        self._queue_timeout = limits.queue_timeout_s
+        self._chunk = limits.prefill_chunk
+        self._forward = BatchForward(model)
+        self._prefixes = PrefixCache(limits.prefix_cache_mb * 2**20)
+        self.metrics = metrics if metrics is not None else EngineMetrics()
+        self._m = self.metrics.model(name)
+        self._lock = threading.Condition()
+        self._waiting: deque[_Sequence] = deque()  # under _lock
+        self._active = 0  # sequences admitted and not finished; under _lock
+        self._closing = False
+        self._forget = False  # drop the prefix cache before the next admission
+        self._running: list[_Sequence] = []  # the worker's alone
+        self._mean_duration = 10.0  # seconds per generation, for Retry-After
         self._worker = threading.Thread(target=self._run, name=f"serge-worker-{name}", daemon=True)
         self._worker.start()
 
     def submit(self, prompt: list[int], params: ResolvedSampling) -> Stream:
+        """Queue a generation; raises `EngineBusy` when every slot and the queue are full."""
+        if not prompt:
+            raise ValueError("a prompt needs at least one token")
         stream = Stream()
-        self._pending.put(_Sequence(prompt, params, stream, TextAssembler(self._tokenizer, params.stop)))
+        seq = _Sequence(list(prompt), params, stream, TextAssembler(self._tokenizer, params.stop))
+        with self._lock:
+            if self._closing:
+                raise GenerationError(f"the model {self.name!r} is being unloaded; try again")
+            waiting = len(self._waiting)
+            if self._active + waiting >= self.max_running + self.max_queue:
+                self._m.rejected.inc()
+                retry = min(300.0, max(1.0, self._mean_duration * (waiting + 1) / self.max_running))
+                raise EngineBusy(
+                    retry,
+                    f"the server is busy: {self._active} replies are running and {waiting} waiting; "
+                    f"try again in {retry:.0f} s",
+                )
+            stream.queue_position = waiting
+            self._waiting.append(seq)
+            self._m.queued.set(len(self._waiting))
+            self._lock.notify()
         return stream
 
     def close(self) -> None:
-        """Finish what is queued as cancelled, then stop and join the worker."""
-        self._pending.put(None)
+        """End every queued and running generation as cancelled, then stop and join the worker."""
+        with self._lock:
+            self._closing = True
+            self._lock.notify()
         self._worker.join()
+        self._prefixes.clear()
+
+    def forget_prefixes(self) -> None:
+        """Empty the prefix cache before any later request starts (it refills as generations finish)."""
+        with self._lock:
+            self._forget = True
 
     # --- the worker ---------------------------------------------------------
     def _run(self) -> None:
         torch.set_num_threads(self._threads)  # per thread under OpenMP: set it where the work runs
-        while (seq := self._pending.get()) is not None:
-            self._generate(seq)
-        while True:  # closing: whatever is still queued ends as cancelled
-            try:
-                seq = self._pending.get_nowait()
-            except queue.Empty:
-                return
-            if seq is not None:
-                seq.stream.cancel()
-                self._generate(seq)
-
-    def _generate(self, seq: _Sequence) -> None:
-        seq.started = time.monotonic()
-        reason, error = FinishReason.CANCELLED, None
-        try:
-            if not seq.stream.cancelled:
-                reason = self._decode(seq)
-        except Exception as exc:  # surfaced to the consumer through the record
-            reason, error = FinishReason.ERROR, f"{type(exc).__name__}: {exc}"
-        finally:
-            if reason is not FinishReason.ERROR:
-                seq.stream.push(seq.assembler.flush())
-            seq.stream.finish(self._record(seq, reason, error))
-
-    @torch.inference_mode()
-    def _decode(self, seq: _Sequence) -> FinishReason:
-        model, params = self._model, seq.params
-        device = model.device
-        generator = None if params.greedy else params.generator(device)
-        needs_history = params.repetition_penalty != 1.0 or params.frequency_penalty or params.presence_penalty
-        cache = DynamicCache(config=model.config)
-        prompt = torch.tensor([seq.prompt], device=device)
-        logits = model(input_ids=prompt, cache=cache, use_cache=True, logits_to_keep=1).logits[0, -1]
         while True:
-            if needs_history:
-                generated = torch.tensor(seq.generated, dtype=torch.long, device=device)
-                seen = torch.cat([prompt[0], generated])
+            with self._lock:
+                while not self._closing and not self._waiting and not self._running:
+                    self._lock.wait()
+                if self._closing:
+                    break
+                if self._forget:
+                    self._forget = False
+                    self._prefixes.clear()
+                    self._m.prefix_cache_bytes.set(0)
+                admitted, expired = self._admit()
+            for seq, reason, error in expired:
+                self._finish(seq, reason, error)
+            self._running.extend(admitted)
+            try:
+                for seq in admitted:
+                    self._start(seq)
+                self._step()
+            except Exception as exc:  # a bug, not a bad request: fail what runs, keep serving
+                log.exception("scheduler step failed")
+                for seq in list(self._running):
+                    self._leave(seq, FinishReason.ERROR, _message(exc))
+        with self._lock:
+            leftover, self._waiting = list(self._waiting), deque()
+        for seq in leftover + list(self._running):
+            seq.stream.cancel()
+            if seq in self._running:
+                self._leave(seq, FinishReason.CANCELLED)
             else:
-                generated = seen = prompt[0, :0]
-            token = choose_next(logits, params, seen, generated, generator)
-            if seq.first_token is None:
-                seq.first_token = time.monotonic()
-            if token in self._eos and not params.ignore_eos:
-                return FinishReason.STOP
-            seq.generated.append(token)
-            seq.stream.push(seq.assembler.add(token))
-            if seq.assembler.stopped:
-                return FinishReason.STOP
-            if len(seq.generated) >= params.max_new_tokens:
-                return FinishReason.LENGTH
+                self._finish(seq, FinishReason.CANCELLED)
+
+    def _admit(self) -> tuple[list[_Sequence], list[tuple[_Sequence, FinishReason, str | None]]]:
+        """Under the lock: move waiting requests into free slots; drop cancelled and timed-out ones."""
+        now = time.monotonic()
+        admitted, expired, kept = [], [], deque()
+        for seq in self._waiting:
+            waited = now - seq.stream.created
             if seq.stream.cancelled:
-                return FinishReason.CANCELLED
-            step = torch.tensor([[token]], device=device)
-            logits = model(input_ids=step, cache=cache, use_cache=True).logits[0, -1]
+                expired.append((seq, FinishReason.CANCELLED, None))
+            elif len(self._running) + len(admitted) < self.max_running:
+                admitted.append(seq)
+            elif waited > self._queue_timeout:
+                error = f"timed out after {waited:.0f} s waiting for a free slot; the server is busy"
+                expired.append((seq, FinishReason.ERROR, error))
+            else:
+                kept.append(seq)
+        self._waiting = kept
+        for position, seq in enumerate(kept):
+            seq.stream.queue_position = position
+        self._active = len(self._running) + len(admitted)
+        self._m.queued.set(len(kept))
+        self._m.running.set(self._active)
+        return admitted, expired
+
+    def _start(self, seq: _Sequence) -> None:
+        """A slot is free: take what the prefix cache has of this prompt."""
+        seq.started = time.monotonic()
+        seq.stream.queue_position = None
+        self._m.queue_wait.observe(seq.started - seq.stream.created)
+        self._m.prompt_tokens.inc(len(seq.prompt))
+        if not seq.params.greedy:
+            seq.generator = seq.params.generator(self._model.device)
+        hit = self._prefixes.find(seq.prompt) if self._prefixes.budget_bytes else None
+        if hit is None:
+            seq.kv = self._forward.new_kv()
+            return
+        seq.kv, seq.prefilled = hit.kv, hit.length
+        seq.logits = seq.prompt_logits = hit.logits
+        self._m.reused_tokens.inc(hit.length)
+
+    def _step(self) -> None:
+        for seq in [s for s in self._running if s.stream.cancelled]:
+            self._leave(seq, FinishReason.CANCELLED)
+        decoding = [s for s in self._running if s.feed is not None]
+        if decoding:
+            try:
+                rows = self._forward.decode([s.kv for s in decoding], [s.feed for s in decoding])
+            except Exception as exc:
+                log.exception("decode step failed")
+                for seq in decoding:
+                    self._leave(seq, FinishReason.ERROR, _message(exc))
+            else:
+                for seq, row in zip(decoding, rows):
+                    seq.logits, seq.feed = row, None
+        self._prefill()
+        for seq in [s for s in self._running if s.logits is not None]:
+            try:
+                self._sample(seq)
+            except Exception as exc:
+                self._leave(seq, FinishReason.ERROR, _message(exc))
+
+    def _prefill(self) -> None:
+        """Run prompt chunks, oldest request first, about `prefill_chunk` tokens in all.
+
+        A chunk always starts where the sequence's last one ended and is never cut
+        to fit the budget: its shape, and so its numbers, depend on that sequence alone.
+        """
+        budget = self._chunk
+        for seq in [s for s in self._running if s.prefilled < len(s.prompt)]:
+            n = min(self._chunk, len(seq.prompt) - seq.prefilled)
+            if n > budget and budget < self._chunk:
+                break
+            budget -= n
+            try:
+                logits = self._forward.prefill(seq.kv, seq.prompt[seq.prefilled : seq.prefilled + n])
+            except Exception as exc:
+                log.exception("prefill failed")
+                self._leave(seq, FinishReason.ERROR, _message(exc))
+                continue
+            seq.prefilled += n
+            self._m.prefilled_tokens.inc(n)
+            if seq.prefilled == len(seq.prompt):
+                seq.logits = seq.prompt_logits = logits
+            if budget <= 0:
+                break
+
+    def _sample(self, seq: _Sequence) -> None:
+        logits, seq.logits = seq.logits, None
+        params = seq.params
+        if params.repetition_penalty != 1.0 or params.frequency_penalty or params.presence_penalty:
+            generated = torch.tensor(seq.generated, dtype=torch.long, device=logits.device)
+            seen = torch.cat([torch.tensor(seq.prompt, dtype=torch.long, device=logits.device), generated])
+        else:
+            generated = seen = torch.empty(0, dtype=torch.long, device=logits.device)
+        token = choose_next(logits, params, seen, generated, seq.generator)
+        now = time.monotonic()
+        if seq.first_token is None:
+            seq.first_token = now
+            self._m.ttft.observe(now - seq.stream.created)
+        else:
+            self._m.inter_token.observe(now - seq.last_token)
+        seq.last_token = now
+        if token in self._eos and not params.ignore_eos:
+            return self._leave(seq, FinishReason.STOP)
+        seq.generated.append(token)
+        self._m.generated_tokens.inc()
+        seq.stream.push(seq.assembler.add(token))
+        if seq.assembler.stopped:
+            self._leave(seq, FinishReason.STOP)
+        elif len(seq.generated) >= params.max_new_tokens:
+            self._leave(seq, FinishReason.LENGTH)
+        elif seq.stream.cancelled:
+            self._leave(seq, FinishReason.CANCELLED)
+        else:
+            seq.feed = token
+
+    def _leave(self, seq: _Sequence, reason: FinishReason, error: str | None = None) -> None:
+        """Out of the batch, now: its KV goes to the prefix cache (or is freed), its stream ends."""
+        self._running.remove(seq)
+        kv, seq.kv = seq.kv, None
+        if kv is not None and reason is not FinishReason.ERROR and self._prefixes.budget_bytes:
+            # Before finish(): the chat's next turn may be submitted the moment its stream ends.
+            self._prefixes.store(seq.prompt + seq.generated, kv, len(seq.prompt), seq.prompt_logits)
+            self._m.prefix_cache_bytes.set(self._prefixes.nbytes)
+        with self._lock:
+            self._active -= 1
+            self._m.running.set(self._active)
+        self._finish(seq, reason, error)
+
+    def _finish(self, seq: _Sequence, reason: FinishReason, error: str | None = None) -> None:
+        if reason is not FinishReason.ERROR:
+            seq.stream.push(seq.assembler.flush())
+        record = self._record(seq, reason, error)
+        if seq.started is not None:
+            self._mean_duration = 0.8 * self._mean_duration + 0.2 * record.duration_s
+        self._m.finished(reason.value)
+        seq.stream.finish(record)
 
     @staticmethod
     def _record(seq: _Sequence, reason: FinishReason, error: str | None) -> GenerationRecord:
         now = time.monotonic()
+        started = seq.started if seq.started is not None else now
         return GenerationRecord(
             text=seq.assembler.text,
             finish_reason=reason,
             prompt_tokens=len(seq.prompt),
             completion_tokens=len(seq.generated),
             seed=seq.params.seed,
-            queued_s=seq.started - seq.stream.created,
-            ttft_s=None if seq.first_token is None else seq.first_token - seq.started,
-            duration_s=now - seq.started,
+            queued_s=started - seq.stream.created,
+            ttft_s=None if seq.first_token is None else seq.first_token - started,
+            duration_s=now - started,
             error=error,
         )

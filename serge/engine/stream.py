@@ -66,6 +66,9 @@ class Stream:
         self._done = threading.Event()
         self._record: GenerationRecord | None = None
         self.created = time.monotonic()
+        # Requests ahead of this one in its model's queue (0: next in line); None once it runs.
+        # Written by the scheduler only.
+        self.queue_position: int | None = None
 
     # --- the worker's side -------------------------------------------------
     @property

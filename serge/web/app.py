@@ -6,12 +6,14 @@ so the port answers at once and `/api/health` says `loading` until it is ready.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from fastapi.staticfiles import StaticFiles
 
 from serge import __version__
@@ -84,7 +86,12 @@ def build_app(settings: Settings, engine: Engine) -> FastAPI:
             "models_remote": sorted(engine.remote.models),
             "models_loading": sorted(engine.registry.loading),
             "error": request.app.state.load_error,
+            "models": {name: dataclasses.asdict(snap) for name, snap in engine.metrics.snapshot().items()},
         }
         return JSONResponse(body, status_code=200 if ready else 503)
+
+    @app.get("/metrics", tags=["system"], summary="Prometheus metrics: requests, tokens, latencies, queue")
+    def metrics(request: Request):
+        return Response(generate_latest(request.app.state.engine.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     return app

@@ -1,0 +1,128 @@
+"""What the schedulers did, as Prometheus metrics and as a small summary.
+
+`EngineMetrics` registers its metrics in the `CollectorRegistry` it is given (a
+fresh one if none): whoever creates it owns it and may expose it at /metrics.
+Nothing here is global. Each model's `Scheduler` records through
+`EngineMetrics.model(name)`, whose children are labeled once. `snapshot()` gives
+the few numbers a health page shows. This module knows nothing of HTTP.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+_LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+_TOKEN_BUCKETS = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5)
+
+
+@dataclass(frozen=True)
+class ModelSnapshot:
+    """One model's totals since start, and its load right now."""
+
+    requests: int  # finished generations, whatever the reason
+    rejected: int  # turned away because the queue was full
+    running: int
+    queued: int
+    prompt_tokens: int
+    prefilled_tokens: int  # prompt tokens run through the model
+    reused_tokens: int  # prompt tokens taken from the prefix cache instead
+    generated_tokens: int
+    mean_ttft_s: float | None  # submit to first token, queue included
+    mean_inter_token_s: float | None
+
+
+class ModelMetrics:
+    """One model's metric children, labeled once; what a `Scheduler` records into."""
+
+    def __init__(self, metrics: EngineMetrics, name: str) -> None:
+        self._finished = metrics.requests
+        self._name = name
+        self.rejected = metrics.rejected.labels(name)
+        self.prompt_tokens = metrics.prompt_tokens.labels(name)
+        self.prefilled_tokens = metrics.prefilled_tokens.labels(name)
+        self.reused_tokens = metrics.reused_tokens.labels(name)
+        self.generated_tokens = metrics.generated_tokens.labels(name)
+        self.ttft = metrics.ttft.labels(name)
+        self.inter_token = metrics.inter_token.labels(name)
+        self.queue_wait = metrics.queue_wait.labels(name)
+        self.queued = metrics.queued.labels(name)
+        self.running = metrics.running.labels(name)
+        self.prefix_cache_bytes = metrics.prefix_cache_bytes.labels(name)
+
+    def finished(self, reason: str) -> None:
+        self._finished.labels(self._name, reason).inc()
+
+
+class EngineMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("serge_requests", "Generations finished, by finish reason.", ["model", "reason"], registry=r)
+        self.rejected = Counter("serge_requests_rejected", "Requests turned away: the queue was full.", ["model"], registry=r)
+        self.prompt_tokens = Counter("serge_prompt_tokens", "Prompt tokens of admitted requests.", ["model"], registry=r)
+        self.prefilled_tokens = Counter(
+            "serge_prefilled_tokens", "Prompt tokens run through the model.", ["model"], registry=r
+        )
+        self.reused_tokens = Counter(
+            "serge_prefix_cache_tokens", "Prompt tokens found in the prefix cache, not run again.", ["model"], registry=r
+        )
+        self.generated_tokens = Counter("serge_generated_tokens", "Tokens generated.", ["model"], registry=r)
+        self.ttft = Histogram(
+            "serge_time_to_first_token_seconds",
+            "From submit to the first token, queue included.",
+            ["model"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.inter_token = Histogram(
+            "serge_inter_token_latency_seconds", "Between two tokens of one reply.", ["model"], buckets=_TOKEN_BUCKETS, registry=r
+        )
+        self.queue_wait = Histogram(
+            "serge_queue_wait_seconds", "From submit to a free slot.", ["model"], buckets=_LATENCY_BUCKETS, registry=r
+        )
+        self.queued = Gauge("serge_queue_length", "Requests waiting for a free slot.", ["model"], registry=r)
+        self.running = Gauge("serge_active_sequences", "Sequences in the running batch.", ["model"], registry=r)
+        self.prefix_cache_bytes = Gauge(
+            "serge_prefix_cache_bytes", "Memory held by the prefix cache.", ["model"], registry=r
+        )
+
+    def model(self, name: str) -> ModelMetrics:
+        return ModelMetrics(self, name)
+
+    def snapshot(self) -> dict[str, ModelSnapshot]:
+        """Per model: totals and current load, read back from the registry."""
+        values: dict[tuple[str, str], float] = {}
+        models: set[str] = set()
+        for family in self.registry.collect():
+            for sample in family.samples:
+                model = sample.labels.get("model")
+                if model is None:
+                    continue
+                models.add(model)
+                key = (model, sample.name)
+                values[key] = values.get(key, 0.0) + sample.value
+
+        def get(model: str, name: str) -> float:
+            return values.get((model, name), 0.0)
+
+        def mean(model: str, name: str) -> float | None:
+            count = get(model, f"{name}_count")
+            return get(model, f"{name}_sum") / count if count else None
+
+        return {
+            m: ModelSnapshot(
+                requests=int(get(m, "serge_requests_total")),
+                rejected=int(get(m, "serge_requests_rejected_total")),
+                running=int(get(m, "serge_active_sequences")),
+                queued=int(get(m, "serge_queue_length")),
+                prompt_tokens=int(get(m, "serge_prompt_tokens_total")),
+                prefilled_tokens=int(get(m, "serge_prefilled_tokens_total")),
+                reused_tokens=int(get(m, "serge_prefix_cache_tokens_total")),
+                generated_tokens=int(get(m, "serge_generated_tokens_total")),
+                mean_ttft_s=mean(m, "serge_time_to_first_token_seconds"),
+                mean_inter_token_s=mean(m, "serge_inter_token_latency_seconds"),
+            )
+            for m in sorted(models)
+        }

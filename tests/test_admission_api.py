@@ -1,0 +1,39 @@
+"""Admission control over HTTP: a full server answers 503 with Retry-After, and nothing is lost."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from serge.engine import Engine
+from serge.settings import Settings
+from serge.web.app import build_app
+
+from conftest import ServerThread, free_port
+
+LONG = {"messages": [{"role": "user", "content": "Write a long story."}], "max_tokens": 200, "ignore_eos": True,
+        "temperature": 0, "stream": True}
+
+
+@pytest.fixture(scope="module")
+def tiny_server(settings, tmp_path_factory):
+    """A server that runs one generation at a time and queues none."""
+    own = Settings(data_dir=tmp_path_factory.mktemp("tiny"), models_dir=settings.models_path, port=free_port(),
+                   max_running=1, max_queue=0)
+    with Engine(own) as engine, ServerThread(build_app(own, engine), own.port) as running:
+        yield running.url
+
+
+def test_a_full_server_answers_503_with_retry_after(tiny_server):
+    with httpx.stream("POST", f"{tiny_server}/v1/chat/completions", json=LONG, timeout=60) as first:
+        next(first.iter_lines())  # the first request holds the only slot
+        second = httpx.post(f"{tiny_server}/v1/chat/completions", timeout=60,
+                            json={"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2})
+        chat = httpx.post(f"{tiny_server}/api/chats", json={}, timeout=30).json()
+        third = httpx.post(f"{tiny_server}/api/chats/{chat['id']}/messages", json={"content": "Hello?"}, timeout=60)
+    assert second.status_code == 503
+    assert int(second.headers["Retry-After"]) >= 1
+    assert "busy" in second.json()["error"]["message"]
+    assert third.status_code == 503 and "Retry-After" in third.headers
+    saved = httpx.get(f"{tiny_server}/api/chats/{chat['id']}", timeout=30).json()
+    assert [m["content"] for m in saved["messages"] if m["role"] == "user"] == ["Hello?"], "the user's message is kept"

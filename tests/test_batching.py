@@ -1,0 +1,157 @@
+"""Continuous batching, admission control and prefix reuse, on the real bundled model.
+
+Replies are kept short (16 to 32 tokens): the promises hold at any length, and
+this machine is slow.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from serge.engine import Engine, EngineBusy, FinishReason, Message, SamplingParams, SchedulerLimits
+from serge.engine.prompts import build_prompt
+from serge.engine.scheduler import Scheduler
+
+GREEDY = SamplingParams(temperature=0, max_new_tokens=16)
+QUESTIONS = [
+    "What is the capital of France?",
+    "Write a haiku about rain.",
+    "List three colors.",
+    "Explain gravity in one sentence.",
+    "Count to five.",
+    "Name a fruit that is red.",
+    "What is 2 + 2?",
+    "Say hello in Spanish.",
+]
+
+
+@pytest.fixture(scope="module")
+def single_stream(engine) -> dict[str, str]:
+    """Each question's greedy reply, run alone on a cold prefix cache."""
+    scheduler = engine.model().scheduler
+    texts = {}
+    for question in QUESTIONS:
+        scheduler.forget_prefixes()
+        texts[question] = engine.chat(None, [Message("user", question)], GREEDY).text()
+    return texts
+
+
+def _small_scheduler(engine, **limits) -> Scheduler:
+    loaded = engine.model()
+    return Scheduler(loaded.model, loaded.tokenizer, 1, "small", SchedulerLimits(**limits))
+
+
+def _prompt(engine, messages: list[Message]) -> list[int]:
+    loaded = engine.model()
+    return build_prompt(loaded.tokenizer, messages, loaded.context_window, 32).ids
+
+
+def _counts(engine) -> tuple[int, int]:
+    snap = engine.model().scheduler.metrics.snapshot()[engine.model().name]
+    return snap.prefilled_tokens, snap.reused_tokens
+
+
+def test_eight_concurrent_greedy_replies_equal_their_single_stream_text(engine, single_stream):
+    engine.model().scheduler.forget_prefixes()  # prefill in the batch too, not only decode
+    streams = [engine.chat(None, [Message("user", q)], GREEDY) for q in QUESTIONS]
+    texts = [s.text() for s in streams]
+    assert texts == [single_stream[q] for q in QUESTIONS]
+    records = [s.record for s in streams]
+    starts = [s.created + r.queued_s for s, r in zip(streams, records)]
+    ends = [start + r.duration_s for start, r in zip(starts, records)]
+    assert max(starts) < min(ends), "the eight replies did not run at the same time"
+
+
+def test_a_cancelled_reply_leaves_at_once_while_the_others_continue_unchanged(engine, single_stream):
+    engine.model().scheduler.forget_prefixes()
+    endless = SamplingParams(temperature=0, max_new_tokens=32, ignore_eos=True)
+    victim = engine.chat(None, [Message("user", "Tell me a very long story.")], endless)
+    others = [engine.chat(None, [Message("user", q)], GREEDY) for q in QUESTIONS[:3]]
+    deltas = iter(victim)
+    next(deltas)  # it runs
+    victim.cancel()
+    record = victim.close()
+    assert record.finish_reason is FinishReason.CANCELLED
+    assert record.completion_tokens <= 4, "the cancelled reply went on for more than a step or two"
+    assert [s.text() for s in others] == [single_stream[q] for q in QUESTIONS[:3]]
+
+
+def test_a_full_queue_answers_engine_busy_and_tells_queued_requests_their_place(engine):
+    scheduler = _small_scheduler(engine, max_running=1, max_queue=1, prefix_cache_mb=0)
+    try:
+        params = SamplingParams(temperature=0, max_new_tokens=64, ignore_eos=True).resolved(1000)
+        prompt = _prompt(engine, [Message("user", "Tell me a story.")])
+        running = scheduler.submit(prompt, params)
+        queued = scheduler.submit(prompt, params)
+        with pytest.raises(EngineBusy) as busy:
+            scheduler.submit(prompt, params)
+        assert busy.value.retry_after_s > 0
+        deadline = time.monotonic() + 30
+        while running.queue_position is not None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert running.queue_position is None
+        assert queued.queue_position == 0
+    finally:
+        scheduler.close()
+    assert running.record.finish_reason is FinishReason.CANCELLED
+    assert queued.record.finish_reason is FinishReason.CANCELLED
+
+
+def test_a_request_waiting_past_its_timeout_ends_with_a_clear_error(engine):
+    scheduler = _small_scheduler(engine, max_running=1, max_queue=4, queue_timeout_s=0.5, prefix_cache_mb=0)
+    try:
+        params = SamplingParams(temperature=0, max_new_tokens=256, ignore_eos=True).resolved(1000)
+        prompt = _prompt(engine, [Message("user", "Tell me a story.")])
+        running = scheduler.submit(prompt, params)
+        deltas = iter(running)  # kept: a dropped iterator closes its stream
+        next(deltas)  # it holds the only slot
+        waiting = scheduler.submit(prompt, params)
+        assert waiting.text() == ""
+        record = waiting.record
+        assert record.finish_reason is FinishReason.ERROR
+        assert "waiting for a free slot; the server is busy" in record.error
+        assert record.error.startswith("timed out after ")
+        assert not running.done
+    finally:
+        scheduler.close()
+
+
+def test_prefix_reuse_gives_the_cold_text_and_prefills_only_what_is_new(engine):
+    scheduler = engine.model().scheduler
+    scheduler.forget_prefixes()
+    first = [Message("user", "Give me a name for a cat.")]
+    reply = engine.chat(None, first, GREEDY).text()
+    second = first + [Message("assistant", reply), Message("user", "And one for a dog?")]
+    shared, whole = len(_prompt(engine, first)), len(_prompt(engine, second))
+
+    before = _counts(engine)
+    warm = engine.chat(None, second, GREEDY).text()
+    prefilled, reused = (after - start for after, start in zip(_counts(engine), before))
+    assert reused > shared  # the first prompt and at least part of the reply
+    assert prefilled == whole - reused
+
+    scheduler.forget_prefixes()
+    before = _counts(engine)
+    cold = engine.chat(None, second, GREEDY).text()
+    assert _counts(engine)[0] - before[0] == whole
+    assert warm == cold
+
+
+def test_ten_streamed_turns_leave_no_thread_behind(engine):
+    engine.model().scheduler.forget_prefixes()
+    threads = threading.active_count()
+    messages: list[Message] = []
+    prefilled = []
+    params = SamplingParams(temperature=0, max_new_tokens=6)
+    for turn in range(10):
+        messages.append(Message("user", f"Turn {turn}: say a word."))
+        before = _counts(engine)[0]
+        reply = "".join(engine.chat(None, messages, params))
+        prefilled.append(_counts(engine)[0] - before)
+        messages.append(Message("assistant", reply))
+    assert threading.active_count() == threads
+    # The tenth turn runs only what is new, about as much as the first (time to first token follows).
+    assert prefilled[-1] <= 1.5 * prefilled[0], prefilled
