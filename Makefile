@@ -14,6 +14,7 @@ test: install-dev model
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 bench: install-dev model
+	$(BIN)/python -m pip install --quiet -e ".[dev,bench]"
 	$(BIN)/python -m bench $(BENCH_ARGS)
 
 model: install

@@ -74,6 +74,7 @@ class CliError(Exception):
 def main(argv: list[str] | None = None) -> None:
     args = parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("alembic").setLevel(logging.WARNING)  # its INFO lines are plugin and dialect chatter
     from serge.engine import ContextTooLong, DeviceUnavailable, ModelNotFound, PullFailed
 
     try:
@@ -100,10 +101,11 @@ def _serve(settings: Settings) -> None:
     import uvicorn
 
     from serge.engine import Engine
-    from serge.web.app import build_app
 
-    engine = Engine(settings)
+    engine = Engine(settings)  # first: a missing device ends the start before anything else runs
     try:
+        from serge.web.app import build_app
+
         print(f"Serge {__version__} on {engine.plan.device} ({engine.plan.dtype_name}): "
               f"http://{settings.host}:{settings.port}", flush=True)
         uvicorn.run(build_app(settings, engine), host=settings.host, port=settings.port, log_level="info")
