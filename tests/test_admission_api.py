@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import pytest
 
@@ -37,3 +39,42 @@ def test_a_full_server_answers_503_with_retry_after(tiny_server):
     assert third.status_code == 503 and "Retry-After" in third.headers
     saved = httpx.get(f"{tiny_server}/api/chats/{chat['id']}", timeout=30).json()
     assert [m["content"] for m in saved["messages"] if m["role"] == "user"] == ["Hello?"], "the user's message is kept"
+
+
+@pytest.fixture(scope="module")
+def one_slot_server(settings, tmp_path_factory):
+    """A server that runs one generation at a time and lets others wait."""
+    own = Settings(data_dir=tmp_path_factory.mktemp("one-slot"), models_dir=settings.models_path, port=free_port(),
+                   max_running=1, max_queue=4)
+    with Engine(own) as engine, ServerThread(build_app(own, engine), own.port) as running:
+        yield running.url
+
+
+def _events(response):
+    kind = None
+    for line in response.iter_lines():
+        if line.startswith("event: "):
+            kind = line[len("event: "):]
+        elif line.startswith("data: ") and kind:
+            yield kind, json.loads(line[len("data: "):])
+
+
+def test_a_waiting_reply_learns_its_place_in_line_then_streams(one_slot_server):
+    chat = httpx.post(f"{one_slot_server}/api/chats", json={}, timeout=30).json()
+    seen = []
+    with httpx.stream("POST", f"{one_slot_server}/v1/chat/completions", json=LONG, timeout=60) as first:
+        next(first.iter_lines())  # the first request holds the only slot
+        with httpx.stream("POST", f"{one_slot_server}/api/chats/{chat['id']}/messages",
+                          json={"content": "Hello?"}, timeout=60) as waiting:
+            events = _events(waiting)
+            for kind, data in events:
+                seen.append(kind)
+                if kind == "queued":
+                    assert data == {"ahead": 0}
+                    break
+            first.close()  # the slot frees: the waiting reply runs
+            for kind, data in events:
+                seen.append(kind)
+    assert seen[:2] == ["start", "queued"]
+    assert "delta" in seen and seen[-1] == "done"
+    assert data["message"]["status"] in {"complete", "length"} and data["message"]["content"]

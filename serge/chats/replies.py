@@ -23,6 +23,7 @@ from serge.store import ChatStore, MessageRecord
 log = logging.getLogger(__name__)
 
 FLUSH_EVERY_S = 1.0
+QUEUE_POLL_S = 0.5  # how often a waiting reply re-reads its place in line
 COMPLETE = {FinishReason.STOP, FinishReason.LENGTH}
 
 
@@ -58,12 +59,21 @@ class Reply:
         return self._final
 
     async def events(self) -> AsyncIterator[tuple[str, object]]:
-        """("delta", text) for each piece of the reply, then ("done", the saved MessageRecord)."""
+        """("queued", requests ahead) while it waits for a slot, ("delta", text) for each piece
+        of the reply, then ("done", the saved MessageRecord)."""
+        told: int | None = None
         while True:
             try:
                 kind, value = self._events.get_nowait()
             except queue.Empty:
-                kind, value = await asyncio.to_thread(self._events.get)
+                position = self.stream.queue_position
+                if position is not None and position != told:
+                    told = position
+                    yield "queued", position
+                try:
+                    kind, value = await asyncio.to_thread(self._events.get, timeout=QUEUE_POLL_S)
+                except queue.Empty:
+                    continue
             yield kind, value
             if kind == "done":
                 return

@@ -116,6 +116,8 @@ def reply_events(reply: Reply) -> StreamingResponse:
             async for kind, value in reply.events():
                 if kind == "delta":
                     yield _event("delta", {"text": value})
+                elif kind == "queued":
+                    yield _event("queued", {"ahead": value})
                 else:
                     yield _event("done", {"message": message_out(value)})
         finally:

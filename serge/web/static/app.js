@@ -169,7 +169,11 @@ async function streamReply(url, body) {
     }
     showStatus("");
     for await (const { event, data } of readEvents(response)) {
-      if (event === "delta") {
+      if (event === "queued") {
+        const ahead = data.ahead === 0 ? "next in line" : `${data.ahead} ahead of you`;
+        showStatus(`Waiting for a free slot: ${ahead}.`, "queue");
+      } else if (event === "delta") {
+        if (ui.status.dataset.kind === "queue") showStatus("");
         text.textContent += data.text; // as text, never as markup
         scrollToEnd();
       } else if (event === "done" && data.message.status === "error") {
