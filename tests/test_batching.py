@@ -6,7 +6,6 @@ this machine is slow.
 
 from __future__ import annotations
 
-import threading
 import time
 
 import pytest
@@ -140,9 +139,8 @@ def test_prefix_reuse_gives_the_cold_text_and_prefills_only_what_is_new(engine):
     assert warm == cold
 
 
-def test_ten_streamed_turns_leave_no_thread_behind(engine):
+def test_the_tenth_turn_of_a_chat_prefills_about_as_much_as_the_first(engine):
     engine.model().scheduler.forget_prefixes()
-    threads = threading.active_count()
     messages: list[Message] = []
     prefilled = []
     params = SamplingParams(temperature=0, max_new_tokens=6)
@@ -152,6 +150,5 @@ def test_ten_streamed_turns_leave_no_thread_behind(engine):
         reply = "".join(engine.chat(None, messages, params))
         prefilled.append(_counts(engine)[0] - before)
         messages.append(Message("assistant", reply))
-    assert threading.active_count() == threads
     # The tenth turn runs only what is new, about as much as the first (time to first token follows).
     assert prefilled[-1] <= 1.5 * prefilled[0], prefilled

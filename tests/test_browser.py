@@ -167,3 +167,47 @@ def test_phone_sized_screen_and_keyboard_only(browser, server):
         assert page.url.rstrip("/") == server
     finally:
         context.close()
+
+
+def test_regenerate_flip_versions_edit_search_and_delete(page, server):
+    exported = {"chat": {"title": "Quokka questions", "settings": {"max_new_tokens": 6, "temperature": 0}},
+                "messages": [{"id": "q", "role": "user", "content": "Name an animal."},
+                             {"id": "a", "parent_id": "q", "role": "assistant", "content": "The original answer."}]}
+    chat = httpx.post(f"{server}/api/chats/import", json=exported, timeout=30).json()
+    page.goto(f"{server}/c/{chat['id']}")
+    reply = page.locator('[data-role="assistant"]')
+    expect(reply.locator(".msg-body")).to_have_text("The original answer.")
+
+    page.get_by_role("button", name="Regenerate").click()
+    expect(reply).to_have_attribute("data-status", re.compile("complete|length"), timeout=90_000)
+    expect(reply.locator(".versions")).to_have_text(re.compile("2/2"))
+    regenerated = reply.locator(".msg-body").inner_text()
+    assert regenerated.strip() and regenerated != "The original answer."
+    reply.get_by_role("button", name="Previous version").click()
+    expect(reply.locator(".msg-body")).to_have_text("The original answer.")
+    expect(reply.locator(".versions")).to_have_text(re.compile("1/2"))
+
+    page.locator('[data-role="user"]').get_by_role("button", name="Edit").click()
+    edited = page.get_by_label("Edited text")
+    edited.fill("Name a fruit.")
+    edited.press("Enter")
+    expect(page.locator('[data-role="assistant"]')).to_have_attribute(
+        "data-status", re.compile("complete|length"), timeout=90_000)
+    question = page.locator('[data-role="user"]')
+    expect(question.locator(".msg-body")).to_have_text("Name a fruit.")
+    expect(question.locator(".versions")).to_have_text(re.compile("2/2"))
+
+    search = page.get_by_label("Search chats")
+    search.fill("quokka")
+    items = page.locator("#sidebar .chat-item")
+    expect(items).to_have_count(1)
+    search.fill("fruit")  # message text is searched too
+    expect(items).to_have_count(1)
+    search.fill("no chat says this")
+    expect(items).to_have_count(0)
+    search.fill("")
+
+    page.once("dialog", lambda dialog: dialog.accept())
+    page.get_by_role("button", name="Delete Quokka questions").click()
+    expect(page.get_by_role("link", name=re.compile("Quokka questions"))).to_have_count(0)
+    assert httpx.get(f"{server}/api/chats/{chat['id']}", timeout=30).status_code == 404
