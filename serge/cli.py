@@ -27,7 +27,7 @@ def _runtime(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", help="auto (default), cpu, cuda, cuda:N or mps (SERGE_DEVICE)")
     p.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], help="weights dtype (SERGE_DTYPE)")
     p.add_argument("--model", dest="default_model", help="model to serve by default (SERGE_DEFAULT_MODEL)")
-    p.add_argument("--threads", dest="torch_threads", type=int, help="torch threads (SERGE_TORCH_THREADS; default: cores)")
+    p.add_argument("--threads", dest="torch_threads", type=int, help="torch threads per model (SERGE_TORCH_THREADS; default: half the CPUs)")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -35,7 +35,11 @@ def parser() -> argparse.ArgumentParser:
     root.add_argument("--version", action="version", version=f"serge {__version__}")
     sub = root.add_subparsers(dest="command", required=True)
 
-    serve = sub.add_parser("serve", help="run the web chat and the OpenAI-compatible API")
+    serve = sub.add_parser(
+        "serve", help="run the web chat and the OpenAI-compatible API",
+        epilog="More settings (database, remote models, batching, queue, prefix cache) are SERGE_* "
+               "environment variables; the README lists them all.",
+    )
     serve.add_argument("--host", help="address to listen on (SERGE_HOST; default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="port to listen on (SERGE_PORT; default 8008)")
     _runtime(serve)
