@@ -4,9 +4,10 @@ Each loaded model gets one `Scheduler` and so one worker thread: no thread per
 request. `submit` puts a request in a bounded queue (full: `EngineBusy`). At
 every step the worker admits waiting requests while fewer than `max_running`
 run, runs one forward pass over every sequence being decoded, prefills at most
-about `prefill_chunk` prompt tokens (so a long prompt delays the others by a step,
-never by its whole length), and samples each sequence's next token with its own
-settings and random generator. A sequence that finishes, stops, fails or is
+about `prefill_chunk` prompt tokens while others decode (so a long prompt delays
+them by a step, never by its whole length; every waiting prompt when none decode),
+and samples each sequence's next token with its own settings and random
+generator. A sequence that finishes, stops, fails or is
 cancelled leaves the batch in the same step, and its KV goes to the prefix cache,
 from which the next turn of the same chat takes what it shares.
 
@@ -112,7 +113,7 @@ class Scheduler:
         self.max_queue = limits.max_queue
         self._queue_timeout = limits.queue_timeout_s
         self._chunk = limits.prefill_chunk
-        self._forward = BatchForward(model)
+        self._forward = BatchForward(model, self.max_running)
         self._prefixes = PrefixCache(limits.prefix_cache_mb * 2**20)
         self.metrics = metrics if metrics is not None else EngineMetrics()
         self._m = self.metrics.model(name)
@@ -166,6 +167,10 @@ class Scheduler:
     # --- the worker ---------------------------------------------------------
     def _run(self) -> None:
         torch.set_num_threads(self._threads)  # per thread under OpenMP: set it where the work runs
+        try:
+            self._forward.prepare()  # measured with this thread's kernels, before any request waits on it
+        except Exception:
+            log.exception("measuring the model's linear layers failed")
         while True:
             with self._lock:
                 while not self._closing and not self._waiting and not self._running:
@@ -250,25 +255,27 @@ class Scheduler:
             else:
                 for seq, row in zip(decoding, rows):
                     seq.logits, seq.feed = row, None
-        self._prefill()
+        self._prefill(stall_guard=bool(decoding))
         for seq in [s for s in self._running if s.logits is not None]:
             try:
                 self._sample(seq)
             except Exception as exc:
                 self._leave(seq, FinishReason.ERROR, _message(exc))
 
-    def _prefill(self) -> None:
-        """Run prompt chunks, oldest request first, about `prefill_chunk` tokens in all.
+    def _prefill(self, stall_guard: bool) -> None:
+        """Run prompt chunks, oldest request first: about `prefill_chunk` tokens in all while
+        other replies are being decoded (so they stall for a step at most), every waiting
+        prompt when none are (nobody to stall). A prompt's first token is sampled as soon
+        as its last chunk has run.
 
         A chunk always starts where the sequence's last one ended and is never cut
         to fit the budget: its shape, and so its numbers, depend on that sequence alone.
         """
-        budget = self._chunk
+        budget = self._chunk if stall_guard else None
         for seq in [s for s in self._running if s.prefilled < len(s.prompt)]:
             n = min(self._chunk, len(seq.prompt) - seq.prefilled)
-            if n > budget and budget < self._chunk:
+            if budget is not None and n > budget and budget < self._chunk:
                 break
-            budget -= n
             try:
                 logits = self._forward.prefill(seq.kv, seq.prompt[seq.prefilled : seq.prefilled + n])
             except Exception as exc:
@@ -279,8 +286,14 @@ class Scheduler:
             self._m.prefilled_tokens.inc(n)
             if seq.prefilled == len(seq.prompt):
                 seq.logits = seq.prompt_logits = logits
-            if budget <= 0:
-                break
+                try:
+                    self._sample(seq)
+                except Exception as exc:
+                    self._leave(seq, FinishReason.ERROR, _message(exc))
+            if budget is not None:
+                budget -= n
+                if budget <= 0:
+                    break
 
     def _sample(self, seq: _Sequence) -> None:
         logits, seq.logits = seq.logits, None
