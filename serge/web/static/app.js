@@ -28,9 +28,27 @@ const state = { chatId: document.body.dataset.chatId || null, busy: false };
 
 const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
 
+// Runs `fn` once input has paused for `ms`; `flush()` runs a pending call now and waits for it.
 function debounce(fn, ms) {
-  let timer;
-  return (...args) => { clearTimeout(timer); timer = setTimeout(() => fn(...args), ms); };
+  let timer = null;
+  let pending = null;
+  const run = () => {
+    const args = pending;
+    timer = null;
+    pending = null;
+    return fn(...args);
+  };
+  const debounced = (...args) => {
+    clearTimeout(timer);
+    pending = args;
+    timer = setTimeout(run, ms);
+  };
+  debounced.flush = async () => {
+    if (timer === null) return;
+    clearTimeout(timer);
+    await run();
+  };
+  return debounced;
 }
 
 // --- status line: model loading, busy, errors ------------------------------------
@@ -154,6 +172,7 @@ async function ensureChat() {
 
 async function streamReply(url, body) {
   setBusy(true);
+  await saveSettings.flush(); // settings changed a moment ago apply to this reply
   const bubble = appendMessage("assistant", "");
   bubble.dataset.status = "streaming";
   const text = $(".msg-body", bubble);
@@ -192,6 +211,7 @@ async function streamReply(url, body) {
 async function send() {
   const content = ui.message.value;
   if (state.busy || !content.trim()) return;
+  await saveSettings.flush();
   if (!(await ensureChat())) return;
   ui.message.value = "";
   appendMessage("user", content);
