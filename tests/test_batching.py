@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 
 import pytest
+import torch
 
 from serge.engine import Engine, EngineBusy, FinishReason, Message, SamplingParams, SchedulerLimits
 from serge.engine.prompts import build_prompt
@@ -152,3 +153,23 @@ def test_the_tenth_turn_of_a_chat_prefills_about_as_much_as_the_first(engine):
         messages.append(Message("assistant", reply))
     # The tenth turn runs only what is new, about as much as the first (time to first token follows).
     assert prefilled[-1] <= 1.5 * prefilled[0], prefilled
+
+
+def test_a_rows_logits_have_the_same_bits_whatever_runs_beside_it(engine):
+    from serge.engine.forward import BatchForward
+
+    loaded = engine.model()
+    forward = BatchForward(loaded.model, max_rows=16)
+    forward.prepare()
+    prompts = [_prompt(engine, [Message("user", q)]) for q in QUESTIONS[:5]]
+    kvs = []
+    for ids in prompts:
+        kv = forward.new_kv()
+        forward.prefill(kv, ids)
+        kvs.append(kv)
+    alone = [forward.decode([kv.copy(kv.length)], [42])[0] for kv in kvs]
+    together = forward.decode([kv.copy(kv.length) for kv in kvs], [42] * len(kvs))
+    for n in (2, 3):
+        some = forward.decode([kv.copy(kv.length) for kv in kvs[:n]], [42] * n)
+        assert all(torch.equal(some[i], alone[i]) for i in range(n))
+    assert all(torch.equal(together[i], alone[i]) for i in range(len(kvs)))

@@ -9,14 +9,15 @@ flip. Here, therefore:
 
 - the sequences being decoded share one forward pass, with their tokens packed
   into one row each (no padding between them);
+- on a CPU in float32 the model's linear layers are swapped, once at load, for
+  ones that run oneDNN's kernels on the weight packed for them (a second copy of
+  those weights in memory): measured invariant for any row count from 2, and a
+  decode step took 44 ms alone, 56 ms for 8 sequences and 85 ms for 16 on 2
+  cores, where MKL's kernels (which torch's linear uses) needed multiples of 4
+  rows and took 83, 90 and 122 ms, and fixed tiles of 2 rows took 96, 239 and 419;
 - at load, the linear layers are measured: which row counts give every row the
   same bits as any other of those counts, on this machine's kernels and thread
-  count (`RowPlan`). Every decode batch is padded with dummy rows to such a
-  count. On a CPU in float32 the weights are first packed once for oneDNN (a
-  second copy of the linear weights in memory), whose kernels measured invariant
-  for any count from 2 rows and ran a decode step in 50 ms alone, 72 ms for 8
-  sequences and 107 ms for 16 (2 cores); MKL's own kernels needed multiples of 4
-  (83, 90 and 122 ms), and running rows in fixed tiles of 2 took 96, 239 and 419 ms;
+  count (`RowPlan`); every decode batch is padded with dummy rows to such a count;
 - attention runs per sequence, over that sequence's own `SequenceKV`, with the
   same shapes whether it is alone or not (an attention function registered with
   transformers; the model's other code is used as is);
@@ -28,13 +29,11 @@ This module knows nothing of streams, sampling or scheduling.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from torch.overrides import TorchFunctionMode
 
 from serge.engine.kvcache import SequenceKV
 
@@ -58,75 +57,76 @@ class RowPlan:
         return self.least + -(-(n - self.least) // self.step) * self.step
 
 
-class _PackedLinears(TorchFunctionMode):
-    """Within it, `F.linear` on a known weight runs oneDNN's kernel on that weight packed once."""
+class _PackedLinear(torch.nn.Module):
+    """A linear layer whose weight is also packed once for oneDNN's kernels, which run it."""
 
-    def __init__(self, packed: dict[int, tuple[torch.Tensor, torch.Tensor]]) -> None:
+    def __init__(self, linear: torch.nn.Linear, packed: torch.Tensor) -> None:
         super().__init__()
-        self._packed = packed
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.weight = linear.weight  # the same parameter: tied embeddings and the state dict are unchanged
+        self.bias = linear.bias
+        self.register_buffer("packed", packed, persistent=False)
 
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func is F.linear:
-            entry = self._packed.get(id(args[1]))
-            if entry is not None:
-                x = args[0]
-                bias = args[2] if len(args) > 2 else kwargs.get("bias")
-                out = torch.ops.mkldnn._linear_pointwise(
-                    x.reshape(-1, x.shape[-1]).contiguous(), entry[1], bias, "none", [], ""
-                )
-                return out.reshape(*x.shape[:-1], out.shape[-1])
-        return func(*args, **kwargs)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, x.shape[-1]).contiguous()
+        out = torch.ops.mkldnn._linear_pointwise(rows, self.packed, self.bias, "none", [], "")
+        return out.reshape(*x.shape[:-1], self.out_features)
 
 
-def _pack_for_onednn(model) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
-    """oneDNN-packed copies of every linear weight (CPU, float32), or {} where that is unavailable."""
+def _pack_for_onednn(model) -> bool:
+    """Swap the model's linear layers for oneDNN-packed ones (CPU, float32); False where unavailable.
+
+    The model is the engine's and runs only through `BatchForward`, which is why
+    its layers may be swapped; the weights themselves are neither moved nor changed.
+    """
     if model.device.type != "cpu" or model.dtype != torch.float32 or not torch.backends.mkldnn.is_available():
-        return {}
-    packed = {}
+        return False
+    swaps, packed = [], {}
     try:
-        for module in model.modules():
-            if isinstance(module, torch.nn.Linear) and id(module.weight) not in packed:
-                weight = module.weight.detach()
-                packed[id(module.weight)] = (module.weight, torch.ops.mkldnn._reorder_linear_weight(weight, None))
+        for parent in model.modules():
+            for name, child in parent.named_children():
+                if type(child) is torch.nn.Linear:
+                    key = id(child.weight)
+                    if key not in packed:
+                        packed[key] = torch.ops.mkldnn._reorder_linear_weight(child.weight.detach(), None)
+                    swaps.append((parent, name, _PackedLinear(child, packed[key])))
     except (RuntimeError, AttributeError) as exc:  # a torch build without these ops
         log.info("oneDNN weight packing unavailable (%s); using plain linear layers", exc)
-        return {}
-    return packed
+        return False
+    for parent, name, layer in swaps:
+        setattr(parent, name, layer)
+    return True
 
 
-def _linear_shapes(model) -> list[torch.Tensor]:
-    """One weight of each distinct shape (and bias-ness) among the model's linear layers."""
-    seen: dict[tuple, torch.nn.Linear] = {}
+def _linear_shapes(model) -> list[torch.nn.Module]:
+    """One linear layer of each distinct shape (and bias-ness) in the model."""
+    seen: dict[tuple, torch.nn.Module] = {}
     for module in model.modules():
-        if isinstance(module, torch.nn.Linear):
+        if isinstance(module, (torch.nn.Linear, _PackedLinear)):
             seen.setdefault((tuple(module.weight.shape), module.bias is not None), module)
     return list(seen.values())
 
 
 @torch.inference_mode()
-def measure_rows(model, linear_mode, max_rows: int) -> RowPlan:
+def measure_rows(model, max_rows: int) -> RowPlan:
     """The cheapest `RowPlan` under which every row of every linear layer gets the same bits
-    whatever the batch's size, found by running the model's own weight shapes."""
+    whatever the batch's size, found by running the model's own layers."""
     modules = _linear_shapes(model)
     top = max(max_rows, 2)
     generator = torch.Generator(device="cpu").manual_seed(0)
-    inputs = {
-        id(m): torch.randn(top + 32, m.in_features, generator=generator, dtype=m.weight.dtype).to(m.weight.device)
-        for m in modules
-    }
     for least, step in _ROW_CANDIDATES:
         plan = RowPlan(least, step)
         counts = sorted({plan.rows_for(n) for n in range(1, top + 1)})
-        with linear_mode():
-            if all(_same_rows(m, inputs[id(m)], counts) for m in modules):
-                return plan
+        if all(_same_rows(m, counts, generator) for m in modules):
+            return plan
     return RowPlan(top, top)  # one fixed shape: always the same kernel
 
 
-def _same_rows(module: torch.nn.Linear, x: torch.Tensor, counts: list[int]) -> bool:
-    largest = F.linear(x[: counts[-1]], module.weight, module.bias)
-    return all(torch.equal(F.linear(x[:n], module.weight, module.bias), largest[:n]) for n in counts[:-1])
+def _same_rows(module: torch.nn.Module, counts: list[int], generator: torch.Generator) -> bool:
+    x = torch.randn(counts[-1], module.in_features, generator=generator, dtype=module.weight.dtype)
+    x = x.to(module.weight.device)
+    largest = module(x)
+    return all(torch.equal(module(x[:n]), largest[:n]) for n in counts[:-1])
 
 
 def _per_sequence_attention(
@@ -198,12 +198,9 @@ class BatchForward:
         self._packed = _pack_for_onednn(model)
         self.rows: RowPlan | None = None
 
-    def _linears(self):
-        return _PackedLinears(self._packed) if self._packed else contextlib.nullcontext()
-
     def prepare(self) -> None:
         if self.rows is None:
-            self.rows = measure_rows(self._model, self._linears, self._max_rows)
+            self.rows = measure_rows(self._model, self._max_rows)
             log.info("decode batches are padded to %d, %d, %d, ... rows (%s linear layers)", self.rows.least,
                      self.rows.least + self.rows.step, self.rows.least + 2 * self.rows.step,
                      "oneDNN-packed" if self._packed else "plain")
@@ -222,14 +219,13 @@ class BatchForward:
             kv.reserve(1)
         segments = [(kv, i, 1) for i, kv in enumerate(kvs)]
         try:
-            with self._linears():
-                out = self._model(
-                    input_ids=torch.tensor([list(tokens) + [0] * pad], device=device),
-                    position_ids=positions,
-                    use_cache=False,
-                    logits_to_keep=0,
-                    serge_segments=segments,
-                )
+            out = self._model(
+                input_ids=torch.tensor([list(tokens) + [0] * pad], device=device),
+                position_ids=positions,
+                use_cache=False,
+                logits_to_keep=0,
+                serge_segments=segments,
+            )
         except BaseException:
             for kv in kvs:
                 kv.reserve(0)  # what the failed pass wrote is not part of any sequence
@@ -246,14 +242,13 @@ class BatchForward:
         positions = torch.arange(kv.length, kv.length + n, device=device)[None]
         kv.reserve(n)
         try:
-            with self._linears():
-                out = self._model(
-                    input_ids=torch.tensor([tokens], device=device),
-                    position_ids=positions,
-                    use_cache=False,
-                    logits_to_keep=1,
-                    serge_segments=[(kv, 0, n)],
-                )
+            out = self._model(
+                input_ids=torch.tensor([tokens], device=device),
+                position_ids=positions,
+                use_cache=False,
+                logits_to_keep=1,
+                serge_segments=[(kv, 0, n)],
+            )
         except BaseException:
             kv.reserve(0)
             raise
