@@ -16,8 +16,9 @@ import asyncio
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
+from functools import partial
 from enum import StrEnum
 
 
@@ -69,6 +70,7 @@ class Stream:
         # Requests ahead of this one in its model's queue (0: next in line); None once it runs.
         # Written by the scheduler only.
         self.queue_position: int | None = None
+        self._wake: Callable[[], None] | None = None  # set by an async reader: wakes its event loop
 
     # --- the worker's side -------------------------------------------------
     @property
@@ -78,12 +80,22 @@ class Stream:
     def push(self, delta: str) -> None:
         if delta:
             self._deltas.put(delta)
+            self._notify()
 
     def finish(self, record: GenerationRecord) -> None:
         """Called once by the worker, after it has let go of the sequence."""
         self._record = record
         self._done.set()
         self._deltas.put(_END)
+        self._notify()
+
+    def _notify(self) -> None:
+        wake = self._wake
+        if wake is not None:
+            try:
+                wake()
+            except RuntimeError:  # the reader's event loop has closed
+                pass
 
     # --- the consumer's side -----------------------------------------------
     def cancel(self) -> None:
@@ -115,16 +127,25 @@ class Stream:
             self.close()
 
     async def __aiter__(self) -> AsyncIterator[str]:
+        # The worker wakes this loop directly: no thread parked per reader, so many
+        # streams cost the worker no extra contention for the GIL.
+        loop = asyncio.get_running_loop()
+        ready = asyncio.Event()
+        self._wake = partial(loop.call_soon_threadsafe, ready.set)
         try:
             while True:
                 try:
                     item = self._deltas.get_nowait()
                 except queue.Empty:
-                    item = await asyncio.to_thread(self._deltas.get)
+                    ready.clear()
+                    if self._deltas.empty():  # checked after clear(): a push since then sets it again
+                        await ready.wait()
+                    continue
                 if item is _END:
                     return
                 yield item
         finally:
+            self._wake = None
             if not self._done.is_set():
                 self.cancel()
                 await asyncio.to_thread(self.close)
