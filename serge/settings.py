@@ -77,7 +77,7 @@ class Settings(BaseSettings):
         512, ge=0, description="Memory per model for finished conversations' KV, reused by their next turn; 0 turns it off."
     )
     prefill_chunk: int = Field(
-        256, ge=16, description="Prompt tokens run per step, so that a long prompt never stalls the others for long."
+        256, ge=16, description="Prompt tokens run per step while other replies decode, so a long prompt stalls them for a step at most."
     )
 
     @field_validator("device")
