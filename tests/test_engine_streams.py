@@ -115,3 +115,15 @@ def test_assembler_holds_back_a_possible_stop_string(engine):
     assert shown == "one two "  # "EN" might become "END"
     rest = "".join(assembler.add(i) for i in tokenizer.encode("D three", add_special_tokens=False))
     assert assembler.stopped and rest == "" and assembler.text == "one two "
+
+
+def test_assembler_pieces_add_up_to_the_whole_decode_of_a_long_reply(engine):
+    import random
+
+    tokenizer = engine.model(MODEL).tokenizer
+    rng = random.Random(7)
+    ids = [rng.randrange(tokenizer.vocab_size) for _ in range(1500)]  # any ids, bytes split anywhere
+    ids += tokenizer.encode("naïve café 😀 日本語 and the end", add_special_tokens=False)
+    assembler = TextAssembler(tokenizer)
+    pieces = [assembler.add(i) for i in ids] + [assembler.flush()]
+    assert "".join(pieces) == assembler.text == tokenizer.decode(ids, skip_special_tokens=True)

@@ -158,23 +158,41 @@ class Stream:
 
 
 class TextAssembler:
-    """Incremental detokenizer for one sequence, with stop strings."""
+    """Incremental detokenizer for one sequence, with stop strings.
+
+    Each token decodes only a short window of the latest ids (the ids since the last
+    settled piece of text, plus those before it for context), so a token costs the
+    same at the 2000th as at the first.
+    """
 
     def __init__(self, tokenizer, stop: tuple[str, ...] = ()) -> None:
         self._tokenizer = tokenizer
         self._stop = stop
         self._ids: list[int] = []
+        self._decoded = ""  # the text of every id up to `_read`
+        self._prefix = 0  # the window starts here: ids kept for context
+        self._read = 0  # ids before this are in `_decoded`
+        self._settled = ""  # the text of ids[_prefix:_read]
         self._text = ""
         self._emitted = 0
         self.stopped = False
 
+    def _decode(self, ids: list[int]) -> str:
+        return self._tokenizer.decode(ids, skip_special_tokens=True)
+
     def add(self, token_id: int) -> str:
         """Take one generated token; return the text now safe to show."""
         self._ids.append(token_id)
-        text = self._tokenizer.decode(self._ids, skip_special_tokens=True)
-        if text.endswith("\ufffd"):  # half a UTF-8 character: wait for the rest
+        window = self._decode(self._ids[self._prefix :])
+        if window.endswith("\ufffd"):  # half a UTF-8 character: wait for the rest
             return ""
-        self._text = text
+        if window.startswith(self._settled):
+            self._decoded += window[len(self._settled) :]
+        else:  # a tokenizer whose pieces do not simply add up: take the whole text again
+            self._decoded = self._decode(self._ids)
+        self._prefix, self._read = self._read, len(self._ids)
+        self._settled = self._decode(self._ids[self._prefix : self._read])
+        text = self._text = self._decoded
         safe = len(text)
         if self._stop:
             longest = max(map(len, self._stop))
