@@ -114,17 +114,20 @@ def measure_rows(model, max_rows: int) -> RowPlan:
     modules = _linear_shapes(model)
     top = max(max_rows, 2)
     generator = torch.Generator(device="cpu").manual_seed(0)
-    for least, step in _ROW_CANDIDATES:
-        plan = RowPlan(least, step)
-        counts = sorted({plan.rows_for(n) for n in range(1, top + 1)})
-        if all(_same_rows(m, counts, generator) for m in modules):
-            return plan
+    try:
+        for least, step in _ROW_CANDIDATES:
+            plan = RowPlan(least, step)
+            counts = sorted({plan.rows_for(n) for n in range(1, top + 1)})
+            if all(_same_rows(m, counts, generator, model.dtype, model.device) for m in modules):
+                return plan
+    except Exception:  # a layer that cannot be run alone (exotic quantization): take the safe plan
+        log.exception("could not measure the linear layers")
     return RowPlan(top, top)  # one fixed shape: always the same kernel
 
 
-def _same_rows(module: torch.nn.Module, counts: list[int], generator: torch.Generator) -> bool:
-    x = torch.randn(counts[-1], module.in_features, generator=generator, dtype=module.weight.dtype)
-    x = x.to(module.weight.device)
+def _same_rows(module: torch.nn.Module, counts: list[int], generator: torch.Generator, dtype, device) -> bool:
+    # The model's compute dtype, not the weight's: quantized weights are stored as integers.
+    x = torch.randn(counts[-1], module.in_features, generator=generator).to(device=device, dtype=dtype)
     largest = module(x)
     return all(torch.equal(module(x[:n]), largest[:n]) for n in counts[:-1])
 

@@ -74,6 +74,7 @@ class _Sequence:
     prefilled: int = 0  # prompt tokens whose keys and values are in `kv`
     logits: torch.Tensor | None = None  # the next token is sampled from these
     prompt_logits: torch.Tensor | None = None  # after the whole prompt: kept with the KV for reuse
+    prompt_ids: torch.Tensor | None = None  # the prompt as a tensor, for the repetition penalty
     feed: int | None = None  # the sampled token the next decode step runs
     generator: torch.Generator | None = None
     started: float | None = None
@@ -167,10 +168,7 @@ class Scheduler:
     # --- the worker ---------------------------------------------------------
     def _run(self) -> None:
         torch.set_num_threads(self._threads)  # per thread under OpenMP: set it where the work runs
-        try:
-            self._forward.prepare()  # measured with this thread's kernels, before any request waits on it
-        except Exception:
-            log.exception("measuring the model's linear layers failed")
+        self._forward.prepare()  # measured with this thread's kernels, before any request waits on it
         while True:
             with self._lock:
                 while not self._closing and not self._waiting and not self._running:
@@ -257,10 +255,7 @@ class Scheduler:
                     seq.logits, seq.feed = row, None
         self._prefill(stall_guard=bool(decoding))
         for seq in [s for s in self._running if s.logits is not None]:
-            try:
-                self._sample(seq)
-            except Exception as exc:
-                self._leave(seq, FinishReason.ERROR, _message(exc))
+            self._sample(seq)
 
     def _prefill(self, stall_guard: bool) -> None:
         """Run prompt chunks, oldest request first: about `prefill_chunk` tokens in all while
@@ -286,21 +281,28 @@ class Scheduler:
             self._m.prefilled_tokens.inc(n)
             if seq.prefilled == len(seq.prompt):
                 seq.logits = seq.prompt_logits = logits
-                try:
-                    self._sample(seq)
-                except Exception as exc:
-                    self._leave(seq, FinishReason.ERROR, _message(exc))
+                self._sample(seq)
             if budget is not None:
                 budget -= n
                 if budget <= 0:
                     break
 
     def _sample(self, seq: _Sequence) -> None:
+        """Pick the sequence's next token and act on it; a failure ends that sequence alone."""
+        try:
+            self._next_token(seq)
+        except Exception as exc:
+            if seq in self._running:
+                self._leave(seq, FinishReason.ERROR, _message(exc))
+
+    def _next_token(self, seq: _Sequence) -> None:
         logits, seq.logits = seq.logits, None
         params = seq.params
         if params.repetition_penalty != 1.0 or params.frequency_penalty or params.presence_penalty:
             generated = torch.tensor(seq.generated, dtype=torch.long, device=logits.device)
-            seen = torch.cat([torch.tensor(seq.prompt, dtype=torch.long, device=logits.device), generated])
+            if seq.prompt_ids is None:  # once per sequence, not once per token
+                seq.prompt_ids = torch.tensor(seq.prompt, dtype=torch.long, device=logits.device)
+            seen = torch.cat([seq.prompt_ids, generated])
         else:
             generated = seen = torch.empty(0, dtype=torch.long, device=logits.device)
         token = choose_next(logits, params, seen, generated, seq.generator)
