@@ -27,7 +27,10 @@ def _runtime(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", help="auto (default), cpu, cuda, cuda:N or mps (SERGE_DEVICE)")
     p.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], help="weights dtype (SERGE_DTYPE)")
     p.add_argument("--model", dest="default_model", help="model to serve by default (SERGE_DEFAULT_MODEL)")
-    p.add_argument("--threads", dest="torch_threads", type=int, help="torch threads per model (SERGE_TORCH_THREADS; default: half the CPUs)")
+    p.add_argument("--threads", dest="torch_threads", type=int,
+                   help="threads per model, torch and llama.cpp (SERGE_TORCH_THREADS; default: half the CPUs)")
+    p.add_argument("--engine", choices=["auto", "transformers", "llama.cpp"],
+                   help="local engine (SERGE_ENGINE; default auto: llama.cpp for GGUF models unless on CUDA)")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -63,7 +66,8 @@ def parser() -> argparse.ArgumentParser:
     return root
 
 
-_SETTING_FLAGS = ("host", "port", "data_dir", "models_dir", "device", "dtype", "default_model", "torch_threads")
+_SETTING_FLAGS = ("host", "port", "data_dir", "models_dir", "device", "dtype", "default_model", "torch_threads",
+                  "engine")
 
 
 def _settings(args: argparse.Namespace) -> Settings:
@@ -128,7 +132,8 @@ def _chat(settings: Settings, args: argparse.Namespace) -> None:
     history: list[Message] = [Message("system", args.system)] if args.system else []
     with Engine(settings) as engine:
         loaded = engine.model()
-        print(f"Chatting with {loaded.name} on {engine.plan.device}. Ctrl-C stops a reply; Ctrl-D or /exit quits; "
+        print(f"Chatting with {loaded.name} ({loaded.engine}) on {engine.plan.device}. "
+              "Ctrl-C stops a reply; Ctrl-D or /exit quits; "
               "/reset starts over.")
         while True:
             try:
@@ -157,11 +162,13 @@ def _chat(settings: Settings, args: argparse.Namespace) -> None:
 
 
 def _models(settings: Settings, args: argparse.Namespace) -> None:
-    from serge.engine import ModelCatalog
+    from serge.engine import ModelCatalog, resolve_device
 
     catalog = ModelCatalog(settings.models_path)
     if args.models_command == "pull":
-        catalog.pull(args.name)
+        # llama.cpp serves GGUF models wherever no CUDA device is in use: take the GGUF where there is one
+        on_cuda = resolve_device(settings.device, settings.dtype).device_type == "cuda"
+        catalog.pull(args.name, prefer_gguf=settings.engine == "llama.cpp" or (settings.engine == "auto" and not on_cuda))
     elif args.models_command == "rm":
         catalog.remove(args.name)
         print(f"Removed {args.name}")

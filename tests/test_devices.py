@@ -10,9 +10,7 @@ import torch
 
 from serge.engine import DeviceUnavailable, resolve_device
 from serge.engine.devices import DevicePlan, to_model_device
-from serge.engine.registry import ModelRegistry
-
-from conftest import MODEL
+from conftest import MODEL, registry_for
 
 
 @pytest.fixture
@@ -72,7 +70,7 @@ def test_loading_never_moves_the_model_by_hand(engine, monkeypatch):
 
     monkeypatch.setattr(torch.nn.Module, "to", refuse)
     monkeypatch.setattr(torch.nn.Module, "cuda", refuse)
-    registry = ModelRegistry(engine.catalog, engine.plan, threads=1)
+    registry = registry_for(engine, "transformers")
     try:
         loaded = registry.get(MODEL)
         assert str(loaded.model.device) == engine.plan.device
@@ -80,8 +78,8 @@ def test_loading_never_moves_the_model_by_hand(engine, monkeypatch):
         registry.close()
 
 
-def test_inputs_land_on_the_models_device(engine):
-    model = engine.model(MODEL).model
+def test_inputs_land_on_the_models_device(engines):
+    model = engines("transformers").model(MODEL).model
     batch = to_model_device({"input_ids": torch.tensor([[1, 2, 3]]), "note": "kept"}, model)
     assert batch["input_ids"].device == model.device
     assert batch["note"] == "kept"

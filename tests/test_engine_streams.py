@@ -15,6 +15,11 @@ from conftest import MODEL
 GREEDY = SamplingParams(temperature=0, max_new_tokens=16)
 
 
+@pytest.fixture(scope="module")
+def engine(both_engines):
+    return both_engines
+
+
 def test_ten_streamed_turns_leave_no_thread_behind(engine):
     history = [Message("system", "You are a terse assistant."), Message("user", "Name a colour.")]
     engine.chat(MODEL, history, GREEDY).text()  # warm-up: pools that live for the process start here
@@ -45,15 +50,15 @@ def test_async_iteration_yields_the_same_pieces(engine):
 
 
 def test_cancelling_stops_generation_within_two_token_steps(engine):
-    loaded = engine.model(MODEL)
-    original = loaded.model.forward
+    forward = engine.model(MODEL).scheduler.forward
+    original = forward.decode
     calls = {"n": 0}
 
     def counting_forward(*args, **kwargs):
         calls["n"] += 1
         return original(*args, **kwargs)
 
-    loaded.model.forward = counting_forward
+    forward.decode = counting_forward
     try:
         stream = engine.chat(MODEL, [Message("user", "Tell me a very long story.")],
                              SamplingParams(temperature=0, max_new_tokens=400, ignore_eos=True))
@@ -67,8 +72,8 @@ def test_cancelling_stops_generation_within_two_token_steps(engine):
         assert record.finish_reason is FinishReason.CANCELLED
         assert record.completion_tokens < 400
     finally:
-        del loaded.model.forward  # back to the class's method
-    assert "forward" not in vars(loaded.model)
+        del forward.decode  # back to the class's method
+    assert "decode" not in vars(forward)
 
 
 def test_a_consumer_that_walks_away_cancels_its_generation(engine):

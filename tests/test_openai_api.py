@@ -22,7 +22,7 @@ def test_health_says_ready_with_device_and_model(server):
     body = httpx.get(f"{server}/api/health").json()
     assert body["status"] == "ok"
     assert body["device"] == "cpu" and body["dtype"] == "float32"
-    assert MODEL in body["models_loaded"]
+    assert MODEL in [m["name"] for m in body["models_loaded"]]
     assert body["version"]
 
 

@@ -34,7 +34,7 @@ def test_a_remote_reply_matches_the_local_one(front, engine):
     pieces = list(stream)
     assert "".join(pieces) == stream.record.text == local
     assert stream.record.completion_tokens > 0 and stream.record.prompt_tokens > 0
-    assert front.ready and front.registry.loaded() == []
+    assert front.ready and front.status().loaded == []
 
 
 def test_cancelling_a_remote_stream_ends_it(front):

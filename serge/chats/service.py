@@ -94,9 +94,7 @@ class ChatService:
 
     # --- chats --------------------------------------------------------------------
     def _check_model(self, model: str | None) -> str | None:
-        if model and model not in self.engine.remote:
-            self.engine.catalog.find(model)  # raises ModelNotFound
-        return model or None
+        return self.engine.check_model(model) if model else None  # raises ModelNotFound
 
     def create(self, owner: str, *, title: str | None = None, model: str | None = None,
                system_prompt: str | None = None, settings: dict | None = None) -> ChatRecord:
@@ -251,7 +249,7 @@ class ChatService:
 
     def _start(self, owner: str, chat_id: str, question: MessageRecord, user: MessageRecord | None) -> Reply:
         chat, history = self._conversation(owner, chat_id, question)
-        model = chat.model or self.engine.settings.default_model
+        model = chat.model or self.engine.default_model
         placeholder = self.store.add_message(owner, chat_id, NewMessage(
             "assistant", "", parent_id=question.id, after_current=False, model=model, settings=chat.settings,
             complete=False))

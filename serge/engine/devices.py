@@ -30,6 +30,10 @@ class DevicePlan:
     quantization: str = "none"  # "none", "8bit", "4bit"
 
     @property
+    def device_type(self) -> str:
+        return self.device.split(":", 1)[0]
+
+    @property
     def dtype_name(self) -> str:
         return str(self.dtype).removeprefix("torch.")
 

@@ -201,6 +201,13 @@ class BatchForward:
         self._packed = _pack_for_onednn(model)
         self.rows: RowPlan | None = None
 
+    @property
+    def device(self) -> torch.device:
+        return self._model.device
+
+    def close(self) -> None:
+        """Nothing to free: the model's tensors go with the registry's last reference."""
+
     def prepare(self) -> None:
         if self.rows is None:
             self.rows = measure_rows(self._model, self._max_rows)

@@ -18,6 +18,10 @@ import torch
 _ROUND = 64  # capacity grows in steps of this many positions
 
 
+class OutOfKV(RuntimeError):
+    """A forward pass found no room for its keys and values (a fixed-size KV cache is full)."""
+
+
 class SequenceKV:
     """Keys and values of one sequence, per layer, as [kv_heads, positions, head_dim]."""
 
@@ -89,6 +93,9 @@ class SequenceKV:
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self._keys + self._values if t is not None)
 
+    def release(self) -> None:
+        """Nothing to do: the tensors go with the last reference (llama.cpp's KV must be given back)."""
+
 
 @dataclass
 class _Entry:
@@ -150,10 +157,12 @@ class PrefixCache:
         """Keep a finished sequence's KV (taken over, not copied), dropping what it makes redundant."""
         ids = ids[: kv.length]
         if not ids:
+            kv.release()
             return
         kv.shrink()
         size = kv.nbytes + (prompt_logits.numel() * prompt_logits.element_size() if prompt_logits is not None else 0)
         if size > self.budget_bytes:
+            kv.release()
             return
         for key, entry in list(self._entries.items()):
             if len(entry.ids) <= len(ids) and entry.ids == ids[: len(entry.ids)]:
@@ -168,7 +177,15 @@ class PrefixCache:
         for key in list(self._entries):
             self._drop(key)
 
+    def evict_oldest(self) -> bool:
+        """Drop the least recently used entry; False when there was none."""
+        if not self._entries:
+            return False
+        self._drop(next(iter(self._entries)))
+        return True
+
     def _drop(self, key: int) -> None:
         entry = self._entries.pop(key)
+        entry.kv.release()
         logits = entry.prompt_logits
         self.nbytes -= entry.kv.nbytes + (logits.numel() * logits.element_size() if logits is not None else 0)

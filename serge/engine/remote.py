@@ -30,6 +30,19 @@ _FIELDS = {  # SamplingParams field -> request field; the non-OpenAI ones are un
 }
 
 
+class RemoteBackend:
+    """One remote model behind the engine's interface (see `engine.Backend`)."""
+
+    engine = "remote"
+
+    def __init__(self, models: RemoteModels, name: str) -> None:
+        self.name = name
+        self._models = models
+
+    def submit(self, messages: Sequence[Message], params: SamplingParams | None = None) -> Stream:
+        return self._models.submit(self.name, messages, params or SamplingParams())
+
+
 class RemoteModels:
     """Remote models by Serge's name for them."""
 
@@ -42,6 +55,9 @@ class RemoteModels:
 
     def __contains__(self, name: str) -> bool:
         return name in self.models
+
+    def get(self, name: str) -> RemoteBackend:
+        return RemoteBackend(self, name)
 
     def submit(self, name: str, messages: Sequence[Message], params: SamplingParams) -> Stream:
         if self._thread is None:

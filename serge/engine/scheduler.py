@@ -11,7 +11,15 @@ generator. A sequence that finishes, stops, fails or is
 cancelled leaves the batch in the same step, and its KV goes to the prefix cache,
 from which the next turn of the same chat takes what it shares.
 
-Batching never changes what a sequence produces: see `forward.py` for how.
+The scheduler runs any *forward*: an object with `device`, `prepare()` (on the
+worker, before the first pass), `new_kv()`, `decode(kvs, tokens)` (one row of
+logits per sequence), `prefill(kv, tokens)` (the logits after the chunk) and
+`close()` (on the worker, after the last pass): `forward.BatchForward` for
+transformers, `llamacpp.LlamaForward` for llama.cpp. So sampling, stop strings,
+prefix reuse, admission and metrics are one piece of code for every local engine.
+A forward that runs out of KV memory raises `OutOfKV`; the prefix cache then gives
+back its oldest entries until the pass fits.
+
 Every sequence ends with `stream.finish()`, on every path.
 """
 
@@ -25,8 +33,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from serge.engine.forward import BatchForward
-from serge.engine.kvcache import PrefixCache, SequenceKV
+from serge.engine.kvcache import OutOfKV, PrefixCache
 from serge.engine.metrics import EngineMetrics
 from serge.engine.sampling import ResolvedSampling, choose_next
 from serge.engine.stream import FinishReason, GenerationError, GenerationRecord, Stream, TextAssembler
@@ -46,11 +53,14 @@ class EngineBusy(RuntimeError):
 class SchedulerLimits:
     """How much one model's scheduler takes on at once."""
 
-    max_running: int | None = None  # None: 64 on CUDA, 16 elsewhere
+    max_running: int | None = None  # None: see `running_for`
     max_queue: int = 64
     queue_timeout_s: float = 120.0
     prefix_cache_mb: int = 512
     prefill_chunk: int = 256
+
+    def running_for(self, device: torch.device) -> int:
+        return self.max_running or (64 if device.type == "cuda" else 16)
 
     @classmethod
     def from_settings(cls, settings) -> SchedulerLimits:
@@ -70,7 +80,7 @@ class _Sequence:
     stream: Stream
     assembler: TextAssembler
     generated: list[int] = field(default_factory=list)
-    kv: SequenceKV | None = None
+    kv: object | None = None  # the forward's per-sequence KV
     prefilled: int = 0  # prompt tokens whose keys and values are in `kv`
     logits: torch.Tensor | None = None  # the next token is sampled from these
     prompt_logits: torch.Tensor | None = None  # after the whole prompt: kept with the KV for reuse
@@ -82,14 +92,6 @@ class _Sequence:
     last_token: float | None = None
 
 
-def _eos_ids(model, tokenizer) -> frozenset[int]:
-    ids = model.generation_config.eos_token_id
-    ids = set(ids if isinstance(ids, list) else [ids] if ids is not None else [])
-    if tokenizer.eos_token_id is not None:
-        ids.add(tokenizer.eos_token_id)
-    return frozenset(ids)
-
-
 def _message(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
@@ -97,25 +99,28 @@ def _message(exc: BaseException) -> str:
 class Scheduler:
     def __init__(
         self,
-        model,
+        forward,
         tokenizer,
+        eos: frozenset[int],
         threads: int,
         name: str = "model",
         limits: SchedulerLimits | None = None,
         metrics: EngineMetrics | None = None,
+        prefix_cache_bytes: int | None = None,
     ) -> None:
         limits = limits or SchedulerLimits()
         self.name = name
-        self._model = model
+        self.forward = forward
+        self._device = forward.device
         self._tokenizer = tokenizer
         self._threads = threads
-        self._eos = _eos_ids(model, tokenizer)
-        self.max_running = limits.max_running or (64 if model.device.type == "cuda" else 16)
+        self._eos = eos
+        self.max_running = limits.running_for(self._device)
         self.max_queue = limits.max_queue
         self._queue_timeout = limits.queue_timeout_s
         self._chunk = limits.prefill_chunk
-        self._forward = BatchForward(model, self.max_running)
-        self._prefixes = PrefixCache(limits.prefix_cache_mb * 2**20)
+        budget = limits.prefix_cache_mb * 2**20
+        self._prefixes = PrefixCache(budget if prefix_cache_bytes is None else min(budget, prefix_cache_bytes))
         self.metrics = metrics if metrics is not None else EngineMetrics()
         self._m = self.metrics.model(name)
         self._lock = threading.Condition()
@@ -158,7 +163,6 @@ class Scheduler:
             self._closing = True
             self._lock.notify()
         self._worker.join()
-        self._prefixes.clear()
 
     def forget_prefixes(self) -> None:
         """Empty the prefix cache before any later request starts (it refills as generations finish)."""
@@ -168,7 +172,7 @@ class Scheduler:
     # --- the worker ---------------------------------------------------------
     def _run(self) -> None:
         torch.set_num_threads(self._threads)  # per thread under OpenMP: set it where the work runs
-        self._forward.prepare()  # measured with this thread's kernels, before any request waits on it
+        self.forward.prepare()  # measured with this thread's kernels, before any request waits on it
         while True:
             with self._lock:
                 while not self._closing and not self._waiting and not self._running:
@@ -199,6 +203,18 @@ class Scheduler:
                 self._leave(seq, FinishReason.CANCELLED)
             else:
                 self._finish(seq, FinishReason.CANCELLED)
+        self._prefixes.clear()
+        self.forward.close()  # on this thread, like every pass before it
+
+    def _roomy(self, run):
+        """Run a forward call; when its KV memory is full, drop cached prefixes until it fits."""
+        while True:
+            try:
+                return run()
+            except OutOfKV:
+                if not self._prefixes.evict_oldest():
+                    raise
+                self._m.prefix_cache_bytes.set(self._prefixes.nbytes)
 
     def _admit(self) -> tuple[list[_Sequence], list[tuple[_Sequence, FinishReason, str | None]]]:
         """Under the lock: move waiting requests into free slots; drop cancelled and timed-out ones."""
@@ -230,10 +246,10 @@ class Scheduler:
         self._m.queue_wait.observe(seq.started - seq.stream.created)
         self._m.prompt_tokens.inc(len(seq.prompt))
         if not seq.params.greedy:
-            seq.generator = seq.params.generator(self._model.device)
-        hit = self._prefixes.find(seq.prompt) if self._prefixes.budget_bytes else None
+            seq.generator = seq.params.generator(self._device)
+        hit = self._roomy(lambda: self._prefixes.find(seq.prompt)) if self._prefixes.budget_bytes else None
         if hit is None:
-            seq.kv = self._forward.new_kv()
+            seq.kv = self._roomy(self.forward.new_kv)
             return
         seq.kv, seq.prefilled = hit.kv, hit.length
         seq.logits = seq.prompt_logits = hit.logits
@@ -245,7 +261,7 @@ class Scheduler:
         decoding = [s for s in self._running if s.feed is not None]
         if decoding:
             try:
-                rows = self._forward.decode([s.kv for s in decoding], [s.feed for s in decoding])
+                rows = self._roomy(lambda: self.forward.decode([s.kv for s in decoding], [s.feed for s in decoding]))
             except Exception as exc:
                 log.exception("decode step failed")
                 for seq in decoding:
@@ -272,7 +288,8 @@ class Scheduler:
             if budget is not None and n > budget and budget < self._chunk:
                 break
             try:
-                logits = self._forward.prefill(seq.kv, seq.prompt[seq.prefilled : seq.prefilled + n])
+                chunk = seq.prompt[seq.prefilled : seq.prefilled + n]
+                logits = self._roomy(lambda: self.forward.prefill(seq.kv, chunk))
             except Exception as exc:
                 log.exception("prefill failed")
                 self._leave(seq, FinishReason.ERROR, _message(exc))
@@ -335,6 +352,8 @@ class Scheduler:
             # Before finish(): the chat's next turn may be submitted the moment its stream ends.
             self._prefixes.store(seq.prompt + seq.generated, kv, len(seq.prompt), seq.prompt_logits)
             self._m.prefix_cache_bytes.set(self._prefixes.nbytes)
+        elif kv is not None:
+            kv.release()
         with self._lock:
             self._active -= 1
             self._m.running.set(self._active)

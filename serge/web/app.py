@@ -13,7 +13,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 from fastapi.staticfiles import StaticFiles
 
 from serge import __version__
@@ -72,26 +72,26 @@ def build_app(settings: Settings, engine: Engine) -> FastAPI:
     app.include_router(build_pages())
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
 
-    @app.get("/api/health", tags=["system"], summary="Is the server ready, and on what device")
+    @app.get("/api/health", tags=["system"], summary="Is the server ready, on what device, and what is loaded")
     def health(request: Request):
         engine: Engine = request.app.state.engine
-        ready = engine.ready
+        status = engine.status()
         body = {
-            "status": "ok" if ready else "error" if request.app.state.load_error else "loading",
+            "status": "ok" if status.ready else "error" if request.app.state.load_error else "loading",
             "version": __version__,
-            "device": engine.plan.device,
-            "dtype": engine.plan.dtype_name,
-            "default_model": settings.default_model,
-            "models_loaded": engine.registry.loaded(),
-            "models_remote": sorted(engine.remote.models),
-            "models_loading": sorted(engine.registry.loading),
+            "device": status.device,
+            "dtype": status.dtype,
+            "default_model": status.default_model,
+            "models_loaded": [dataclasses.asdict(m) for m in status.loaded],
+            "models_remote": sorted(status.remote),
+            "models_loading": status.loading,
             "error": request.app.state.load_error,
-            "models": {name: dataclasses.asdict(snap) for name, snap in engine.metrics.snapshot().items()},
+            "models": {name: dataclasses.asdict(snap) for name, snap in status.models.items()},
         }
-        return JSONResponse(body, status_code=200 if ready else 503)
+        return JSONResponse(body, status_code=200 if status.ready else 503)
 
     @app.get("/metrics", tags=["system"], summary="Prometheus metrics: requests, tokens, latencies, queue")
     def metrics(request: Request):
-        return Response(generate_latest(request.app.state.engine.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+        return Response(request.app.state.engine.prometheus(), media_type=CONTENT_TYPE_LATEST)
 
     return app

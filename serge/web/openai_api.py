@@ -108,14 +108,12 @@ def _engine(request: Request) -> Engine:
     return request.app.state.engine
 
 
-@router.get("/models", summary="List installed models")
+@router.get("/models", summary="List the models a request may name: installed and remote")
 def list_models(request: Request):
-    engine = _engine(request)
-    local = [{"id": m.name, "object": "model", "created": int(m.path.stat().st_mtime), "owned_by": "serge"}
-             for m in engine.catalog.installed()]
-    remote = [{"id": name, "object": "model", "created": 0, "owned_by": remote.url}
-              for name, remote in engine.remote.models.items()]
-    return {"object": "list", "data": local + remote}
+    return {"object": "list", "data": [
+        {"id": m.name, "object": "model", "created": int(m.created), "owned_by": "remote" if m.remote else "serge"}
+        for m in _engine(request).models()
+    ]}
 
 
 def _usage(record: GenerationRecord) -> dict:
@@ -144,7 +142,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
     params = body.sampling()
     messages = body.conversation()
     engine = _engine(request)
-    name = body.model or engine.settings.default_model
+    name = engine.check_model(body.model)
     stream = await run_in_threadpool(engine.chat, name, messages, params)
     completion_id = f"chatcmpl-{uuid.uuid4().hex}"
     created = int(time.time())
