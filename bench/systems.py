@@ -30,12 +30,30 @@ DEV_VENV = REPO / ".venv"
 MODEL_NAME = "smollm2-135m-instruct"
 
 
-def default_model_dir() -> Path:
+def default_installed_dir() -> Path:
+    """The bundled model as `serge models pull` installs it (its GGUF, and the transformers conversion)."""
     models = os.environ.get("SERGE_MODELS_DIR")
     if models:
         return Path(models).expanduser() / MODEL_NAME
     base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
     return Path(base) / "serge" / "models" / MODEL_NAME
+
+
+def default_model_dir() -> Path:
+    """The float32 safetensors folder every transformers-based system loads."""
+    installed = default_installed_dir()
+    converted = installed / "transformers"
+    return converted if (converted / "config.json").exists() else installed
+
+
+def installed_gguf(installed: Path | None = None) -> Path | None:
+    """The GGUF that every llama.cpp-based system runs (Serge's llama.cpp engine, llama-server, llama-cpp-python)."""
+    folder = installed or default_installed_dir()
+    try:
+        name = json.loads((folder / "serge.json").read_text()).get("file")
+    except (OSError, ValueError):
+        return None
+    return folder / name if name else None
 
 
 def free_port() -> int:
@@ -49,14 +67,16 @@ class Config:
     model_dir: Path
     threads: int
     max_tokens: int
-    gguf: Path | None  # GGUF for llama.cpp (f32 if converted, else the Q4_1 original)
+    gguf: Path | None  # the GGUF every llama.cpp-based system runs
     log_dir: Path
     ready_timeout: float = 300.0
+    serge_models_dir: Path | None = None  # where Serge finds the model installed (its GGUF and its conversion)
+    model_name: str = MODEL_NAME  # what every server calls it
 
 
-def _ignore_eos_body(messages, max_tokens: int, ignore_eos: bool) -> dict[str, Any]:
+def _ignore_eos_body(model: str, messages, max_tokens: int, ignore_eos: bool) -> dict[str, Any]:
     """A request for servers that take vLLM's `ignore_eos` and report usage when streaming."""
-    b = _base_body(MODEL_NAME, messages, max_tokens)
+    b = _base_body(model, messages, max_tokens)
     b["stream_options"] = {"include_usage": True}
     if ignore_eos:
         b["ignore_eos"] = True
@@ -104,6 +124,24 @@ class Server:
             stderr=subprocess.STDOUT,
             start_new_session=True,  # own process group: stop() kills every child it made
         )
+
+    def rss_mb(self) -> float | None:
+        """Resident memory of the server and every process it started (its process group)."""
+        if self.proc is None:
+            return None
+        total = 0
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+                if int(fields[2]) != self.proc.pid:  # pgrp
+                    continue
+                status = (stat.parent / "status").read_text()
+            except (OSError, IndexError, ValueError):
+                continue
+            for line in status.splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1]) * 1024
+        return round(total / 2**20, 1)
 
     def log_tail(self, n: int = 15) -> str:
         try:
@@ -207,6 +245,12 @@ def _base_body(model: str, messages, max_tokens: int) -> dict[str, Any]:
 
 
 class Serge(System):
+    """`serge serve` with one local engine: transformers (float32 safetensors) or llama.cpp (the GGUF)."""
+
+    def __init__(self, name: str, label: str, cfg: Config, engine: str) -> None:
+        super().__init__(name, label, cfg)
+        self.engine = engine
+
     def _exe(self) -> Path:
         exe = Path(os.environ.get("SERGE_BENCH_SERGE", DEV_VENV / "bin" / "serge"))
         return exe
@@ -222,6 +266,11 @@ class Serge(System):
         if out.returncode != 0:
             raise Unavailable(f"`serge serve --help` failed: {(out.stderr or out.stdout).strip()[-300:]}")
         self.info["version"] = venv_version(DEV_VENV / "bin" / "python", "serge")
+        self.info["engine"] = self.engine
+        if self.engine == "llama.cpp":
+            if self.cfg.serge_models_dir is None or installed_gguf(self.cfg.serge_models_dir / self.cfg.model_name) is None:
+                raise Unavailable("the installed model has no GGUF (serge models pull smollm2-135m-instruct)")
+            self.info["gguf"] = str(installed_gguf(self.cfg.serge_models_dir / self.cfg.model_name))
         with contextlib.suppress(OSError, subprocess.SubprocessError):
             rev = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
                                  capture_output=True, text=True, timeout=10).stdout.strip()
@@ -235,15 +284,17 @@ class Serge(System):
         # Serge finds models by name under SERGE_MODELS_DIR; point it at the folder that
         # holds the model, or at a temp folder with a link named after the model.
         md = self.cfg.model_dir.resolve()
-        if md.name == MODEL_NAME:
+        if self.cfg.serge_models_dir is not None and (self.cfg.serge_models_dir / self.cfg.model_name / "serge.json").exists():
+            models_dir = self.cfg.serge_models_dir
+        elif md.name == self.cfg.model_name:
             models_dir = md.parent
         else:
             models_dir = data_dir / "models-link"
             models_dir.mkdir()
-            (models_dir / MODEL_NAME).symlink_to(md)
+            (models_dir / self.cfg.model_name).symlink_to(md)
         env = thread_env(self.cfg.threads)
         env.update(SERGE_MODELS_DIR=str(models_dir), SERGE_TORCH_THREADS=str(self.cfg.threads),
-                   SERGE_DEVICE="cpu", SERGE_DTYPE="float32", SERGE_DEFAULT_MODEL=MODEL_NAME)
+                   SERGE_DEVICE="cpu", SERGE_DTYPE="float32", SERGE_DEFAULT_MODEL=self.cfg.model_name, SERGE_ENGINE=self.engine)
         self.info["data_dir"] = str(data_dir)
         self.info["models_dir"] = str(models_dir)
         cmd = [str(self._exe()), "serve", "--host", "127.0.0.1", "--port", str(port), "--data-dir", str(data_dir)]
@@ -258,7 +309,7 @@ class Serge(System):
             shutil.rmtree(self.info.get("data_dir", ""), ignore_errors=True)
 
     def body(self, messages, max_tokens, ignore_eos):
-        return _ignore_eos_body(messages, max_tokens, ignore_eos)
+        return _ignore_eos_body(self.cfg.model_name, messages, max_tokens, ignore_eos)
 
 
 class TfServe(System):
@@ -320,16 +371,51 @@ class LlamaCpp(System):
         port = free_port()
         t = str(self.cfg.threads)
         cmd = [str(self._python()), "-m", "llama_cpp.server", "--model", str(self.cfg.gguf),
-               "--model_alias", MODEL_NAME, "--host", "127.0.0.1", "--port", str(port),
+               "--model_alias", self.cfg.model_name, "--host", "127.0.0.1", "--port", str(port),
                "--n_threads", t, "--n_threads_batch", t, "--n_ctx", "4096", "--n_gpu_layers", "0",
                "--interrupt_requests", "False", "--verbose", "False"]
         return self._server(cmd, thread_env(self.cfg.threads), "/v1/models", port)
 
     def body(self, messages, max_tokens, ignore_eos):
-        b = _base_body(MODEL_NAME, messages, max_tokens)
+        b = _base_body(self.cfg.model_name, messages, max_tokens)
         if ignore_eos:
             b["min_tokens"] = max_tokens  # its equivalent of ignore_eos (a logits processor masking EOS)
         return b
+
+
+class LlamaServer(System):
+    """llama.cpp's own `llama-server` (built from source by install_peers.sh), with parallel
+    slots and its native continuous batching: the CPU bar."""
+
+    def __init__(self, name: str, label: str, cfg: Config, parallel: int) -> None:
+        super().__init__(name, label, cfg)
+        self.parallel = parallel
+
+    def _exe(self) -> Path:
+        exe = PEERS / "llama-server" / "bin" / "llama-server"
+        if not (PEERS / "llama-server.ok").exists() or not exe.exists():
+            raise Unavailable("bench/.peers/llama-server not built (bash bench/install_peers.sh llama-server)")
+        return exe
+
+    def check(self) -> None:
+        exe = self._exe()
+        if self.cfg.gguf is None or not self.cfg.gguf.exists():
+            raise Unavailable(f"no GGUF model file ({self.cfg.gguf}); pass --gguf")
+        out = subprocess.run([str(exe), "--version"], capture_output=True, text=True, timeout=60)
+        self.info["version"] = (out.stdout + out.stderr).strip().splitlines()[-1:] or None
+        self.info["gguf"] = str(self.cfg.gguf)
+        self.info["parallel"] = self.parallel
+
+    def server(self) -> Server:
+        port = free_port()
+        t = str(self.cfg.threads)
+        cmd = [str(self._exe()), "-m", str(self.cfg.gguf), "--alias", self.cfg.model_name, "--host", "127.0.0.1",
+               "--port", str(port), "-t", t, "-tb", t, "--parallel", str(self.parallel),
+               "-c", str(2048 * self.parallel), "--no-webui"]
+        return self._server(cmd, thread_env(self.cfg.threads), "/health", port)
+
+    def body(self, messages, max_tokens, ignore_eos):
+        return _ignore_eos_body(self.cfg.model_name, messages, max_tokens, ignore_eos)
 
 
 class Vllm(System):
@@ -364,21 +450,24 @@ class Vllm(System):
         self.info["omp_threads"] = threads
         self.info["omp_bind"] = env.get("VLLM_CPU_OMP_THREADS_BIND", "auto")
         cmd = [str(self._python()), "-m", "vllm.entrypoints.openai.api_server", "--model", str(self.cfg.model_dir),
-               "--served-model-name", MODEL_NAME, "--host", "127.0.0.1", "--port", str(port),
+               "--served-model-name", self.cfg.model_name, "--host", "127.0.0.1", "--port", str(port),
                "--dtype", "float32", "--enforce-eager", "--max-model-len", "4096"]
         return self._server(cmd, env, "/health", port, cwd=self.cfg.log_dir)
 
     def body(self, messages, max_tokens, ignore_eos):
-        return _ignore_eos_body(messages, max_tokens, ignore_eos)
+        return _ignore_eos_body(self.cfg.model_name, messages, max_tokens, ignore_eos)
 
 
-ALL_SYSTEMS = ["serge", "generate", "tf-serve", "tf-serve-cb", "llamacpp", "vllm", "vllm-1t"]
+ALL_SYSTEMS = ["serge-llama", "llama-server", "serge", "generate", "tf-serve", "tf-serve-cb", "llamacpp", "vllm",
+               "vllm-1t"]
 LABELS = {
-    "serge": "serge serve",
+    "serge-llama": "serge serve, llama.cpp engine (GGUF)",
+    "llama-server": "llama-server --parallel 8 (GGUF)",
+    "serge": "serge serve, transformers engine (float32)",
     "generate": "raw generate()",
     "tf-serve": "transformers serve",
     "tf-serve-cb": "transformers serve --continuous-batching",
-    "llamacpp": "llama-cpp-python server",
+    "llamacpp": "llama-cpp-python server (GGUF)",
     "vllm": "vLLM CPU",
     "vllm-1t": "vLLM CPU, 1 thread (its default)",
 }
@@ -386,7 +475,11 @@ LABELS = {
 
 def make_system(name: str, cfg: Config) -> System:
     if name == "serge":
-        return Serge(name, LABELS[name], cfg)
+        return Serge(name, LABELS[name], cfg, engine="transformers")
+    if name == "serge-llama":
+        return Serge(name, LABELS[name], cfg, engine="llama.cpp")
+    if name == "llama-server":
+        return LlamaServer(name, LABELS[name], cfg, parallel=8)
     if name == "tf-serve":
         return TfServe(name, LABELS[name], cfg, continuous_batching=False)
     if name == "tf-serve-cb":
