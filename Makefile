@@ -30,11 +30,18 @@ $(VENV)/.torch:
 	$(BIN)/python -m pip install "$(TORCH)"
 	touch $@
 
-$(VENV)/.installed: pyproject.toml $(VENV)/.torch
+# llama-cpp-python compiles llama.cpp from source the first time (10-30 min on 2 cores);
+# pip keeps the built wheel in its cache, so later installs take seconds.
+$(VENV)/.llama: $(VENV)/.torch
+	@$(BIN)/python -c "import llama_cpp" 2>/dev/null || echo "Compiling llama.cpp for the llama.cpp engine (once; 10-30 minutes on 2 cores) ..."
+	CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(BIN)/python -m pip install --progress-bar on "$$(grep -o 'llama-cpp-python==[0-9.]*' pyproject.toml)"
+	touch $@
+
+$(VENV)/.installed: pyproject.toml $(VENV)/.llama
 	$(BIN)/python -m pip install --quiet -e .
 	touch $@
 
-$(VENV)/.installed-dev: pyproject.toml $(VENV)/.torch
+$(VENV)/.installed-dev: pyproject.toml $(VENV)/.llama
 	$(BIN)/python -m pip install --quiet -e ".[dev]"
 	touch $@ $(VENV)/.installed
 

@@ -80,7 +80,11 @@ class InstalledModel:
             staging = Path(tempfile.mkdtemp(prefix=".convert-", dir=self.folder))
             try:
                 convert_gguf(self.path, staging)
-                staging.rename(converted)
+                try:
+                    staging.rename(converted)
+                except OSError:  # another process converted it first
+                    if not (converted / "config.json").is_file():
+                        raise
             finally:
                 shutil.rmtree(staging, ignore_errors=True)
         return converted
