@@ -75,7 +75,7 @@ class SchedulerLimits:
 
 @dataclass(eq=False)
 class _Sequence:
-    prompt: list[int]
+    prompt: list[int]  # what to prefill: the prompt, and after a preemption the reply so far too
     params: ResolvedSampling
     stream: Stream
     assembler: TextAssembler
@@ -90,6 +90,7 @@ class _Sequence:
     started: float | None = None
     first_token: float | None = None
     last_token: float | None = None
+    prompt_tokens: int = 0  # the request's own prompt (`prompt` grows when preempted)
 
 
 def _message(exc: BaseException) -> str:
@@ -130,6 +131,7 @@ class Scheduler:
         self._forget = False  # drop the prefix cache before the next admission
         self._running: list[_Sequence] = []  # the worker's alone
         self._mean_duration = 10.0  # seconds per generation, for Retry-After
+        self._fits = self.max_running  # running sequences the KV memory held last time it ran out
         self._worker = threading.Thread(target=self._run, name=f"serge-worker-{name}", daemon=True)
         self._worker.start()
 
@@ -138,7 +140,8 @@ class Scheduler:
         if not prompt:
             raise ValueError("a prompt needs at least one token")
         stream = Stream()
-        seq = _Sequence(list(prompt), params, stream, TextAssembler(self._tokenizer, params.stop))
+        seq = _Sequence(list(prompt), params, stream, TextAssembler(self._tokenizer, params.stop),
+                        prompt_tokens=len(prompt))
         with self._lock:
             if self._closing:
                 raise GenerationError(f"the model {self.name!r} is being unloaded; try again")
@@ -224,7 +227,7 @@ class Scheduler:
             waited = now - seq.stream.created
             if seq.stream.cancelled:
                 expired.append((seq, FinishReason.CANCELLED, None))
-            elif len(self._running) + len(admitted) < self.max_running:
+            elif len(self._running) + len(admitted) < min(self.max_running, self._fits):
                 admitted.append(seq)
             elif waited > self._queue_timeout:
                 error = f"timed out after {waited:.0f} s waiting for a free slot; the server is busy"
@@ -241,16 +244,22 @@ class Scheduler:
 
     def _start(self, seq: _Sequence) -> None:
         """A slot is free: take what the prefix cache has of this prompt."""
-        seq.started = time.monotonic()
         seq.stream.queue_position = None
-        self._m.queue_wait.observe(seq.started - seq.stream.created)
-        self._m.prompt_tokens.inc(len(seq.prompt))
-        if not seq.params.greedy:
+        if seq.started is None:  # not when it comes back after a preemption
+            seq.started = time.monotonic()
+            self._m.queue_wait.observe(seq.started - seq.stream.created)
+            self._m.prompt_tokens.inc(len(seq.prompt))
+        if not seq.params.greedy and seq.generator is None:
             seq.generator = seq.params.generator(self._device)
-        hit = self._roomy(lambda: self._prefixes.find(seq.prompt)) if self._prefixes.budget_bytes else None
-        if hit is None:
-            seq.kv = self._roomy(self.forward.new_kv)
-            return
+        try:
+            hit = self._roomy(lambda: self._prefixes.find(seq.prompt)) if self._prefixes.budget_bytes else None
+            if hit is None:
+                seq.kv = self._roomy(self.forward.new_kv)
+                return
+        except OutOfKV:
+            if len(self._running) <= 1:
+                raise
+            return self._preempt(seq)
         seq.kv, seq.prefilled = hit.kv, hit.length
         seq.logits = seq.prompt_logits = hit.logits
         self._m.reused_tokens.inc(hit.length)
@@ -261,7 +270,7 @@ class Scheduler:
         decoding = [s for s in self._running if s.feed is not None]
         if decoding:
             try:
-                rows = self._roomy(lambda: self.forward.decode([s.kv for s in decoding], [s.feed for s in decoding]))
+                rows = self._decode(decoding)
             except Exception as exc:
                 log.exception("decode step failed")
                 for seq in decoding:
@@ -272,6 +281,35 @@ class Scheduler:
         self._prefill(stall_guard=bool(decoding))
         for seq in [s for s in self._running if s.logits is not None]:
             self._sample(seq)
+
+    def _decode(self, decoding: list[_Sequence]) -> torch.Tensor:
+        """One token for each of `decoding`; when the KV memory cannot hold them all even
+        without cached prefixes, the youngest go back to the queue until the rest fit."""
+        while True:
+            try:
+                return self._roomy(lambda: self.forward.decode([s.kv for s in decoding], [s.feed for s in decoding]))
+            except OutOfKV:
+                if len(decoding) <= 1:
+                    raise
+                youngest = max(decoding, key=lambda s: s.started)
+                decoding.remove(youngest)
+                self._preempt(youngest)
+
+    def _preempt(self, seq: _Sequence) -> None:
+        """Out of KV memory: free this sequence's cells and queue it first in line; it comes
+        back by prefilling its prompt and its reply so far, and goes on where it stopped."""
+        self._running.remove(seq)
+        if seq.kv is not None:
+            seq.kv.release()
+        seq.kv, seq.prefilled, seq.feed, seq.logits, seq.prompt_logits = None, 0, None, None, None
+        seq.prompt, seq.prompt_ids = seq.prompt[: seq.prompt_tokens] + seq.generated, None
+        with self._lock:
+            self._fits = max(1, len(self._running))
+            self._active -= 1
+            seq.stream.queue_position = 0
+            self._waiting.appendleft(seq)
+            self._m.queued.set(len(self._waiting))
+        log.info("KV memory full: %d replies run, one more waits for room", len(self._running))
 
     def _prefill(self, stall_guard: bool) -> None:
         """Run prompt chunks, oldest request first: about `prefill_chunk` tokens in all while
@@ -290,6 +328,13 @@ class Scheduler:
             try:
                 chunk = seq.prompt[seq.prefilled : seq.prefilled + n]
                 logits = self._roomy(lambda: self.forward.prefill(seq.kv, chunk))
+            except OutOfKV:
+                if len(self._running) > 1:
+                    self._preempt(seq)
+                    continue
+                log.exception("prefill failed")
+                self._leave(seq, FinishReason.ERROR, "the model's KV cache is full")
+                continue
             except Exception as exc:
                 log.exception("prefill failed")
                 self._leave(seq, FinishReason.ERROR, _message(exc))
@@ -318,7 +363,7 @@ class Scheduler:
         if params.repetition_penalty != 1.0 or params.frequency_penalty or params.presence_penalty:
             generated = torch.tensor(seq.generated, dtype=torch.long, device=logits.device)
             if seq.prompt_ids is None:  # once per sequence, not once per token
-                seq.prompt_ids = torch.tensor(seq.prompt, dtype=torch.long, device=logits.device)
+                seq.prompt_ids = torch.tensor(seq.prompt[: seq.prompt_tokens], dtype=torch.long, device=logits.device)
             seen = torch.cat([seq.prompt_ids, generated])
         else:
             generated = seen = torch.empty(0, dtype=torch.long, device=logits.device)
@@ -356,6 +401,7 @@ class Scheduler:
             kv.release()
         with self._lock:
             self._active -= 1
+            self._fits = min(self.max_running, self._fits + 1)
             self._m.running.set(self._active)
         self._finish(seq, reason, error)
 
@@ -375,7 +421,7 @@ class Scheduler:
         return GenerationRecord(
             text=seq.assembler.text,
             finish_reason=reason,
-            prompt_tokens=len(seq.prompt),
+            prompt_tokens=seq.prompt_tokens,
             completion_tokens=len(seq.generated),
             seed=seq.params.seed,
             queued_s=started - seq.stream.created,
