@@ -18,7 +18,7 @@ import httpx
 import pytest
 import uvicorn
 
-from serge.engine import Engine, ModelCatalog, SchedulerLimits
+from serge.engine import Engine, ModelLibrary, SchedulerLimits
 from serge.engine.local import LoadOptions
 from serge.engine.registry import ModelRegistry
 from serge.settings import Settings
@@ -87,7 +87,7 @@ def load_options(engine: Engine, **limits) -> LoadOptions:
 def registry_for(engine: Engine, kind: str | None = None, **limits) -> ModelRegistry:
     """A second registry beside `engine`'s, loading with the same options (and engine kind)."""
     kind = kind or engine.model(MODEL).engine
-    return ModelRegistry(ModelCatalog(engine.settings.models_path), load_options(engine, **limits), kind)
+    return ModelRegistry(ModelLibrary(engine.settings.models_path), load_options(engine, **limits), kind)
 
 
 class ServerThread:
