@@ -68,7 +68,9 @@ class HubSource:
     def forget_cache(self, cache_dir: Path) -> None:
         from huggingface_hub.file_download import repo_folder_name
 
-        shutil.rmtree(cache_dir / repo_folder_name(repo_id=self.repo, repo_type="model"), ignore_errors=True)
+        folder = repo_folder_name(repo_id=self.repo, repo_type="model")
+        shutil.rmtree(cache_dir / folder, ignore_errors=True)
+        shutil.rmtree(cache_dir / ".locks" / folder, ignore_errors=True)
 
 
 class PullProgress:

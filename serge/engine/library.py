@@ -135,7 +135,11 @@ class InstalledModel:
             staging = Path(tempfile.mkdtemp(prefix=".convert-", dir=self.folder))
             try:
                 convert_gguf(self.path, staging)
-                staging.rename(converted)
+                try:
+                    staging.rename(converted)
+                except OSError:  # another process converted it first: use theirs
+                    if not (converted / "config.json").is_file():
+                        raise
             finally:
                 shutil.rmtree(staging, ignore_errors=True)
         return converted
@@ -369,6 +373,11 @@ def save_gguf_tokenizer(folder: Path, gguf_file: str) -> None:
         tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=gguf_file)
     except Exception as exc:  # an architecture transformers cannot read GGUF tokenizers of
         raise PullFailed(f"could not read the tokenizer out of {gguf_file}: {exc}") from None
+    if not tokenizer.chat_template:  # transformers leaves it out in some cases; the GGUF's own is the one
+        from gguf import GGUFReader
+
+        field = GGUFReader(folder / gguf_file).get_field("tokenizer.chat_template")
+        tokenizer.chat_template = field.contents() if field is not None else None
     tokenizer.save_pretrained(folder)
 
 
@@ -395,7 +404,8 @@ def convert_gguf(gguf: Path, target: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    beside = (gguf.parent / "tokenizer_config.json").is_file()  # saved at install, with the chat template
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, **({} if beside else {"gguf_file": gguf.name}))
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     if getattr(model, "hf_quantizer", None) is not None:  # save_pretrained refuses while it is attached
         model.hf_quantizer.remove_quantization_config(model)
