@@ -100,6 +100,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("alembic").setLevel(logging.WARNING)  # its INFO lines are plugin and dialect chatter
+    for chatty in ("httpx", "httpx2", "huggingface_hub"):  # a line per request, over the progress bar
+        logging.getLogger(chatty).setLevel(logging.WARNING)
     from serge.engine import (ContextTooLong, DeviceUnavailable, InvalidModelName, InvalidSource, ModelInUse,
                               ModelNotFound, ModelTooLarge, PullCancelled, PullFailed)
 
@@ -217,7 +219,7 @@ def _progress_bar():
 
     from serge.engine import PullProgress
 
-    bar = tqdm(unit="B", unit_scale=True, unit_divisor=1024, desc="starting", dynamic_ncols=True)
+    bar = tqdm(unit="B", unit_scale=True, desc="starting", dynamic_ncols=True)
 
     def draw(p: PullProgress) -> None:
         if p.total is not None and bar.total != p.total:
@@ -234,7 +236,7 @@ def _progress_bar():
 def _size(n: int | None) -> str:
     if n is None:
         return "?"
-    return f"{n / 2**30:.1f} GB" if n >= 2**30 else f"{n / 2**20:.0f} MB"
+    return f"{n / 1e9:.1f} GB" if n >= 1e9 else f"{n / 1e6:.0f} MB"
 
 
 def _summary(m) -> str:
@@ -258,6 +260,6 @@ def _facts(m) -> list[tuple[str, str]]:
         ("context length", str(f.context_length or "?")),
         ("chat template", "yes" if f.chat_template else "no: Serge cannot chat with it"),
         ("generation defaults", ", ".join(f"{k}={v}" for k, v in m.defaults.model_dump(exclude_none=True).items())
-         if m.defaults else "the engine's"),
+         or "the engine's"),
     ]
     return rows

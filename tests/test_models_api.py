@@ -129,7 +129,7 @@ def test_unknown_models_and_pulls_answer_404_in_openai_shape(library_server):
         assert reply.status_code == 404 and reply.json()["error"]["code"] == "pull_not_found"
 
 
-def test_a_model_cannot_be_deleted_while_it_answers_nor_the_default(library_server):
+def test_a_model_cannot_be_deleted_while_it_answers_nor_a_remote_one(library_server):
     base, engine = library_server
     reply = httpx.delete(f"{base}/api/models/{REMOTE}")
     assert reply.status_code == 409 and "remote" in reply.json()["error"]["message"]
@@ -164,6 +164,9 @@ def test_a_path_or_a_second_spelling_never_loads_a_model_and_memory_stays_flat(s
     """The issue's attack: a folder's path as the model, twice, loaded two more copies. Now: 404, nothing loads."""
     installed = ModelLibrary(engine.settings.models_path).find(MODEL)
     model = spelling.format(folder=installed.folder, parent=installed.folder.parent, name=installed.folder.name)
+    warm = httpx.post(f"{server}/v1/chat/completions", timeout=120, json={  # the model's worker is set up
+        "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1})
+    assert warm.status_code == 200
     loaded_before, rss_before = sorted(engine.status().loaded, key=str), resident_bytes()
     for _ in range(2):
         reply = httpx.post(f"{server}/v1/chat/completions", timeout=60, json={
@@ -176,3 +179,14 @@ def test_a_path_or_a_second_spelling_never_loads_a_model_and_memory_stays_flat(s
     assert imported.status_code in (400, 404)
     assert sorted(engine.status().loaded, key=str) == loaded_before
     assert resident_bytes() - rss_before < 50 * 2**20
+
+
+def test_the_api_docs_describe_the_library_endpoints(library_server):
+    base, _ = library_server
+    paths = httpx.get(f"{base}/openapi.json").json()["paths"]
+    for path, method in [("/api/models", "get"), ("/api/models/{name}", "get"), ("/api/models/{name}", "delete"),
+                         ("/api/models/pulls", "post"), ("/api/models/pulls/{pull_id}", "get"),
+                         ("/api/models/pulls/{pull_id}/events", "get"), ("/api/models/pulls/{pull_id}", "delete"),
+                         ("/v1/models/{model_id}", "get")]:
+        assert paths[path][method]["summary"], (path, method)
+    assert "source" in httpx.get(f"{base}/openapi.json").json()["components"]["schemas"]["PullIn"]["properties"]
