@@ -1,10 +1,11 @@
 """Generation: devices, models, sampling, prompts and streams. No HTTP, no SQL; `Engine` is the one door."""
 
+from serge.engine.catalog import CATALOG
 from serge.engine.devices import DevicePlan, DeviceUnavailable, resolve_device
 from serge.engine.engine import Backend, Engine, EngineStatus, LoadedInfo, ModelInfo
 from serge.engine.facts import ModelFacts
-from serge.engine.hub import InvalidSource, PullCancelled, PullProgress
-from serge.engine.library import CATALOG, InvalidModelName, ModelLibrary, ModelNotFound, PullFailed
+from serge.engine.hub import InvalidSource, PullCancelled, PullFailed, PullProgress
+from serge.engine.library import InvalidModelName, ModelLibrary, ModelNotFound
 from serge.engine.metrics import EngineMetrics, ModelSnapshot
 from serge.engine.prompts import ContextTooLong, Message
 from serge.engine.pulls import PullNotFound, PullRefused, PullStatus

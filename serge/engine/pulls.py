@@ -18,8 +18,8 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Literal
 
-from serge.engine.hub import InvalidSource, PullCancelled, PullProgress
-from serge.engine.library import InvalidModelName, ModelLibrary, PullFailed
+from serge.engine.hub import InvalidSource, PullCancelled, PullFailed, PullProgress
+from serge.engine.library import InvalidModelName, ModelLibrary
 
 log = logging.getLogger(__name__)
 

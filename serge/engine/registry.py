@@ -59,12 +59,16 @@ def resident_bytes() -> int | None:
 
 
 def _give_back_freed_memory() -> None:
-    """Return freed heap pages to the system, so an unload shows in resident memory (glibc only)."""
+    """Return freed memory to the system, so an unload shows: heap pages (glibc), and torch's CUDA cache."""
     gc.collect()
     try:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):
         pass
+    import torch
+
+    if torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
 
 
 @dataclass(frozen=True)
