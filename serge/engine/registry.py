@@ -145,7 +145,6 @@ class ModelRegistry:
                 entry.leases -= 1
 
     def _take(self, name: str) -> _Loaded:
-        installed = None
         if (entry := self._leased(name)) is not None:
             return entry
         installed = self.library.find(name)  # ModelNotFound before any lock is taken
@@ -169,7 +168,8 @@ class ModelRegistry:
             return entry
 
     def loaded(self) -> dict[str, LocalModel]:
-        return {name: entry.model for name, entry in self._models.items()}
+        with self._guard:
+            return {name: entry.model for name, entry in self._models.items()}
 
     def in_use(self, name: str) -> bool:
         with self._guard:
