@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from contextlib import contextmanager
+from pathlib import Path
 
 from pydantic import ValidationError
 
@@ -53,16 +55,31 @@ def parser() -> argparse.ArgumentParser:
     chat.add_argument("--temperature", type=float, help="sampling temperature, 0..2 (0 = greedy)")
     chat.add_argument("--max-tokens", type=int, help="longest reply in tokens")
 
-    models = sub.add_parser("models", help="list, pull or remove models")
+    models = sub.add_parser("models", help="the model library: list, pull, import, remove, show one")
     msub = models.add_subparsers(dest="models_command", required=True)
-    pull = msub.add_parser("pull", help="download a model (catalog name or hub id) into the models dir")
-    pull.add_argument("name")
-    _common(pull)
-    listing = msub.add_parser("list", help="show installed models, their size and source")
+    listing = msub.add_parser("list", help="installed and remote models, their engine, size and source")
     _common(listing)
+    pull = msub.add_parser(
+        "pull", help="download a model from the Hugging Face hub into the models dir",
+        epilog="NAME is a hub repo with safetensors weights (Qwen/Qwen2.5-0.5B-Instruct), one GGUF file out of a "
+               "repo of quantizations (bartowski/Qwen2.5-0.5B-Instruct-GGUF:Q4_K_M, matched without regard to "
+               "case), or smollm2-135m-instruct. HF_TOKEN and HF_ENDPOINT are honoured; an interrupted download "
+               "resumes where it stopped.")
+    pull.add_argument("name", metavar="NAME")
+    pull.add_argument("--name", dest="as_name", metavar="N", help="install it under this name (default: from NAME)")
+    _common(pull)
+    imp = msub.add_parser("import", help="install a transformers folder or a GGUF file from this machine",
+                          epilog="Files are hard-linked into the models dir where the file system allows (no "
+                                 "second copy on disk), else copied; a GGUF gets its tokenizer saved beside it.")
+    imp.add_argument("path", metavar="PATH")
+    imp.add_argument("--name", dest="as_name", metavar="N", help="install it under this name (default: from PATH)")
+    _common(imp)
     remove = msub.add_parser("rm", help="remove an installed model")
     remove.add_argument("name")
     _common(remove)
+    info = msub.add_parser("info", help="one model's facts: architecture, parameters, quantization, memory, ...")
+    info.add_argument("name")
+    _runtime(info)
     return root
 
 
@@ -83,7 +100,10 @@ def main(argv: list[str] | None = None) -> None:
     args = parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("alembic").setLevel(logging.WARNING)  # its INFO lines are plugin and dialect chatter
-    from serge.engine import ContextTooLong, DeviceUnavailable, ModelNotFound, PullFailed
+    for chatty in ("httpx", "httpx2", "huggingface_hub"):  # a line per request, over the progress bar
+        logging.getLogger(chatty).setLevel(logging.WARNING)
+    from serge.engine import (ContextTooLong, DeviceUnavailable, InvalidModelName, InvalidSource, ModelInUse,
+                              ModelNotFound, ModelTooLarge, PullCancelled, PullFailed)
 
     try:
         settings = _settings(args)
@@ -96,8 +116,12 @@ def main(argv: list[str] | None = None) -> None:
     except ValidationError as exc:
         errors = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
         _fail(f"invalid setting: {errors}")
-    except (CliError, DeviceUnavailable, ModelNotFound, PullFailed, ContextTooLong) as exc:
+    except (CliError, DeviceUnavailable, ModelNotFound, PullFailed, ContextTooLong, InvalidModelName, InvalidSource,
+            ModelInUse, ModelTooLarge) as exc:
         _fail(str(exc))
+    except (KeyboardInterrupt, PullCancelled):
+        _fail("stopped; nothing was installed (files finished so far are kept in the cache, so pulling again "
+              "fetches only the rest)" if args.command == "models" else "stopped")
 
 
 def _fail(message: str) -> None:
@@ -162,19 +186,80 @@ def _chat(settings: Settings, args: argparse.Namespace) -> None:
 
 
 def _models(settings: Settings, args: argparse.Namespace) -> None:
-    from serge.engine import ModelCatalog, resolve_device
+    from serge.engine import Engine
 
-    catalog = ModelCatalog(settings.models_path)
-    if args.models_command == "pull":
-        # llama.cpp serves GGUF models wherever no CUDA device is in use: take the GGUF where there is one
-        on_cuda = resolve_device(settings.device, settings.dtype).device_type == "cuda"
-        catalog.pull(args.name, prefer_gguf=settings.engine == "llama.cpp" or (settings.engine == "auto" and not on_cuda))
-    elif args.models_command == "rm":
-        catalog.remove(args.name)
-        print(f"Removed {args.name}")
-    else:
-        installed = catalog.installed()
-        if not installed:
-            print(f"No models installed in {catalog.models_dir}; try `serge models pull smollm2-135m-instruct`.")
-        for m in installed:
-            print(f"{m.name:32} {m.size_bytes / 1e6:8.0f} MB  {m.source}  {m.path}")
+    with Engine(settings) as engine:
+        command = args.models_command
+        if command == "pull":
+            with _progress_bar() as progress:
+                model = engine.pull(args.name, args.as_name, progress)
+            print(f"{model.name}: {_summary(model)}")
+        elif command == "import":
+            model = engine.import_model(Path(args.path), args.as_name)
+            print(f"Installed {model.name}: {_summary(model)}")
+        elif command == "rm":
+            engine.remove(args.name)
+            print(f"Removed {args.name}")
+        elif command == "info":
+            for key, value in _facts(engine.info(args.name)):
+                print(f"{key + ':':22} {value}")
+        else:
+            models = engine.models()
+            if not models:
+                print(f"No models installed in {settings.models_path}; try `serge models pull smollm2-135m-instruct`.")
+            for m in models:
+                mark = " (default)" if m.default else ""
+                print(f"{m.name + mark:40} {m.engine or '?':12} {_summary(m)}  {m.source}")
+
+
+@contextmanager
+def _progress_bar():
+    """A PullProgress drawn as a tqdm bar of bytes."""
+    from tqdm import tqdm
+
+    from serge.engine import PullProgress
+
+    bar = tqdm(unit="B", unit_scale=True, desc="starting", dynamic_ncols=True)
+
+    def draw(p: PullProgress) -> None:
+        if p.total is not None and bar.total != p.total:
+            bar.total = p.total
+        bar.set_description(p.stage_text, refresh=False)
+        bar.update(p.done - bar.n)
+
+    try:
+        yield PullProgress(draw)
+    finally:
+        bar.close()
+
+
+def _size(n: int | None) -> str:
+    if n is None:
+        return "?"
+    return f"{n / 1e9:.1f} GB" if n >= 1e9 else f"{n / 1e6:.0f} MB"
+
+
+def _summary(m) -> str:
+    if m.remote:
+        return "remote"
+    f = m.facts
+    params = f"{f.parameters / 1e9:.2f}B params" if f.parameters else "? params"
+    return f"{params}, {f.quantization or '?'}, {_size(m.size_bytes)} on disk"
+
+
+def _facts(m) -> list[tuple[str, str]]:
+    rows = [("name", m.name + (" (default)" if m.default else "")), ("engine", m.engine or "?"), ("source", m.source)]
+    if m.remote:
+        return rows
+    f = m.facts
+    rows += [
+        ("format", f.format), ("architecture", f.architecture or "?"),
+        ("parameters", f"{f.parameters:,}" if f.parameters else "?"), ("quantization", f.quantization or "?"),
+        ("size on disk", _size(m.size_bytes)),
+        ("memory", f"{_size(m.memory_bytes)} ({'loaded' if m.loaded else 'estimated'})"),
+        ("context length", str(f.context_length or "?")),
+        ("chat template", "yes" if f.chat_template else "no: Serge cannot chat with it"),
+        ("generation defaults", ", ".join(f"{k}={v}" for k, v in m.defaults.model_dump(exclude_none=True).items())
+         or "the engine's"),
+    ]
+    return rows

@@ -65,6 +65,17 @@ class Settings(BaseSettings):
         None, ge=16, description="llama.cpp's key/value cache per model, shared by running replies and the prefix "
         "cache; default: room for a full-length conversation or MAX_RUNNING replies of 512 tokens, whichever is more."
     )
+    max_loaded_models: int = Field(
+        2, ge=1, description="Local models kept loaded at once; loading one more unloads the least recently used idle one."
+    )
+    models_memory_mb: int | None = Field(
+        None, ge=64, description="Memory the loaded models may take together (estimated before a load, measured "
+        "after); default: half of this machine's RAM, or 90% of the GPU's memory on CUDA."
+    )
+    hf_endpoint: str | None = Field(
+        None, description="The Hugging Face hub to pull from; default: huggingface_hub's own (HF_ENDPOINT, else "
+        "https://huggingface.co). HF_TOKEN is read by huggingface_hub itself."
+    )
     torch_threads: int = Field(
         default_factory=_default_threads,
         ge=1,

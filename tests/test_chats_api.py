@@ -167,6 +167,7 @@ def test_export_and_import_round_trip_then_delete(client, answered):
     markdown = client.get(f"{path}/export", params={"format": "md"})
     assert markdown.headers["content-type"].startswith("text/markdown")
     assert "Name a colour of the sky." in markdown.text and answered["messages"][1]["content"] in markdown.text
+    assert f"## Assistant · {answered['messages'][1]['model']}\n" in markdown.text, "which model wrote the reply"
 
     exported = client.get(f"{path}/export", params={"format": "json"}).json()
     imported = client.post("/api/chats/import", json=exported)

@@ -17,7 +17,7 @@ from pydantic import ValidationError
 
 from serge.chats.replies import Reply
 from serge.chats.transfer import ChatExport, export_json
-from serge.engine import Engine, Message, SamplingParams
+from serge.engine import Engine, Message, ModelNotFound, SamplingParams
 from serge.store import ChatRecord, ChatStore, MessageRecord, NewMessage
 
 log = logging.getLogger(__name__)
@@ -144,6 +144,11 @@ class ChatService:
     def import_chat(self, owner: str, data: ChatExport) -> ChatRecord:
         chat = data.chat
         settings = check_settings(chat.settings)
+        try:
+            model = self._check_model(chat.model)
+        except ModelNotFound as exc:
+            raise InvalidChatInput(f"chat.model: {exc} (or set chat.model to null for the default)",
+                                   "chat.model") from None
         check_text(chat.system_prompt, "chat.system_prompt", MAX_SYSTEM_PROMPT_CHARS)
         for i, m in enumerate(data.messages):
             check_text(m.content, f"messages.{i}.content", MAX_MESSAGE_CHARS)
@@ -151,7 +156,7 @@ class ChatService:
             return self.store.import_chat(
                 owner,
                 {**chat.model_dump(), "title": chat.title.strip()[:MAX_TITLE_CHARS] or DEFAULT_TITLE,
-                 "settings": settings},
+                 "model": model, "settings": settings},
                 [m.model_dump() for m in data.messages],
                 data.current_id,
             )

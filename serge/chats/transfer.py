@@ -97,6 +97,8 @@ def export_markdown(chat: ChatRecord) -> str:
         lines += ["## System", "", chat.system_prompt, ""]
     for m in chat.messages:
         heading = "You" if m.role == "user" else "Assistant"
+        if m.role == "assistant" and m.model:
+            heading += f" · {m.model}"  # which model wrote it: a chat may switch models between replies
         if m.role == "assistant" and not m.complete:
             heading += f" ({m.finish_reason or 'incomplete'})"
         lines += [f"## {heading}", "", m.content, ""]

@@ -1,10 +1,11 @@
-"""The engine's front door: messages in, a `Stream` of reply text out.
+"""The engine's front door: messages in, a `Stream` of reply text out; and the model library's operations.
 
 Every kind of model (transformers, llama.cpp, a remote OpenAI-compatible server)
 is a `Backend` with one method that matters, `submit(messages, params)`; the
-layers above call only `Engine`'s own methods and never reach into its catalog,
-registry or backends. It knows nothing of HTTP, SQL or who is asking. From a
-script:
+layers above call only `Engine`'s own methods and never reach into its library,
+registry, pulls or backends. It knows nothing of HTTP, SQL or who is asking
+(whether a caller may pull or delete models is the web layer's to decide).
+From a script:
 
     from serge.engine import Engine, Message
     from serge.settings import Settings
@@ -14,18 +15,23 @@ script:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
 from typing import Protocol
 
 from prometheus_client import generate_latest
 
-from serge.engine.catalog import ModelCatalog, ModelNotFound
 from serge.engine.devices import DevicePlan, resolve_device
+from serge.engine.facts import ModelFacts
+from serge.engine.hub import PullProgress
+from serge.engine.library import InstalledModel, ModelLibrary, ModelNotFound
 from serge.engine.local import EngineKind, LoadOptions
 from serge.engine.metrics import EngineMetrics, ModelSnapshot
 from serge.engine.prompts import Message
-from serge.engine.registry import ModelRegistry
+from serge.engine.pulls import Pulls, PullStatus
+from serge.engine.registry import Budget, ModelInUse, ModelRegistry, machine_memory_bytes, resident_bytes
 from serge.engine.remote import RemoteModels
 from serge.engine.sampling import SamplingParams
 from serge.engine.scheduler import SchedulerLimits
@@ -44,16 +50,20 @@ class Backend(Protocol):
 
 @dataclass(frozen=True)
 class ModelInfo:
-    """One model a request may name, as the model lists show it."""
+    """One model a request may name, with what the lists and the Models page show of it."""
 
     name: str
-    engine: EngineKind | None  # None: installed, not loaded, and the engine is chosen at load
+    engine: EngineKind | None  # what serves it (or would, once loaded); None where the setting cannot apply
     source: str  # where it came from; a remote model's URL
-    size_bytes: int | None
+    size_bytes: int | None  # on disk
     created: float
     default: bool
     loaded: bool
     remote: bool
+    facts: ModelFacts | None = None  # None for a remote model
+    memory_bytes: int | None = None  # as loaded, else the estimate for its engine
+    busy: bool = False  # answering or queued for now
+    defaults: SamplingParams | None = None  # the generation settings it starts from
 
 
 @dataclass(frozen=True)
@@ -63,6 +73,7 @@ class LoadedInfo:
     memory_bytes: int
     load_seconds: float
     context_window: int
+    busy: bool
 
 
 @dataclass(frozen=True)
@@ -75,6 +86,9 @@ class EngineStatus:
     loading: list[str]
     remote: dict[str, str]  # name -> URL
     models: dict[str, ModelSnapshot]
+    max_loaded_models: int
+    memory_budget_bytes: int
+    resident_bytes: int | None  # this process, all of it
 
 
 class Engine:
@@ -82,11 +96,15 @@ class Engine:
         self.settings = settings
         self.plan: DevicePlan = resolve_device(settings.device, settings.dtype, settings.quantization)
         self.metrics = EngineMetrics()
-        self._catalog = ModelCatalog(settings.models_path)
-        options = LoadOptions(self.plan, settings.torch_threads, settings.context_window,
-                              SchedulerLimits.from_settings(settings), self.metrics, settings.llama_kv_cache_mb)
-        self._registry = ModelRegistry(self._catalog, options, settings.engine, settings.model_engines)
+        self._library = ModelLibrary(settings.models_path, settings.hf_endpoint)
+        self._limits = SchedulerLimits.from_settings(settings)
+        options = LoadOptions(self.plan, settings.torch_threads, settings.context_window, self._limits,
+                              self.metrics, settings.llama_kv_cache_mb)
+        self._registry = ModelRegistry(self._library, options, settings.engine, settings.model_engines,
+                                       self._budget(), self._estimate)
         self._remote = RemoteModels(settings.remote_models)
+        self._pulls = Pulls(self._library, self.prefers_gguf)
+        self._warm = False
 
     # --- what a request may name -------------------------------------------------
     @property
@@ -94,21 +112,21 @@ class Engine:
         return self.settings.default_model
 
     def check_model(self, name: str | None) -> str:
-        """The model a request means (the default for None); raises ModelNotFound for any other name."""
+        """The model a request means, as the library spells it (the default for None); ModelNotFound otherwise."""
         name = name or self.default_model
-        if name not in self._remote:
-            self._catalog.find(name)
-        return name
+        if name in self._remote:
+            return name
+        return self._library.find(name).name
 
     def models(self) -> list[ModelInfo]:
-        """Every model a request may name: the installed ones, then the remote ones."""
-        loaded = self._registry.loaded()
-        found = [ModelInfo(m.name, loaded[m.name].engine if m.name in loaded else None, m.source, m.size_bytes,
-                           m.created, m.name == self.default_model, m.name in loaded, remote=False)
-                 for m in self._catalog.installed() if m.name not in self._remote]
-        found += [ModelInfo(name, "remote", remote.url, None, 0.0, name == self.default_model, True, remote=True)
-                  for name, remote in sorted(self._remote.models.items())]
-        return found
+        """Every model a request may name: the installed ones, then the remote ones, each once."""
+        found = [self._local_info(m) for m in self._library.installed() if m.name not in self._remote]
+        return found + [self._remote_info(name) for name in sorted(self._remote.models)]
+
+    def info(self, name: str) -> ModelInfo:
+        """One model's facts; raises ModelNotFound."""
+        name = self.check_model(name)
+        return self._remote_info(name) if name in self._remote else self._local_info(self._library.find(name))
 
     def model(self, name: str | None = None) -> Backend:
         """The model by name (the default for None), loading a local one on first use."""
@@ -117,29 +135,132 @@ class Engine:
             return self._remote.get(name)
         return self._registry.get(name)
 
+    def _local_info(self, m: InstalledModel) -> ModelInfo:
+        loaded = self._registry.loaded().get(m.name)
+        try:
+            engine = loaded.engine if loaded else self._registry.engine_for(m)
+            memory = loaded.memory_bytes if loaded else self._estimate(m, engine)
+        except ValueError:  # SERGE_MODEL_ENGINES asks for an engine that cannot run it
+            engine, memory = None, None
+        return ModelInfo(m.name, engine, m.source, m.size_bytes, m.created, m.name == self.default_model,
+                         loaded is not None, remote=False, facts=m.facts, memory_bytes=memory,
+                         busy=self._registry.in_use(m.name), defaults=loaded.defaults if loaded else m.defaults)
+
+    def _remote_info(self, name: str) -> ModelInfo:
+        return ModelInfo(name, "remote", self._remote.models[name].url, None, 0.0, name == self.default_model,
+                         True, remote=True)
+
     # --- generation ----------------------------------------------------------------
     def chat(self, model: str | None, messages: Sequence[Message], params: SamplingParams | None = None) -> Stream:
         """Start a reply to `messages`; raises ModelNotFound, ContextTooLong or EngineBusy before anything runs."""
-        return self.model(model).submit(messages, params)
+        name = self.check_model(model)
+        if name in self._remote:
+            return self._remote.get(name).submit(messages, params)
+        with self._registry.lease(name) as local:  # not unloaded between loading and queueing the request
+            return local.submit(messages, params)
+
+    # --- the library ------------------------------------------------------------------
+    @property
+    def prefers_gguf(self) -> bool:
+        """Take a catalog model's GGUF where llama.cpp will serve it: everywhere but CUDA, unless told otherwise."""
+        engine = self.settings.engine
+        return engine == "llama.cpp" or (engine == "auto" and self.plan.device_type != "cuda")
+
+    def pull(self, spec: str, name: str | None = None, progress: PullProgress | None = None,
+             log: Callable[[str], None] = print) -> ModelInfo:
+        """Install a hub repo (`org/name`, `org/name:QUANT`) or a catalog model, in the foreground (the CLI)."""
+        return self._local_info(self._library.pull(spec, name, progress, self.prefers_gguf, log))
+
+    def import_model(self, path: Path, name: str | None = None, log: Callable[[str], None] = print) -> ModelInfo:
+        """Install a transformers folder or a GGUF file from this machine: the CLI's alone, never a request's."""
+        return self._local_info(self._library.import_path(path, name, log))
+
+    def start_pull(self, spec: str, name: str | None = None) -> PullStatus:
+        """Pull in the background; raises InvalidSource, InvalidModelName or PullRefused before it starts."""
+        return self._pulls.start(spec, name)
+
+    def pull_status(self, pull_id: str) -> PullStatus:
+        return self._pulls.get(pull_id)
+
+    def pulls(self) -> list[PullStatus]:
+        return self._pulls.list()
+
+    def cancel_pull(self, pull_id: str) -> PullStatus:
+        return self._pulls.cancel(pull_id)
+
+    def remove(self, name: str) -> None:
+        """Unload (if idle) and delete an installed model; ModelInUse while it answers, ModelNotFound if absent."""
+        if name in self._remote:
+            raise ModelInUse(f"{name!r} is a remote model; it is configured in SERGE_REMOTE_MODELS, not installed")
+        name = self._library.find(name).name
+        if name == self.default_model:
+            raise ModelInUse(f"{name!r} is the default model; choose another default (SERGE_DEFAULT_MODEL) first")
+        self._registry.unload(name)
+        self._library.remove(name)
+        try:
+            self._registry.unload(name)  # a request that loaded it again in the meantime
+        except ModelInUse:
+            pass
+
+    def unload(self, name: str) -> bool:
+        """Unload an idle model now; False if it was not loaded. Raises ModelInUse while it answers."""
+        return self._registry.unload(self.check_model(name))
+
+    # --- memory -------------------------------------------------------------------------
+    def _budget(self) -> Budget:
+        s = self.settings
+        if s.models_memory_mb:
+            memory = s.models_memory_mb * 2**20
+        elif self.plan.device_type == "cuda":
+            import torch
+
+            memory = int(torch.cuda.get_device_properties(self.plan.device).total_memory * 0.9)
+        else:
+            memory = machine_memory_bytes() // 2
+        return Budget(s.max_loaded_models, memory)
+
+    def _estimate(self, m: InstalledModel, engine: EngineKind) -> int:
+        """Memory a model takes once loaded on `engine`, from its facts (before it is loaded)."""
+        facts = m.facts
+        if engine == "llama.cpp":
+            import torch
+
+            from serge.engine.llamacpp import _cells  # the same room llama.cpp's loader makes
+
+            window = min(facts.context_length or 2048, self.settings.context_window or 1 << 30)
+            per_token = facts.kv_bytes_per_token or 0
+            cells = _cells(self._registry.options, SimpleNamespace(bytes_per_token=max(1, per_token)), window,
+                           self._limits.running_for(torch.device("cpu")))
+            return facts.weights_bytes + cells * per_token
+        if not facts.parameters:
+            return facts.weights_bytes * 2
+        bytes_per_parameter = {"8bit": 1.0, "4bit": 0.5}.get(self.plan.quantization, self.plan.dtype.itemsize)
+        packed = 2 if self.plan.device_type == "cpu" and self.plan.dtype_name == "float32" else 1  # oneDNN copy
+        return int(facts.parameters * bytes_per_parameter * packed)
 
     # --- the server's view -----------------------------------------------------------
     @property
     def ready(self) -> bool:
-        """Can the default model answer now (loaded locally, or served remotely)?"""
+        """Can the default model answer now (served remotely, loaded, or loaded once and loadable again)?"""
         name = self.default_model
-        return name in self._remote or name in self._registry.loaded()
+        return name in self._remote or self._warm or name in self._registry.loaded()
 
     def warm_up(self) -> None:
         """Load the default model, unless a remote server holds it."""
         self.model()
+        self._warm = True
 
     def status(self) -> EngineStatus:
-        loaded = [LoadedInfo(m.name, m.engine, m.memory_bytes, m.load_seconds, m.context_window)
+        loaded = [LoadedInfo(m.name, m.engine, m.memory_bytes, m.load_seconds, m.context_window,
+                             self._registry.in_use(m.name))
                   for m in self._registry.loaded().values()]
+        budget = self._registry.budget
         return EngineStatus(
             device=self.plan.device, dtype=self.plan.dtype_name, default_model=self.default_model, ready=self.ready,
             loaded=loaded, loading=sorted(self._registry.loading),
             remote={name: r.url for name, r in self._remote.models.items()}, models=self.metrics.snapshot(),
+            max_loaded_models=budget.max_models, memory_budget_bytes=budget.memory_bytes,
+            resident_bytes=resident_bytes(),
         )
 
     def prometheus(self) -> bytes:
@@ -147,6 +268,7 @@ class Engine:
         return generate_latest(self.metrics.registry)
 
     def close(self) -> None:
+        self._pulls.close()
         self._registry.close()
         self._remote.close()
 

@@ -22,7 +22,7 @@ import time
 import numpy as np
 import torch
 
-from serge.engine.catalog import InstalledModel
+from serge.engine.library import InstalledModel
 from serge.engine.kvcache import OutOfKV
 from serge.engine.local import LoadOptions, LocalModel, check_chat_template, eos_ids, load_tokenizer, sampling_defaults
 

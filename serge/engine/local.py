@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from serge.engine.catalog import InstalledModel
+from serge.engine.library import InstalledModel
 from serge.engine.devices import DevicePlan
 from serge.engine.metrics import EngineMetrics
 from serge.engine.prompts import Message, build_prompt
@@ -47,7 +47,7 @@ class LocalModel:
     engine: EngineKind
     tokenizer: object
     context_window: int
-    defaults: SamplingParams  # the model's own settings, then its catalog entry's
+    defaults: SamplingParams  # the model's own settings, then its library entry's
     scheduler: Scheduler
     load_seconds: float
     memory_bytes: int  # weights (and for llama.cpp its KV cache) as loaded
@@ -73,7 +73,7 @@ def eos_ids(tokenizer, generation_config=None) -> frozenset[int]:
 
 
 def sampling_defaults(generation_config, installed: InstalledModel) -> SamplingParams:
-    """Sampling settings the model's own files recommend, over its catalog entry's."""
+    """Sampling settings the model's own files recommend, over its library entry's."""
     own = {}
     if getattr(generation_config, "do_sample", False):
         own = {k: v for k in _SAMPLING_FIELDS if (v := getattr(generation_config, k, None)) is not None}

@@ -1,19 +1,34 @@
-"""The only owner of loaded models.
+"""The only owner of loaded models, and the budget they live within.
 
 `ModelRegistry.get` loads an installed model once, under a per-name lock, however
 many requests ask for it at the same moment, and hands out the same read-only
 `LocalModel` to all of them. It decides which local engine serves a model: the
 setting for that model, else llama.cpp for a GGUF when no CUDA device is in use,
-else transformers. Nothing about a request is stored here.
+else transformers.
+
+Loaded models stay within a `Budget`: at most `max_models`, and their memory
+(estimated before a load, measured after) within `memory_bytes`. Loading one more
+first unloads the least recently used idle ones; a model with a reply running or
+queued, or one being handed to a request (`lease`), is never unloaded. When no
+room can be made the load is refused (`EngineBusy`), never squeezed in.
+Nothing about a request is stored here.
 """
 
 from __future__ import annotations
 
+import ctypes
+import gc
 import logging
+import os
 import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 
-from serge.engine.catalog import InstalledModel, ModelCatalog
+from serge.engine.library import InstalledModel, ModelLibrary
 from serge.engine.local import EngineKind, LoadOptions, LocalModel, load_transformers
+from serge.engine.scheduler import EngineBusy
 
 log = logging.getLogger(__name__)
 
@@ -26,18 +41,78 @@ def llama_cpp_available() -> bool:
     return True
 
 
+def machine_memory_bytes() -> int:
+    """This machine's RAM (psutil is not needed for one number)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 8 * 2**30
+
+
+def resident_bytes() -> int | None:
+    """This process's resident memory, where the system says (Linux)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _give_back_freed_memory() -> None:
+    """Return freed memory to the system, so an unload shows: heap pages (glibc), and torch's CUDA cache."""
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+    import torch
+
+    if torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
+
+
+@dataclass(frozen=True)
+class Budget:
+    max_models: int
+    memory_bytes: int
+
+
+class ModelTooLarge(RuntimeError):
+    """The model alone needs more memory than the whole budget."""
+
+
+class ModelInUse(RuntimeError):
+    """The model is answering, queued for, or loading; it cannot be removed now."""
+
+
+@dataclass
+class _Loaded:
+    model: LocalModel
+    last_used: float
+    leases: int = 0
+
+    @property
+    def busy(self) -> bool:
+        return self.leases > 0 or self.model.scheduler.pending > 0
+
+
 class ModelRegistry:
-    def __init__(self, catalog: ModelCatalog, options: LoadOptions, engine: str = "auto",
-                 model_engines: dict[str, str] | None = None) -> None:
-        self.catalog = catalog
+    def __init__(self, library: ModelLibrary, options: LoadOptions, engine: str = "auto",
+                 model_engines: dict[str, str] | None = None, budget: Budget | None = None,
+                 estimate: Callable[[InstalledModel, EngineKind], int] | None = None) -> None:
+        self.library = library
         self.options = options
+        self.budget = budget or Budget(max_models=2, memory_bytes=machine_memory_bytes() // 2)
+        self._estimate = estimate or (lambda installed, engine: installed.facts.weights_bytes)
         self._engine = engine
         self._model_engines = dict(model_engines or {})
-        self._models: dict[str, LocalModel] = {}
+        self._models: dict[str, _Loaded] = {}
+        self._reserved: dict[str, int] = {}  # name -> bytes, while it loads
         self._locks: dict[str, threading.Lock] = {}
         self._guard = threading.Lock()
         self.loading: set[str] = set()
         self.loads = 0  # how many times a model was actually loaded
+        self.unloads = 0
 
     def engine_for(self, installed: InstalledModel) -> EngineKind:
         """Which local engine serves this model."""
@@ -51,31 +126,124 @@ class ModelRegistry:
                              f"(use the transformers engine for it)")
         return wanted
 
+    def estimate(self, installed: InstalledModel) -> int:
+        return self._estimate(installed, self.engine_for(installed))
+
+    # --- handing models out ----------------------------------------------------------
     def get(self, name: str) -> LocalModel:
-        if (loaded := self._models.get(name)) is not None:
+        with self.lease(name) as loaded:
             return loaded
-        installed = self.catalog.find(name)  # ModelNotFound before any lock is taken
+
+    @contextmanager
+    def lease(self, name: str) -> Iterator[LocalModel]:
+        """The loaded model, which is not unloaded while the caller holds it (to submit a request)."""
+        entry = self._take(name)
+        try:
+            yield entry.model
+        finally:
+            with self._guard:
+                entry.leases -= 1
+
+    def _take(self, name: str) -> _Loaded:
+        if (entry := self._leased(name)) is not None:
+            return entry
+        installed = self.library.find(name)  # ModelNotFound before any lock is taken
         with self._guard:
             lock = self._locks.setdefault(installed.name, threading.Lock())
         with lock:
-            if (loaded := self._models.get(installed.name)) is None:
-                loaded = self._load(installed)
-                self._models[installed.name] = loaded
-            return loaded
+            if (entry := self._leased(installed.name)) is not None:
+                return entry
+            loaded = self._load(installed)
+            with self._guard:
+                self._reserved.pop(installed.name, None)
+                entry = self._models[installed.name] = _Loaded(loaded, time.monotonic(), leases=1)
+            return entry
+
+    def _leased(self, name: str) -> _Loaded | None:
+        with self._guard:
+            entry = self._models.get(name)
+            if entry is not None:
+                entry.leases += 1
+                entry.last_used = time.monotonic()
+            return entry
 
     def loaded(self) -> dict[str, LocalModel]:
-        return dict(self._models)
+        with self._guard:
+            return {name: entry.model for name, entry in self._models.items()}
+
+    def in_use(self, name: str) -> bool:
+        with self._guard:
+            entry = self._models.get(name)
+            return name in self._reserved or (entry is not None and entry.busy)
+
+    # --- unloading ------------------------------------------------------------------
+    def unload(self, name: str) -> bool:
+        """Unload an idle model; False when it was not loaded. Raises ModelInUse while it answers."""
+        with self._guard:
+            entry = self._models.get(name)
+            if entry is None:
+                if name in self._reserved:
+                    raise ModelInUse(f"model {name!r} is loading")
+                return False
+            if entry.busy:
+                raise ModelInUse(f"model {name!r} is answering {entry.model.scheduler.pending} request(s)")
+            victims = [self._models.pop(name)]
+            del entry
+        self._close(victims)
+        return True
 
     def close(self) -> None:
         with self._guard:
-            models, self._models = self._models, {}
-        for loaded in models.values():
-            loaded.close()
+            entries, self._models = list(self._models.values()), {}
+        self._close(entries)
+
+    def _close(self, entries: list[_Loaded]) -> None:
+        """Unload each (emptying the list): the weights go with the last reference, dropped here."""
+        if not entries:
+            return
+        while entries:
+            model = entries.pop().model
+            model.close()  # its worker ends and frees what the engine holds outside Python
+            self.unloads += 1
+            log.info("Unloaded %s (%.0f MB)", model.name, model.memory_bytes / 2**20)
+            del model
+        _give_back_freed_memory()
+
+    def _make_room(self, installed: InstalledModel, need: int) -> list[_Loaded]:
+        """Under the guard: reserve `need` bytes for `installed`, taking out least recently used idle models."""
+        budget = self.budget
+        if need > budget.memory_bytes:
+            raise ModelTooLarge(
+                f"model {installed.name!r} needs about {need / 2**30:.1f} GiB, more than the whole memory budget "
+                f"for models ({budget.memory_bytes / 2**30:.1f} GiB; SERGE_MODELS_MEMORY_MB raises it)")
+        victims = []
+        idle = sorted((e for e in self._models.values() if not e.busy), key=lambda e: e.last_used)
+
+        def used() -> int:
+            return sum(e.model.memory_bytes for e in self._models.values()) + sum(self._reserved.values())
+
+        while len(self._models) + len(self._reserved) + 1 > budget.max_models or used() + need > budget.memory_bytes:
+            if not idle:
+                busy = sorted(self._models) + sorted(self._reserved)
+                raise EngineBusy(10.0, f"cannot load {installed.name!r} now: the loaded models ({', '.join(busy)}) "
+                                       f"are all answering and the budget ({budget.max_models} models, "
+                                       f"{budget.memory_bytes / 2**30:.1f} GiB) has no room for another; "
+                                       f"try again shortly")
+            victim = idle.pop(0)
+            victims.append(self._models.pop(victim.model.name))
+        self._reserved[installed.name] = need
+        return victims
 
     def _load(self, installed: InstalledModel) -> LocalModel:
         engine = self.engine_for(installed)
+        need = self.estimate(installed)
+        with self._guard:
+            victims = self._make_room(installed, need)
         self.loading.add(installed.name)
         try:
+            if victims:
+                log.info("Unloading %s to make room for %s", ", ".join(v.model.name for v in victims), installed.name)
+                self._close(victims)
             if engine == "llama.cpp":
                 from serge.engine.llamacpp import load_llamacpp
 
@@ -84,5 +252,9 @@ class ModelRegistry:
                 loaded = load_transformers(installed, self.options)
             self.loads += 1
             return loaded
+        except BaseException:
+            with self._guard:
+                self._reserved.pop(installed.name, None)
+            raise
         finally:
             self.loading.discard(installed.name)

@@ -160,6 +160,12 @@ class Scheduler:
             self._lock.notify()
         return stream
 
+    @property
+    def pending(self) -> int:
+        """Requests running or queued: the registry never unloads a model that has any."""
+        with self._lock:
+            return self._active + len(self._waiting)
+
     def close(self) -> None:
         """End every queued and running generation as cancelled, then stop and join the worker."""
         with self._lock:

@@ -24,6 +24,7 @@ from serge.store import ChatStore, Database
 from serge.web.chats_api import router as chats_router
 from serge.web.errors import install_error_handlers
 from serge.web.limits import BodySizeLimit
+from serge.web.models_api import router as models_router
 from serge.web.openai_api import router as openai_router
 from serge.web.pages import STATIC, build_pages
 
@@ -69,6 +70,7 @@ def build_app(settings: Settings, engine: Engine) -> FastAPI:
     install_error_handlers(app)
     app.include_router(openai_router)
     app.include_router(chats_router)
+    app.include_router(models_router)
     app.include_router(build_pages())
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
 
@@ -83,6 +85,9 @@ def build_app(settings: Settings, engine: Engine) -> FastAPI:
             "dtype": status.dtype,
             "default_model": status.default_model,
             "models_loaded": [dataclasses.asdict(m) for m in status.loaded],
+            "max_loaded_models": status.max_loaded_models,
+            "memory_budget_bytes": status.memory_budget_bytes,
+            "resident_bytes": status.resident_bytes,
             "models_remote": sorted(status.remote),
             "models_loading": status.loading,
             "error": request.app.state.load_error,

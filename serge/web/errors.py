@@ -12,7 +12,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from serge.engine import ContextTooLong, EngineBusy, ModelNotFound
+from serge.engine import (ContextTooLong, EngineBusy, InvalidModelName, InvalidSource, ModelInUse, ModelNotFound,
+                          ModelTooLarge, PullNotFound, PullRefused)
 
 
 class ApiError(Exception):
@@ -59,6 +60,27 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ModelNotFound)
     async def _no_model(_: Request, exc: ModelNotFound):
         return _response(404, str(exc), "model_not_found", "model")
+
+    @app.exception_handler(InvalidModelName)
+    @app.exception_handler(InvalidSource)
+    async def _bad_name(_: Request, exc: ValueError):
+        return _response(400, str(exc), "invalid_value", "source" if isinstance(exc, InvalidSource) else "name")
+
+    @app.exception_handler(ModelInUse)
+    async def _in_use(_: Request, exc: ModelInUse):
+        return _response(409, str(exc), "model_in_use", "name")
+
+    @app.exception_handler(ModelTooLarge)
+    async def _too_large(_: Request, exc: ModelTooLarge):
+        return _response(503, str(exc), "model_too_large", "model")
+
+    @app.exception_handler(PullNotFound)
+    async def _no_pull(_: Request, exc: PullNotFound):
+        return _response(404, str(exc), "pull_not_found", "pull_id")
+
+    @app.exception_handler(PullRefused)
+    async def _pull_refused(_: Request, exc: PullRefused):
+        return _response(409, str(exc), "pull_refused", "source")
 
     @app.exception_handler(ContextTooLong)
     async def _too_long(_: Request, exc: ContextTooLong):

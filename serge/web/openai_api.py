@@ -18,7 +18,7 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.concurrency import run_in_threadpool
 
-from serge.engine import Engine, FinishReason, GenerationRecord, Message, SamplingParams, Stream
+from serge.engine import Engine, FinishReason, GenerationRecord, Message, ModelInfo, SamplingParams, Stream
 from serge.web.errors import ApiError, describe_validation, error_body
 
 MAX_MESSAGES_PER_REQUEST = 500
@@ -108,12 +108,18 @@ def _engine(request: Request) -> Engine:
     return request.app.state.engine
 
 
+def _model_out(m: ModelInfo) -> dict:
+    return {"id": m.name, "object": "model", "created": int(m.created), "owned_by": "remote" if m.remote else "serge"}
+
+
 @router.get("/models", summary="List the models a request may name: installed and remote")
 def list_models(request: Request):
-    return {"object": "list", "data": [
-        {"id": m.name, "object": "model", "created": int(m.created), "owned_by": "remote" if m.remote else "serge"}
-        for m in _engine(request).models()
-    ]}
+    return {"object": "list", "data": [_model_out(m) for m in _engine(request).models()]}
+
+
+@router.get("/models/{model_id:path}", summary="One model a request may name (404 for any other)")
+def get_model(model_id: str, request: Request):
+    return _model_out(_engine(request).info(model_id))
 
 
 def _usage(record: GenerationRecord) -> dict:

@@ -1,4 +1,4 @@
-"""The chat page: server-rendered HTML (Jinja2) and the fragments its scripts swap in.
+"""The chat and Models pages: server-rendered HTML (Jinja2) and the fragments their scripts swap in.
 
 Reply text is turned into HTML only here, through `MarkdownRenderer` (raw HTML
 off), and every other value goes through Jinja's autoescaping, so nothing a
@@ -105,9 +105,24 @@ def _stats(m: MessageRecord) -> str:
     return text
 
 
+def size_text(n: int | None) -> str:
+    """Bytes as people read them: 538 MB, 1.2 GB."""
+    if n is None:
+        return "?"
+    return f"{n / 1e9:.1f} GB" if n >= 1e9 else f"{n / 1e6:.0f} MB"
+
+
+def params_text(n: int | None) -> str:
+    """A parameter count: 135M, 7.6B."""
+    if not n:
+        return "?"
+    return f"{n / 1e9:.1f}B" if n >= 1e9 else f"{n / 1e6:.0f}M"
+
+
 def build_pages() -> APIRouter:
     router = APIRouter(include_in_schema=False)
     templates = Jinja2Templates(directory=str(TEMPLATES))
+    templates.env.filters.update(size=size_text, params=params_text)
     render = MarkdownRenderer()
     pygments_css = render.stylesheet()
 
@@ -121,7 +136,7 @@ def build_pages() -> APIRouter:
             "chat": chat,
             "messages": _view(render, chat),
             "chats": service.list(LOCAL_OWNER),
-            "models": [m.name for m in engine.models()],
+            "models": engine.models(),
             "default_model": engine.default_model,
             "fields": setting_fields(),
             "max_message_chars": MAX_MESSAGE_CHARS,
@@ -156,6 +171,26 @@ def build_pages() -> APIRouter:
         found = chats(request).list(LOCAL_OWNER, q)
         return templates.TemplateResponse(request, "_chat_list.html",
                                           {"chats": found, "current": current, "query": q})
+
+    def models_context(request: Request) -> dict:
+        engine = chats(request).engine
+        models, status = engine.models(), engine.status()
+        return {
+            "installed": [m for m in models if not m.remote],
+            "remote": [m for m in models if m.remote],
+            "loaded": status.loaded,
+            "loaded_bytes": sum(m.memory_bytes for m in status.loaded),
+            "max_loaded": status.max_loaded_models,
+            "budget_bytes": status.memory_budget_bytes,
+        }
+
+    @router.get("/models", response_class=HTMLResponse)
+    def models_page(request: Request):
+        return templates.TemplateResponse(request, "models.html", {**models_context(request), "version": __version__})
+
+    @router.get("/fragments/models", response_class=HTMLResponse)
+    def models_fragment(request: Request):
+        return templates.TemplateResponse(request, "_models.html", models_context(request))
 
     @router.get("/pygments.css")
     def code_colours():

@@ -1,0 +1,166 @@
+"""What an installed model is, read from its own files: architecture, size, quantization, context, template.
+
+Read once, when the model is installed (pulled or imported), and kept in its
+manifest: reading a GGUF's metadata with the `gguf` package walks its whole
+vocabulary (seconds for a small model), and none of it changes afterwards.
+Nothing here loads weights, and nothing here knows which engine will run the
+model or how much memory that takes: the engine adds those (`Engine.info`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+VERSION = 1  # of the facts kept in a manifest; another version is read again from the files
+
+_DTYPE_NAMES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "F64": "float64", "I8": "int8",
+                "U8": "uint8", "F8_E4M3": "float8_e4m3", "F8_E5M2": "float8_e5m2"}
+# generation_config.json -> SamplingParams, used when the model's own config asks for sampling
+_GENERATION_FIELDS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+# GGUF `general.sampling.*` -> SamplingParams
+_GGUF_SAMPLING = {"temp": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p",
+                  "penalty_repeat": "repetition_penalty"}
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """An installed model as its files describe it."""
+
+    format: str  # "transformers" (a safetensors checkpoint) or "gguf"
+    architecture: str | None  # e.g. LlamaForCausalLM, or a GGUF's `general.architecture` (llama)
+    parameters: int | None
+    quantization: str | None  # a GGUF file type (Q4_K_M), a quantization method (gptq 4-bit), or the dtype
+    weights_bytes: int  # the weight files on disk
+    context_length: int | None
+    chat_template: bool
+    generation: dict = field(default_factory=dict)  # sampling defaults the model's own files recommend
+    kv_bytes_per_token: int | None = None  # keys and values of one token in float16, all layers
+
+    def to_json(self) -> dict:
+        return {"version": VERSION, **asdict(self)}
+
+    @classmethod
+    def from_json(cls, data: dict | None) -> ModelFacts | None:
+        if not data or data.get("version") != VERSION:
+            return None
+        known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        try:
+            return cls(**known)
+        except TypeError:
+            return None
+
+
+def read_facts(folder: Path, gguf_file: str | None = None) -> ModelFacts:
+    """The facts of the checkpoint in `folder`, or of the GGUF file `gguf_file` inside it."""
+    if gguf_file is not None:
+        return _gguf_facts(folder / gguf_file)
+    return _transformers_facts(folder)
+
+
+def has_chat_template(folder: Path) -> bool:
+    """Does the Hugging Face tokenizer in `folder` carry a chat template (in its config or a file beside it)?"""
+    if (folder / "chat_template.jinja").is_file() or (folder / "chat_template.json").is_file():
+        return True
+    config = _json(folder / "tokenizer_config.json")
+    return bool(config.get("chat_template"))
+
+
+def _json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _kv_bytes(layers, kv_heads, head_dim) -> int | None:
+    if not (layers and kv_heads and head_dim):
+        return None
+    return 2 * int(layers) * int(kv_heads) * int(head_dim) * 2
+
+
+def _transformers_facts(folder: Path) -> ModelFacts:
+    from safetensors import safe_open
+
+    config = _json(folder / "config.json")
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    parameters, dtypes, weights = 0, Counter(), 0
+    for path in sorted(folder.glob("*.safetensors")):
+        weights += path.stat().st_size
+        with safe_open(str(path), framework="pt") as f:
+            for key in f.keys():
+                tensor = f.get_slice(key)
+                count = 1
+                for n in tensor.get_shape():
+                    count *= n
+                parameters += count
+                dtypes[tensor.get_dtype()] += count
+    quantization = None
+    if isinstance(method := config.get("quantization_config"), dict):
+        bits = method.get("bits") or (4 if method.get("load_in_4bit") else 8 if method.get("load_in_8bit") else None)
+        quantization = " ".join(str(x) for x in (method.get("quant_method"), f"{bits}-bit" if bits else None) if x)
+    elif dtypes:
+        stored = dtypes.most_common(1)[0][0]
+        quantization = _DTYPE_NAMES.get(stored, stored.lower())
+    generation = {}
+    own = _json(folder / "generation_config.json")
+    if own.get("do_sample"):
+        generation = {k: own[k] for k in _GENERATION_FIELDS if own.get(k) is not None}
+    heads = text.get("num_attention_heads")
+    head_dim = text.get("head_dim") or (text.get("hidden_size") // heads if heads and text.get("hidden_size") else None)
+    return ModelFacts(
+        format="transformers",
+        architecture=(config.get("architectures") or [None])[0] or config.get("model_type"),
+        parameters=parameters or None,
+        quantization=quantization,
+        weights_bytes=weights,
+        context_length=text.get("max_position_embeddings") or text.get("n_positions") or text.get("max_seq_len"),
+        chat_template=has_chat_template(folder),
+        generation=generation,
+        kv_bytes_per_token=_kv_bytes(text.get("num_hidden_layers"), text.get("num_key_value_heads") or heads,
+                                     head_dim),
+    )
+
+
+def _gguf_facts(path: Path) -> ModelFacts:
+    from gguf import GGUFReader, LlamaFileType
+
+    reader = GGUFReader(path)
+
+    def value(key: str):
+        found = reader.get_field(key)
+        if found is None:
+            return None
+        try:
+            return found.contents()
+        except (ValueError, IndexError):
+            return None
+
+    arch = value("general.architecture")
+    file_type = value("general.file_type")
+    try:
+        quantization = LlamaFileType(int(file_type)).name.removeprefix("MOSTLY_") if file_type is not None else None
+    except ValueError:
+        quantization = f"file type {file_type}"
+    generation = {}
+    for key, name in _GGUF_SAMPLING.items():
+        if (v := value(f"general.sampling.{key}")) is not None:
+            generation[name] = v
+    heads = value(f"{arch}.attention.head_count")
+    embedding = value(f"{arch}.embedding_length")
+    head_dim = value(f"{arch}.attention.key_length") or (embedding // heads if heads and embedding else None)
+    return ModelFacts(
+        format="gguf",
+        architecture=arch,
+        parameters=sum(int(t.n_elements) for t in reader.tensors) or None,
+        quantization=quantization,
+        weights_bytes=path.stat().st_size,
+        context_length=value(f"{arch}.context_length"),
+        chat_template=bool(value("tokenizer.chat_template")),
+        generation=generation,
+        kv_bytes_per_token=_kv_bytes(value(f"{arch}.block_count"), value(f"{arch}.attention.head_count_kv") or heads,
+                                     head_dim),
+    )

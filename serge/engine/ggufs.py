@@ -1,0 +1,43 @@
+"""GGUF files beside the Hugging Face tokenizer Serge builds prompts with, and their one-time conversion.
+
+llama.cpp runs a GGUF as it is, but prompts are built by the Hugging Face
+tokenizer (its chat template), which is read out of the GGUF once, at install,
+and saved beside it. The transformers engine cannot run a GGUF; it gets a
+float32 safetensors copy, converted once. Nothing here decides when.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from serge.engine.hub import PullFailed
+
+
+def save_gguf_tokenizer(folder: Path, gguf_file: str) -> None:
+    """The Hugging Face tokenizer read out of a GGUF, saved beside it (llama.cpp's own is not used for prompts)."""
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=gguf_file)
+    except Exception as exc:  # an architecture transformers cannot read GGUF tokenizers of
+        raise PullFailed(f"could not read the tokenizer out of {gguf_file}: {exc}") from None
+    if not tokenizer.chat_template:  # transformers leaves it out in some cases; the GGUF's own is the one
+        from gguf import GGUFReader
+
+        field = GGUFReader(folder / gguf_file).get_field("tokenizer.chat_template")
+        tokenizer.chat_template = field.contents() if field is not None else None
+    tokenizer.save_pretrained(folder)
+
+
+def convert_gguf(gguf: Path, target: Path) -> None:
+    """Dequantize a GGUF checkpoint through transformers and save it as float32 safetensors."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    beside = (gguf.parent / "tokenizer_config.json").is_file()  # saved at install, with the chat template
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, **({} if beside else {"gguf_file": gguf.name}))
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    if getattr(model, "hf_quantizer", None) is not None:  # save_pretrained refuses while it is attached
+        model.hf_quantizer.remove_quantization_config(model)
+    model.save_pretrained(target)
+    tokenizer.save_pretrained(target)
