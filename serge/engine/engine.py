@@ -30,6 +30,7 @@ from serge.engine.remote import RemoteModels
 from serge.engine.sampling import SamplingParams
 from serge.engine.scheduler import SchedulerLimits
 from serge.engine.stream import Stream
+from serge.engine.tools import Tools
 from serge.settings import Settings
 
 
@@ -39,7 +40,8 @@ class Backend(Protocol):
     name: str
     engine: EngineKind
 
-    def submit(self, messages: Sequence[Message], params: SamplingParams | None = None) -> Stream: ...
+    def submit(self, messages: Sequence[Message], params: SamplingParams | None = None,
+               tools: Tools | None = None) -> Stream: ...
 
 
 @dataclass(frozen=True)
@@ -118,9 +120,11 @@ class Engine:
         return self._registry.get(name)
 
     # --- generation ----------------------------------------------------------------
-    def chat(self, model: str | None, messages: Sequence[Message], params: SamplingParams | None = None) -> Stream:
-        """Start a reply to `messages`; raises ModelNotFound, ContextTooLong or EngineBusy before anything runs."""
-        return self.model(model).submit(messages, params)
+    def chat(self, model: str | None, messages: Sequence[Message], params: SamplingParams | None = None,
+             tools: Tools | None = None) -> Stream:
+        """Start a reply to `messages`, offering `tools`; raises ModelNotFound, ContextTooLong,
+        InvalidRequest (a bad schema, tool_choice or logit_bias) or EngineBusy before anything runs."""
+        return self.model(model).submit(messages, params, tools)
 
     # --- the server's view -----------------------------------------------------------
     @property
