@@ -215,6 +215,7 @@ class CallReader:
         self._held = ""  # text not yet known to be reply text or a call
         self._call: _Call | None = None
         self._started = False
+        self._after_call = False
         self._shown: list[str] = []
         self._calls: list[ToolCall] = []
 
@@ -231,9 +232,13 @@ class CallReader:
         self._held += text
         while self._held:
             if self._call is not None:
-                if not self._advance_call(deltas):
+                if not self._advance_call(deltas, shown):
                     break
+            elif self._after_call and not self._held.strip():
+                break  # the space between calls, or after the last, is no reply text
             elif self._opener:
+                self._held = self._held.lstrip() if self._after_call else self._held
+                self._after_call = False
                 at = self._held.find(self._opener)
                 if at < 0:
                     keep = _partial_suffix(self._held, self._opener)
@@ -261,7 +266,7 @@ class CallReader:
     def close(self) -> tuple[str, list[ToolCallDelta]]:
         """At the end of the reply: a call cut short keeps what it has; text never shown is shown."""
         deltas: list[ToolCallDelta] = []
-        call, rest = self._call, self._held
+        call, rest = self._call, "" if self._after_call and not self._held.strip() else self._held
         self._call, self._held = None, ""
         if call is not None:
             if call.name is not None:
@@ -272,7 +277,7 @@ class CallReader:
         self._shown.append(rest)
         return rest, deltas
 
-    def _advance_call(self, deltas: list[ToolCallDelta]) -> bool:
+    def _advance_call(self, deltas: list[ToolCallDelta], shown: list[str]) -> bool:
         """Feed held text to the call being read; False when it needs more text."""
         call = self._call
         if self._opener:
@@ -290,9 +295,10 @@ class CallReader:
             return False
         self._call = None
         if call.name is None:  # not a call after all
-            self._shown.append(call.spans.text)
+            shown.append(self._opener + call.spans.text if self._opener else call.spans.text)
         else:
             self._finish(call, deltas)
+            self._after_call = True
         return True
 
     def _path(self, key: str) -> tuple[str, ...]:
