@@ -83,6 +83,16 @@ def test_json_object_mode_gives_a_json_object_streamed_or_whole(client):
     assert streamed == reply.choices[0].message.content
 
 
+def test_a_constrained_reply_cannot_end_before_its_json_is_complete(server, engine):
+    eos = str(engine.model(MODEL).tokenizer.convert_tokens_to_ids("<|im_end|>"))
+    keen_to_stop = {"messages": HELLO, "temperature": 0, "max_tokens": 60, "logit_bias": {eos: 100}}
+    assert post(server, keen_to_stop).json()["choices"][0]["message"]["content"] == ""
+    schema = {"type": "json_schema", "json_schema": {"name": "capital", "strict": True, "schema": {
+        "type": "object", "properties": {"city": {"type": "string", "maxLength": 20}}, "required": ["city"]}}}
+    reply = post(server, {**keen_to_stop, "response_format": schema}).json()["choices"][0]
+    assert reply["finish_reason"] == "stop" and isinstance(json.loads(reply["message"]["content"])["city"], str)
+
+
 def test_a_schema_is_compiled_once_and_a_bad_one_is_a_400_naming_response_format(server, engine):
     vocabulary = engine.model(MODEL).scheduler.vocabulary
     schema = {"type": "json_schema", "json_schema": {"name": "once", "schema": {
