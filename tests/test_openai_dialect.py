@@ -274,3 +274,11 @@ def test_harmless_openai_fields_are_accepted(server):
                           "service_tier": "auto", "parallel_tool_calls": True, "prompt_cache_key": "k",
                           "safety_identifier": "s", "stream_options": None, "modalities": ["text"]})
     assert reply.status_code == 200, reply.text
+
+
+def test_the_api_docs_list_the_fields_without_effect_and_how_logprobs_are_computed(server):
+    spec = httpx.get(f"{server}/openapi.json").json()
+    doc = spec["paths"]["/v1/chat/completions"]["post"]["description"]
+    assert "metadata" in doc and "reasoning_effort" in doc and "distribution each token was drawn from" in doc
+    fields = spec["components"]["schemas"]["ChatCompletionRequest"]["properties"]
+    assert {"response_format", "tools", "tool_choice", "logprobs", "top_logprobs", "logit_bias"} <= set(fields)

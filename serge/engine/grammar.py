@@ -157,15 +157,15 @@ class Vocabulary:
             compiled = self._compiled.get(grammar)
             if compiled is not None:
                 self._compiled.move_to_end(grammar)
-        if compiled is None:
-            compiled = LLMatcher(ll, LLMatcher.grammar_from_lark(grammar), log_level=0)
-            if compiled.is_error():
-                raise GrammarError(f"{param}: {_first_line(compiled.get_error())}", param)
-            with self._lock:
-                self._compiled[grammar] = compiled
-                while len(self._compiled) > self._cache_size:
-                    self._compiled.popitem(last=False)
-        return Matcher(compiled.deep_copy(), ll.vocab_size)
+                return Matcher(compiled.deep_copy(), ll.vocab_size)
+        compiled = LLMatcher(ll, LLMatcher.grammar_from_lark(grammar), log_level=0)  # outside the lock
+        if compiled.is_error():
+            raise GrammarError(f"{param}: {_first_line(compiled.get_error())}", param)
+        with self._lock:
+            self._compiled[grammar] = compiled
+            while len(self._compiled) > self._cache_size:
+                self._compiled.popitem(last=False)
+            return Matcher(compiled.deep_copy(), ll.vocab_size)
 
     @property
     def cached(self) -> int:

@@ -20,7 +20,7 @@ from starlette.concurrency import run_in_threadpool
 
 from serge.engine import Engine, FinishReason, GenerationRecord, Stream, TokenLogprob
 from serge.web.errors import ApiError, error_body
-from serge.web.openai_models import ChatCompletionRequest
+from serge.web.openai_models import HARMLESS, REFUSED, ChatCompletionRequest
 
 router = APIRouter(prefix="/v1", tags=["OpenAI-compatible"])
 
@@ -66,13 +66,18 @@ async def _cancel_on_disconnect(request: Request, stream: Stream) -> None:
     stream.cancel()
 
 
-@router.post("/chat/completions", summary="Create a chat completion (streamed or not)")
+COMPLETIONS_DOC = f"""OpenAI's chat completions. Every field listed here is implemented, except
+{", ".join(HARMLESS)}, which are accepted and have no effect; any other field ({", ".join(REFUSED)},
+...) is refused with a 400 naming it.
+
+response_format (json_object, json_schema) and a required or named tool_choice are enforced by
+constrained decoding. Log-probabilities come from the distribution each token was drawn from: after
+penalties, logit_bias, the grammar, temperature, top_k, min_p and top_p (renormalized); at
+temperature 0, from the unscaled distribution after penalties, logit_bias and the grammar."""
+
+
+@router.post("/chat/completions", summary="Create a chat completion (streamed or not)", description=COMPLETIONS_DOC)
 async def chat_completions(body: ChatCompletionRequest, request: Request):
-    """OpenAI's chat completions: every field listed here is implemented, except those documented
-    as having no effect; any other field is refused with a 400 naming it. Log-probabilities come
-    from the distribution each token was drawn from (after penalties, logit_bias, the grammar of
-    response_format or tools, temperature, top_k, min_p and top_p); at temperature 0, from the
-    unscaled distribution after penalties, logit_bias and grammar."""
     if body.n != 1:
         raise ApiError(400, f"n={body.n} is not supported; Serge returns exactly one choice (n=1)",
                        code="invalid_value", param="n")

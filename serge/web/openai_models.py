@@ -21,11 +21,12 @@ MAX_MESSAGES_PER_REQUEST = 500
 MAX_MESSAGE_CHARS = 100_000
 MAX_TOOLS = 128
 NO_EFFECT = "Accepted for compatibility with OpenAI's API; it has no effect in Serge."
-# OpenAI's fields that ask nothing of the model, accepted and ignored. Everything else Serge does not
-# implement (audio, modalities other than text, prediction, reasoning_effort, verbosity,
-# web_search_options, functions, function_call, n > 1, ...) is refused with a 400 naming it.
+# OpenAI's fields that ask nothing of a local model: accepted, without effect (declared below).
 HARMLESS = ("user", "metadata", "store", "service_tier", "prompt_cache_key", "prompt_cache_retention",
             "safety_identifier")
+# Some of OpenAI's fields Serge does not implement; they, and any field not declared below, are a 400.
+REFUSED = ("audio", "modalities other than text", "prediction", "reasoning_effort", "verbosity",
+           "web_search_options", "functions", "function_call", "n > 1")
 
 
 def _bad(message: str, param: str) -> ApiError:
