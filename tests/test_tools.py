@@ -12,7 +12,7 @@ from serge.engine import GrammarError, Message, Tool, ToolCall, Tools
 from serge.engine.grammar import Vocabulary
 from serge.engine.jsonspans import JsonSpans
 from serge.engine.prompts import build_prompt
-from serge.engine.tools import CallReader, ToolFormat, plan_reply, tool_format
+from serge.engine.tools import CallReader, ToolFormat, find_tool_format, plan_reply
 
 from conftest import MODEL, models_dir
 
@@ -127,7 +127,7 @@ def test_json_spans_follow_nesting_and_strings():
 
 
 def test_a_template_without_tools_gets_them_in_the_system_prompt(tokenizer):
-    fmt = tool_format(tokenizer)
+    fmt = find_tool_format(tokenizer)
     assert fmt.kind == "generic"
     plan = plan_reply(fmt, HISTORY, Tools((WEATHER,)), None)
     assert plan.template_tools is None and plan.grammar and "tool_call" in plan.grammar
@@ -138,7 +138,7 @@ def test_a_template_without_tools_gets_them_in_the_system_prompt(tokenizer):
 
 
 def test_a_template_with_tools_renders_them_itself(hermes_tokenizer):
-    fmt = tool_format(hermes_tokenizer)
+    fmt = find_tool_format(hermes_tokenizer)
     assert fmt.kind == "hermes"
     auto = plan_reply(fmt, HISTORY, Tools((WEATHER,)), None)
     assert auto.grammar is None and auto.template_tools == [WEATHER.as_openai()]
@@ -150,7 +150,7 @@ def test_a_template_with_tools_renders_them_itself(hermes_tokenizer):
 
 def test_a_required_call_grammar_accepts_exactly_a_valid_call(hermes_tokenizer):
     vocabulary = Vocabulary(hermes_tokenizer, frozenset({hermes_tokenizer.eos_token_id}))
-    plan = plan_reply(tool_format(hermes_tokenizer), HISTORY[:1], Tools((WEATHER,), "required"), None)
+    plan = plan_reply(find_tool_format(hermes_tokenizer), HISTORY[:1], Tools((WEATHER,), "required"), None)
     good = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
     for text, complete in [(good, True), (good.replace("get_weather", "get_time"), False)]:
         matcher = vocabulary.matcher(plan.grammar, "tools")

@@ -135,6 +135,10 @@ class Vocabulary:
         self._ll = None
         self._compiled: OrderedDict[str, object] = OrderedDict()  # grammar text -> LLMatcher at its start
 
+    def prepare(self) -> None:
+        """Build llguidance's tokenizer now (on the caller's thread, not the scheduler's worker)."""
+        self._llg()
+
     def _llg(self):
         """llguidance's tokenizer, built once (about a second for a 50k vocabulary)."""
         with self._lock:

@@ -18,13 +18,13 @@ from typing import Literal
 
 from serge.engine.catalog import InstalledModel
 from serge.engine.devices import DevicePlan
-from serge.engine.metrics import EngineMetrics
 from serge.engine.grammar import InvalidRequest
+from serge.engine.metrics import EngineMetrics
 from serge.engine.prompts import Message, build_prompt
 from serge.engine.sampling import SamplingParams
 from serge.engine.scheduler import Scheduler, SchedulerLimits
 from serge.engine.stream import Stream
-from serge.engine.tools import ToolFormat, Tools, plan_reply, tool_format
+from serge.engine.tools import ToolFormat, Tools, find_tool_format, plan_reply
 
 log = logging.getLogger(__name__)
 
@@ -55,11 +55,11 @@ class LocalModel:
     load_seconds: float
     memory_bytes: int  # weights (and for llama.cpp its KV cache) as loaded
     model: object | None = None  # the transformers model (never written to after load); None on llama.cpp
-    tools: ToolFormat = field(default=None)  # how its template offers tools; found at load
+    tool_format: ToolFormat = field(default=None)  # how its template offers tools; found at load
 
     def __post_init__(self) -> None:
-        if self.tools is None:
-            object.__setattr__(self, "tools", tool_format(self.tokenizer))
+        if self.tool_format is None:
+            object.__setattr__(self, "tool_format", find_tool_format(self.tokenizer))
 
     def submit(self, messages: Sequence[Message], params: SamplingParams | None = None,
                tools: Tools | None = None) -> Stream:
@@ -69,7 +69,7 @@ class LocalModel:
             raise InvalidRequest(f"logit_bias names token {max(params.logit_bias)}, but this model's vocabulary "
                                  f"has {len(self.tokenizer)} tokens", "logit_bias")
         rule = params.response_format.rule() if params.response_format is not None else None
-        plan = plan_reply(self.tools, messages, tools, rule)
+        plan = plan_reply(self.tool_format, messages, tools, rule)
         prompt = build_prompt(self.tokenizer, plan.messages, self.context_window, params.max_new_tokens,
                               plan.template_tools)
         return self.scheduler.submit(prompt.ids, params.resolved(prompt.room), plan.grammar, plan.reader,

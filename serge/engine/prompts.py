@@ -36,7 +36,7 @@ class Message:
     content: str
     tool_calls: tuple[ToolCall, ...] = ()  # an assistant's calls
     tool_call_id: str | None = None  # a tool message: the call it answers
-    name: str | None = None  # a tool message: the function that answered
+    name: str | None = None  # a participant's name; a tool message: the function that answered
 
     def as_template_input(self) -> dict:
         """The message as chat templates read it (arguments as an object, as Hugging Face's templates expect)."""

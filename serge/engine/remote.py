@@ -57,6 +57,8 @@ def openai_message(m: Message) -> dict:
                              for c in m.tool_calls]
     if m.tool_call_id is not None:
         out["tool_call_id"] = m.tool_call_id
+    if m.name is not None:
+        out["name"] = m.name
     return out
 
 

@@ -129,6 +129,8 @@ class Scheduler:
         if not prompt:
             raise ValueError("a prompt needs at least one token")
         matcher = self.vocabulary.matcher(grammar, grammar_param) if grammar is not None else None
+        if params.logprobs is not None:
+            self.vocabulary.prepare()  # token bytes: a second's work, here rather than on the worker
         stream = Stream()
         seq = Sequence(list(prompt), params, stream, TextAssembler(self._tokenizer, params.stop), self._eos,
                        self.vocabulary, matcher, reader)

@@ -81,7 +81,7 @@ class ToolFormat:
     opener: str = ""  # grammar text for "<tool_call>": the token itself where the vocabulary has it
 
 
-def tool_format(tokenizer) -> ToolFormat:
+def find_tool_format(tokenizer) -> ToolFormat:
     """How this model's template offers tools and how its calls look: found by rendering a probe."""
     template = str(getattr(tokenizer, "chat_template", "") or "")
     try:

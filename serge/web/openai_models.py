@@ -195,7 +195,7 @@ class ChatCompletionRequest(_Strict):
             if m.content is None and not m.tool_calls:
                 raise _bad(f"messages.{i}.content is missing", f"messages.{i}.content")
             calls = tuple(ToolCall(c.id, c.function.name, c.function.arguments) for c in m.tool_calls or ())
-            messages.append(Message(role, text, calls, m.tool_call_id, m.name if role == "tool" else None))
+            messages.append(Message(role, text, calls, m.tool_call_id, m.name))
         if messages[-1].role == "assistant":
             raise _bad("the last message must be from the user, the system or a tool, not the assistant", "messages")
         return messages
