@@ -16,6 +16,7 @@ test: install-dev model
 bench: install-dev model
 	$(BIN)/python -m pip install --quiet -e ".[dev,bench]"
 	$(BIN)/python -m bench $(BENCH_ARGS)
+	$(BIN)/python -m bench.schema_cost
 
 model: install
 	$(BIN)/serge models pull $(MODEL)

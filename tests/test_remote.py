@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import threading
 
 import pytest
 
-from serge.engine import Engine, FinishReason, Message, SamplingParams
+from serge.engine import Engine, FinishReason, Message, ResponseFormat, SamplingParams, Tool, Tools
 from serge.settings import RemoteModel, Settings
 
 from conftest import MODEL, free_port
@@ -53,3 +54,22 @@ def test_an_unreachable_server_gives_a_clear_error(front):
     stream.text()
     assert stream.record.finish_reason is FinishReason.ERROR
     assert "could not connect" in stream.record.error
+
+
+def test_structured_output_tools_and_logprobs_pass_through(front):
+    fmt = ResponseFormat.model_validate({"type": "json_schema", "json_schema": {"name": "answer", "schema": {
+        "type": "object", "properties": {"city": {"type": "string", "maxLength": 30}}, "required": ["city"]}}})
+    stream = front.chat(None, QUESTION, SamplingParams(temperature=0, max_new_tokens=40, response_format=fmt,
+                                                       logprobs=2))
+    tokens = [t for delta in stream.deltas() for t in delta.tokens]
+    assert isinstance(json.loads(stream.record.text)["city"], str)
+    assert tokens and all(len(t.top) == 2 for t in tokens)
+
+    weather = Tool("get_weather", "Get the weather in a city.",
+                   json.dumps({"type": "object", "properties": {"city": {"type": "string", "maxLength": 30}},
+                               "required": ["city"]}))
+    stream = front.chat(None, [Message("user", "What is the weather in Paris?")],
+                        SamplingParams(temperature=0, max_new_tokens=60), Tools((weather,), "required"))
+    stream.text()
+    [call] = stream.record.tool_calls
+    assert call.name == "get_weather" and isinstance(json.loads(call.arguments)["city"], str)

@@ -7,17 +7,20 @@ from serge.engine.facts import ModelFacts
 from serge.engine.hub import InvalidSource, PullCancelled, PullFailed, PullProgress
 from serge.engine.library import InvalidModelName, ModelLibrary, ModelNotFound
 from serge.engine.metrics import EngineMetrics, ModelSnapshot
-from serge.engine.prompts import ContextTooLong, Message
+from serge.engine.grammar import GrammarError, InvalidRequest, ResponseFormat
+from serge.engine.prompts import ContextTooLong, Message, ToolCall
 from serge.engine.pulls import PullNotFound, PullRefused, PullStatus
 from serge.engine.registry import ModelInUse, ModelTooLarge
-from serge.engine.sampling import SamplingParams
+from serge.engine.sampling import MAX_TOP_LOGPROBS, SamplingParams
 from serge.engine.scheduler import EngineBusy, SchedulerLimits
-from serge.engine.stream import FinishReason, GenerationError, GenerationRecord, Stream
+from serge.engine.stream import Delta, FinishReason, GenerationError, GenerationRecord, Stream, TokenLogprob
+from serge.engine.tools import Tool, Tools
 
 __all__ = [
     "Backend",
     "CATALOG",
     "ContextTooLong",
+    "Delta",
     "DevicePlan",
     "DeviceUnavailable",
     "Engine",
@@ -27,9 +30,12 @@ __all__ = [
     "FinishReason",
     "GenerationError",
     "GenerationRecord",
+    "GrammarError",
     "InvalidModelName",
+    "InvalidRequest",
     "InvalidSource",
     "LoadedInfo",
+    "MAX_TOP_LOGPROBS",
     "Message",
     "ModelFacts",
     "ModelInUse",
@@ -44,8 +50,13 @@ __all__ = [
     "PullProgress",
     "PullRefused",
     "PullStatus",
+    "ResponseFormat",
     "SamplingParams",
     "SchedulerLimits",
     "Stream",
+    "TokenLogprob",
+    "Tool",
+    "ToolCall",
+    "Tools",
     "resolve_device",
 ]

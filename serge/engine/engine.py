@@ -36,6 +36,7 @@ from serge.engine.remote import RemoteModels
 from serge.engine.sampling import SamplingParams
 from serge.engine.scheduler import SchedulerLimits
 from serge.engine.stream import Stream
+from serge.engine.tools import Tools
 from serge.settings import Settings
 
 
@@ -45,7 +46,8 @@ class Backend(Protocol):
     name: str
     engine: EngineKind
 
-    def submit(self, messages: Sequence[Message], params: SamplingParams | None = None) -> Stream: ...
+    def submit(self, messages: Sequence[Message], params: SamplingParams | None = None,
+               tools: Tools | None = None) -> Stream: ...
 
 
 @dataclass(frozen=True)
@@ -151,13 +153,15 @@ class Engine:
                          True, remote=True)
 
     # --- generation ----------------------------------------------------------------
-    def chat(self, model: str | None, messages: Sequence[Message], params: SamplingParams | None = None) -> Stream:
-        """Start a reply to `messages`; raises ModelNotFound, ContextTooLong or EngineBusy before anything runs."""
+    def chat(self, model: str | None, messages: Sequence[Message], params: SamplingParams | None = None,
+             tools: Tools | None = None) -> Stream:
+        """Start a reply to `messages`, offering `tools`; raises ModelNotFound, ContextTooLong,
+        InvalidRequest (a bad schema, tool_choice or logit_bias) or EngineBusy before anything runs."""
         name = self.check_model(model)
         if name in self._remote:
-            return self._remote.get(name).submit(messages, params)
+            return self._remote.get(name).submit(messages, params, tools)
         with self._registry.lease(name) as local:  # not unloaded between loading and queueing the request
-            return local.submit(messages, params)
+            return local.submit(messages, params, tools)
 
     # --- the library ------------------------------------------------------------------
     @property

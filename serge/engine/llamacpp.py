@@ -15,7 +15,6 @@ scheduler's worker thread. It knows nothing of prompts, streams or HTTP.
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import time
 

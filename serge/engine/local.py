@@ -2,8 +2,9 @@
 
 `LocalModel` pairs a tokenizer (chat template, detokenizing) with a `Scheduler`
 over a forward pass, either transformers' (`forward.BatchForward`) or llama.cpp's
-(`llamacpp.LlamaForward`). Prompt building, sampling, stop strings, prefix reuse,
-admission and metrics are the same code for both; only the loader differs.
+(`llamacpp.LlamaForward`). Prompt building, tools, sampling, grammars, logprobs,
+stop strings, prefix reuse, admission and metrics are the same code for both;
+only the loader differs.
 This module does not decide which engine serves a model: the registry does.
 """
 
@@ -12,16 +13,18 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from serge.engine.library import InstalledModel
 from serge.engine.devices import DevicePlan
+from serge.engine.grammar import InvalidRequest
 from serge.engine.metrics import EngineMetrics
 from serge.engine.prompts import Message, build_prompt
 from serge.engine.sampling import SamplingParams
 from serge.engine.scheduler import Scheduler, SchedulerLimits
 from serge.engine.stream import Stream
+from serge.engine.tools import ToolFormat, Tools, find_tool_format, plan_reply
 
 log = logging.getLogger(__name__)
 
@@ -52,12 +55,25 @@ class LocalModel:
     load_seconds: float
     memory_bytes: int  # weights (and for llama.cpp its KV cache) as loaded
     model: object | None = None  # the transformers model (never written to after load); None on llama.cpp
+    tool_format: ToolFormat = field(default=None)  # how its template offers tools; found at load
 
-    def submit(self, messages: Sequence[Message], params: SamplingParams | None = None) -> Stream:
-        """Start a reply; raises ContextTooLong or EngineBusy before anything runs."""
+    def __post_init__(self) -> None:
+        if self.tool_format is None:
+            object.__setattr__(self, "tool_format", find_tool_format(self.tokenizer))
+
+    def submit(self, messages: Sequence[Message], params: SamplingParams | None = None,
+               tools: Tools | None = None) -> Stream:
+        """Start a reply; raises ContextTooLong, InvalidRequest or EngineBusy before anything runs."""
         params = (params or SamplingParams()).over(self.defaults)
-        prompt = build_prompt(self.tokenizer, messages, self.context_window, params.max_new_tokens)
-        return self.scheduler.submit(prompt.ids, params.resolved(prompt.room))
+        if params.logit_bias and max(params.logit_bias) >= len(self.tokenizer):
+            raise InvalidRequest(f"logit_bias names token {max(params.logit_bias)}, but this model's vocabulary "
+                                 f"has {len(self.tokenizer)} tokens", "logit_bias")
+        rule = params.response_format.rule() if params.response_format is not None else None
+        plan = plan_reply(self.tool_format, messages, tools, rule)
+        prompt = build_prompt(self.tokenizer, plan.messages, self.context_window, params.max_new_tokens,
+                              plan.template_tools)
+        return self.scheduler.submit(prompt.ids, params.resolved(prompt.room), plan.grammar, plan.reader,
+                                     plan.grammar_param)
 
     def close(self) -> None:
         self.scheduler.close()

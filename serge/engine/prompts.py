@@ -1,27 +1,62 @@
 """Turning a conversation into prompt tokens that fit the model's context.
 
 Messages go through the tokenizer's own chat template (never a hard-coded
-format). When the conversation is too long, whole turns are dropped from the
-oldest end, the system prompt is kept, and the reply always has room. Everything
-is counted in tokens.
+format), with the tools a request offers when the template knows tools
+(`serge.engine.tools` rewrites the conversation for templates that do not).
+When the conversation is too long, whole turns are dropped from the oldest end,
+the system prompt is kept, and the reply always has room. Everything is counted
+in tokens.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-Role = Literal["system", "user", "assistant"]
+Role = Literal["system", "user", "assistant", "tool"]
 
 # Room kept for the reply when a request names no max_new_tokens.
 DEFAULT_REPLY_ROOM = 512
 
 
 @dataclass(frozen=True)
+class ToolCall:
+    """A function call the assistant made; `arguments` is JSON text, as the model wrote it."""
+
+    id: str
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True)
 class Message:
     role: Role
     content: str
+    tool_calls: tuple[ToolCall, ...] = ()  # an assistant's calls
+    tool_call_id: str | None = None  # a tool message: the call it answers
+    name: str | None = None  # a participant's name; a tool message: the function that answered
+
+    def as_template_input(self) -> dict:
+        """The message as chat templates read it (arguments as an object, as Hugging Face's templates expect)."""
+        out: dict = {"role": self.role, "content": self.content}
+        if self.tool_calls:
+            out["tool_calls"] = [{"id": c.id, "type": "function",
+                                  "function": {"name": c.name, "arguments": _arguments(c.arguments)}}
+                                 for c in self.tool_calls]
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        if self.name is not None:
+            out["name"] = self.name
+        return out
+
+
+def _arguments(text: str):
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
 
 
 @dataclass(frozen=True)
@@ -51,7 +86,9 @@ def build_prompt(
     messages: Sequence[Message],
     context_window: int,
     max_new_tokens: int | None = None,
+    tools: list[dict] | None = None,
 ) -> Prompt:
+    """`tools` (OpenAI's function definitions) go to the template as they are; None: no tools."""
     if not messages:
         raise ValueError("a conversation needs at least one message")
     if max_new_tokens is not None and max_new_tokens >= context_window:
@@ -66,7 +103,8 @@ def build_prompt(
     while True:
         kept = system + [m for turn in turns for m in turn]
         ids = tokenizer.apply_chat_template(
-            [{"role": m.role, "content": m.content} for m in kept],
+            [m.as_template_input() for m in kept],
+            tools=tools,
             add_generation_prompt=True,
             tokenize=True,
             return_dict=False,

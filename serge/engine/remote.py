@@ -2,8 +2,10 @@
 
 When one machine is not enough, a model name can point at such a server (for
 example a vLLM cluster spreading a large model over many GPUs). The server
-applies its own chat template and sampling; Serge streams its reply through the
-same `Stream` as a local model, so a chat does not care where tokens come from.
+applies its own chat template, sampling, grammars and tool formats; Serge passes
+every field on (tools, response_format, logit_bias, logprobs included) and streams
+the reply, its tool calls and logprobs through the same `Stream` as a local
+model's, so a chat does not care where tokens come from.
 All remote requests share one event-loop thread and one HTTP client: no thread
 per request.
 """
@@ -18,16 +20,46 @@ from collections.abc import Sequence
 
 import httpx
 
-from serge.engine.prompts import Message
+from serge.engine.prompts import Message, ToolCall
 from serge.engine.sampling import SamplingParams
-from serge.engine.stream import FinishReason, GenerationRecord, Stream
+from serge.engine.stream import FinishReason, GenerationRecord, Stream, TokenLogprob, ToolCallDelta, TopLogprob
+from serge.engine.tools import Tools
 from serge.settings import RemoteModel
 
 _FIELDS = {  # SamplingParams field -> request field; the non-OpenAI ones are understood by vLLM and Serge
     "temperature": "temperature", "top_p": "top_p", "max_new_tokens": "max_tokens", "stop": "stop",
     "seed": "seed", "frequency_penalty": "frequency_penalty", "presence_penalty": "presence_penalty",
     "top_k": "top_k", "min_p": "min_p", "repetition_penalty": "repetition_penalty", "ignore_eos": "ignore_eos",
+    "logit_bias": "logit_bias", "response_format": "response_format", "logprobs": "top_logprobs",
 }
+
+
+def request_fields(params: SamplingParams) -> dict:
+    """The settings as an OpenAI-compatible request carries them."""
+    out = {_FIELDS[k]: v for k, v in params.model_dump(mode="json", exclude_none=True).items()}
+    if "top_logprobs" in out:
+        out["logprobs"] = True
+    return out
+
+
+def tool_fields(tools: Tools | None) -> dict:
+    if tools is None:
+        return {}
+    choice = {"type": "function", "function": {"name": tools.name}} if tools.name else tools.mode
+    out = {"tools": [t.as_openai() for t in tools.functions], "tool_choice": choice}
+    return out if tools.parallel else {**out, "parallel_tool_calls": False}
+
+
+def openai_message(m: Message) -> dict:
+    out: dict = {"role": m.role, "content": m.content}
+    if m.tool_calls:
+        out["tool_calls"] = [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                             for c in m.tool_calls]
+    if m.tool_call_id is not None:
+        out["tool_call_id"] = m.tool_call_id
+    if m.name is not None:
+        out["name"] = m.name
+    return out
 
 
 class RemoteBackend:
@@ -39,8 +71,9 @@ class RemoteBackend:
         self.name = name
         self._models = models
 
-    def submit(self, messages: Sequence[Message], params: SamplingParams | None = None) -> Stream:
-        return self._models.submit(self.name, messages, params or SamplingParams())
+    def submit(self, messages: Sequence[Message], params: SamplingParams | None = None,
+               tools: Tools | None = None) -> Stream:
+        return self._models.submit(self.name, messages, params or SamplingParams(), tools)
 
 
 class RemoteModels:
@@ -59,7 +92,8 @@ class RemoteModels:
     def get(self, name: str) -> RemoteBackend:
         return RemoteBackend(self, name)
 
-    def submit(self, name: str, messages: Sequence[Message], params: SamplingParams) -> Stream:
+    def submit(self, name: str, messages: Sequence[Message], params: SamplingParams,
+               tools: Tools | None = None) -> Stream:
         if self._thread is None:
             self._thread = threading.Thread(target=self._loop.run_forever, name="serge-remote", daemon=True)
             self._thread.start()
@@ -67,10 +101,11 @@ class RemoteModels:
         remote = self.models[name]
         body = {
             "model": remote.model or name,
-            "messages": [{"role": m.role, "content": m.content} for m in messages],
+            "messages": [openai_message(m) for m in messages],
             "stream": True,
             "stream_options": {"include_usage": True},
-            **{_FIELDS[k]: (list(v) if k == "stop" else v) for k, v in params.model_dump(exclude_none=True).items()},
+            **request_fields(params),
+            **tool_fields(tools),
         }
         headers = {"Authorization": f"Bearer {remote.api_key}"} if remote.api_key else {}
         url = f"{remote.url.rstrip('/')}/chat/completions"
@@ -89,7 +124,8 @@ class RemoteModels:
     async def _run(self, url: str, headers: dict, body: dict, stream: Stream, params: SamplingParams) -> None:
         if self._client is None:
             self._client = httpx.AsyncClient(timeout=httpx.Timeout(self._timeout, connect=10))
-        started, state = time.monotonic(), {"text": "", "usage": {}, "finish": None, "first": None}
+        started = time.monotonic()
+        state = {"text": "", "usage": {}, "finish": None, "first": None, "calls": {}}
         reading = asyncio.ensure_future(self._read(url, headers, body, stream, state))
         reason, error = FinishReason.STOP, None
         try:
@@ -116,6 +152,7 @@ class RemoteModels:
             ttft_s=None if state["first"] is None else state["first"] - started,
             duration_s=now - started,
             error=error,
+            tool_calls=tuple(ToolCall(c["id"], c["name"], c["arguments"]) for _, c in sorted(state["calls"].items())),
         ))
 
     async def _read(self, url: str, headers: dict, body: dict, stream: Stream, state: dict) -> None:
@@ -131,12 +168,34 @@ class RemoteModels:
                     raise RemoteError(500, json.dumps(chunk))
                 state["usage"] = chunk.get("usage") or state["usage"]
                 for choice in chunk.get("choices", []):
-                    delta = choice.get("delta", {}).get("content") or ""
-                    if delta and state["first"] is None:
+                    delta = choice.get("delta") or {}
+                    text = delta.get("content") or ""
+                    calls = tuple(_call_delta(c, state["calls"]) for c in delta.get("tool_calls") or ())
+                    tokens = tuple(_token(t) for t in (choice.get("logprobs") or {}).get("content") or ())
+                    if (text or calls) and state["first"] is None:
                         state["first"] = time.monotonic()
-                    state["text"] += delta
-                    stream.push(delta)
+                    state["text"] += text
+                    stream.push(text, tokens, calls)
                     state["finish"] = choice.get("finish_reason") or state["finish"]
+
+
+def _call_delta(piece: dict, calls: dict) -> ToolCallDelta:
+    """One streamed piece of a tool call, added to the calls read so far."""
+    index = piece.get("index", 0)
+    function = piece.get("function") or {}
+    call = calls.setdefault(index, {"id": None, "name": None, "arguments": ""})
+    call["id"] = call["id"] or piece.get("id")
+    call["name"] = call["name"] or function.get("name")
+    call["arguments"] += function.get("arguments") or ""
+    return ToolCallDelta(index, piece.get("id"), function.get("name"), function.get("arguments") or "")
+
+
+def _token(t: dict) -> TokenLogprob:
+    def raw(x: dict) -> bytes:
+        return bytes(x["bytes"]) if x.get("bytes") is not None else x["token"].encode()
+
+    return TokenLogprob(t["token"], t["logprob"], raw(t),
+                        tuple(TopLogprob(a["token"], a["logprob"], raw(a)) for a in t.get("top_logprobs") or ()))
 
 
 class RemoteError(RuntimeError):

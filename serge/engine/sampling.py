@@ -3,8 +3,12 @@
 A `SamplingParams` is a frozen, validated value. Layers of defaults (the engine's,
 a model's recommended ones, a chat's, a request's) are merged with `over()`, which
 makes a new value; nothing here ever writes to a model or its generation_config.
-`choose_next` is a pure function of logits, the token history, the settings and a
-per-sequence random generator, so two sequences can never disturb each other.
+`choose_next` is a pure function of logits, the token history, the settings, a
+per-sequence random generator and, for a constrained reply, the grammar's mask,
+so two sequences can never disturb each other. When asked, it also returns the
+log-probabilities of the distribution it actually drew from: after penalties,
+logit_bias, the grammar's mask, temperature, top_k, min_p and top_p (renormalized);
+at temperature 0, the unscaled distribution after penalties, bias and mask.
 """
 
 from __future__ import annotations
@@ -14,8 +18,13 @@ import random
 import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from serge.engine.grammar import ResponseFormat
+
 MAX_STOP_STRINGS = 4
 MAX_STOP_LENGTH = 200
+MAX_LOGIT_BIAS = 1024  # tokens one request may bias
+MAX_TOP_LOGPROBS = 20
+IMPOSSIBLE_LOGPROB = -9999.0  # what OpenAI reports for a token that could not be drawn
 
 
 class SamplingParams(BaseModel):
@@ -34,6 +43,20 @@ class SamplingParams(BaseModel):
     stop: tuple[str, ...] | None = Field(None, description=f"Up to {MAX_STOP_STRINGS} strings that end the reply.")
     seed: int | None = Field(None, ge=0, le=2**63 - 1, description="Makes sampling repeatable.")
     ignore_eos: bool | None = Field(None, description="Keep generating past the end-of-turn token (benchmarks).")
+    logit_bias: dict[int, float] | None = Field(
+        None, max_length=MAX_LOGIT_BIAS,
+        description="Token id -> a number from -100 to 100 added to its score before sampling.")
+    logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS, description=(
+        "Report each chosen token's log-probability with this many likeliest alternatives (0 to 20)."))
+    response_format: ResponseFormat | None = Field(None, description="Constrain the reply to JSON (or a schema).")
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _bias_range(cls, value):
+        for token, bias in (value or {}).items():
+            if token < 0 or not -100 <= bias <= 100:
+                raise ValueError("logit_bias maps token ids (0 or more) to numbers from -100 to 100")
+        return value
 
     @field_validator("stop", mode="before")
     @classmethod
@@ -54,7 +77,7 @@ class SamplingParams(BaseModel):
         """These settings on top of `base`: a new value, neither input changed."""
         if base is None:
             return self
-        return base.model_copy(update=self.model_dump(exclude_none=True))
+        return base.model_copy(update={k: v for k in type(self).model_fields if (v := getattr(self, k)) is not None})
 
     def resolved(self, room: int) -> ResolvedSampling:
         """Fill every gap with the engine's defaults, for a reply with `room` tokens of context left."""
@@ -72,6 +95,8 @@ class SamplingParams(BaseModel):
             stop=p.stop or (),
             seed=p.seed if p.seed is not None else random.randrange(2**63),
             ignore_eos=bool(p.ignore_eos),
+            logit_bias=p.logit_bias or {},
+            logprobs=p.logprobs,
         )
 
 
@@ -104,6 +129,8 @@ class ResolvedSampling(BaseModel):
     stop: tuple[str, ...]
     seed: int
     ignore_eos: bool
+    logit_bias: dict[int, float] = {}
+    logprobs: int | None = None  # None: not reported; else how many alternatives
 
     @property
     def greedy(self) -> bool:
@@ -119,11 +146,16 @@ def choose_next(
     seen: torch.Tensor,
     generated: torch.Tensor,
     generator: torch.Generator | None,
-) -> int:
+    allowed: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+) -> tuple[int, torch.Tensor | None]:
     """Pick one token from a 1-D row of logits.
 
     `seen` holds every token id of prompt and reply (for repetition_penalty),
-    `generated` only the reply's (for the OpenAI frequency and presence penalties).
+    `generated` only the reply's (for the OpenAI frequency and presence penalties);
+    `allowed` is a grammar's mask, `bias` a row added to the scores (logit_bias).
+    Returns the token and, when `params.logprobs` is set, the log-probabilities
+    it was drawn from (else None).
     """
     scores = logits.float()
     if params.repetition_penalty != 1.0 and seen.numel():
@@ -133,8 +165,13 @@ def choose_next(
     if (params.frequency_penalty or params.presence_penalty) and generated.numel():
         counts = torch.bincount(generated, minlength=scores.shape[0]).to(scores.dtype)
         scores = scores - params.frequency_penalty * counts - params.presence_penalty * (counts > 0).to(scores.dtype)
+    if bias is not None:
+        scores = scores + bias
+    if allowed is not None:
+        scores = scores.masked_fill(~allowed, float("-inf"))
+    report = params.logprobs is not None
     if params.greedy:
-        return int(scores.argmax())
+        return int(scores.argmax()), (torch.log_softmax(scores, dim=-1) if report else None)
     scores = scores / params.temperature
     if params.top_k and params.top_k < scores.shape[0]:
         kth = torch.topk(scores, params.top_k).values[-1]
@@ -147,4 +184,17 @@ def choose_next(
         before = sorted_probs.cumsum(0) - sorted_probs
         sorted_probs = sorted_probs.masked_fill(before >= params.top_p * sorted_probs.sum(), 0.0)
         probs = torch.zeros_like(probs).scatter(0, order, sorted_probs)
-    return int(torch.multinomial(probs, 1, generator=generator))
+    token = int(torch.multinomial(probs, 1, generator=generator))
+    return token, (torch.log(probs / probs.sum()) if report else None)
+
+
+def top_logprobs(logprobs: torch.Tensor, token: int, k: int) -> tuple[float, list[tuple[int, float]]]:
+    """The chosen token's log-probability and the `k` likeliest (token, log-probability) pairs, best first.
+
+    A token that could not have been drawn reports IMPOSSIBLE_LOGPROB, as OpenAI does (JSON has no -inf).
+    """
+    chosen = max(float(logprobs[token]), IMPOSSIBLE_LOGPROB)
+    if k == 0:
+        return chosen, []
+    values, ids = torch.topk(logprobs, k)
+    return chosen, [(i, max(v, IMPOSSIBLE_LOGPROB)) for i, v in zip(ids.tolist(), values.tolist())]

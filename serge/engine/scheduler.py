@@ -16,7 +16,9 @@ worker, before the first pass), `new_kv()`, `decode(kvs, tokens)` (one row of
 logits per sequence), `prefill(kv, tokens)` (the logits after the chunk) and
 `close()` (on the worker, after the last pass): `forward.BatchForward` for
 transformers, `llamacpp.LlamaForward` for llama.cpp. So sampling, stop strings,
-prefix reuse, admission and metrics are one piece of code for every local engine.
+prefix reuse, admission, metrics, constrained decoding (`grammar`) and logprobs are
+one piece of code for every local engine; what one sequence does with its logits
+is `sequence.Sequence`'s.
 A forward that runs out of KV memory raises `OutOfKV`; the prefix cache then gives
 back its oldest entries until the pass fits.
 
@@ -29,14 +31,16 @@ import logging
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
+from serge.engine.grammar import Vocabulary
 from serge.engine.kvcache import OutOfKV, PrefixCache
 from serge.engine.metrics import EngineMetrics
-from serge.engine.sampling import ResolvedSampling, choose_next
-from serge.engine.stream import FinishReason, GenerationError, GenerationRecord, Stream, TextAssembler
+from serge.engine.sampling import ResolvedSampling
+from serge.engine.sequence import ReplyReader, Sequence
+from serge.engine.stream import FinishReason, GenerationError, Stream, TextAssembler
 
 log = logging.getLogger(__name__)
 
@@ -73,26 +77,6 @@ class SchedulerLimits:
         )
 
 
-@dataclass(eq=False)
-class _Sequence:
-    prompt: list[int]  # what to prefill: the prompt, and after a preemption the reply so far too
-    params: ResolvedSampling
-    stream: Stream
-    assembler: TextAssembler
-    generated: list[int] = field(default_factory=list)
-    kv: object | None = None  # the forward's per-sequence KV
-    prefilled: int = 0  # prompt tokens whose keys and values are in `kv`
-    logits: torch.Tensor | None = None  # the next token is sampled from these
-    prompt_logits: torch.Tensor | None = None  # after the whole prompt: kept with the KV for reuse
-    prompt_ids: torch.Tensor | None = None  # the prompt as a tensor, for the repetition penalty
-    feed: int | None = None  # the sampled token the next decode step runs
-    generator: torch.Generator | None = None
-    started: float | None = None
-    first_token: float | None = None
-    last_token: float | None = None
-    prompt_tokens: int = 0  # the request's own prompt (`prompt` grows when preempted)
-
-
 def _message(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
@@ -116,6 +100,7 @@ class Scheduler:
         self._tokenizer = tokenizer
         self._threads = threads
         self._eos = eos
+        self.vocabulary = Vocabulary(tokenizer, eos)  # grammars compiled for this model, token bytes
         self.max_running = limits.running_for(self._device)
         self.max_queue = limits.max_queue
         self._queue_timeout = limits.queue_timeout_s
@@ -125,23 +110,31 @@ class Scheduler:
         self.metrics = metrics if metrics is not None else EngineMetrics()
         self._m = self.metrics.model(name)
         self._lock = threading.Condition()
-        self._waiting: deque[_Sequence] = deque()  # under _lock
+        self._waiting: deque[Sequence] = deque()  # under _lock
         self._active = 0  # sequences admitted and not finished; under _lock
         self._closing = False
         self._forget = False  # drop the prefix cache before the next admission
-        self._running: list[_Sequence] = []  # the worker's alone
+        self._running: list[Sequence] = []  # the worker's alone
         self._mean_duration = 10.0  # seconds per generation, for Retry-After
         self._fits = self.max_running  # running sequences the KV memory held last time it ran out
         self._worker = threading.Thread(target=self._run, name=f"serge-worker-{name}", daemon=True)
         self._worker.start()
 
-    def submit(self, prompt: list[int], params: ResolvedSampling) -> Stream:
-        """Queue a generation; raises `EngineBusy` when every slot and the queue are full."""
+    def submit(self, prompt: list[int], params: ResolvedSampling, grammar: str | None = None,
+               reader: ReplyReader | None = None, grammar_param: str = "response_format") -> Stream:
+        """Queue a generation; raises `EngineBusy` when every slot and the queue are full.
+
+        `grammar` (llguidance's Lark) constrains the reply; it is compiled here, once per
+        distinct text, so a bad one raises `GrammarError` (naming `grammar_param`) now.
+        """
         if not prompt:
             raise ValueError("a prompt needs at least one token")
+        matcher = self.vocabulary.matcher(grammar, grammar_param) if grammar is not None else None
+        if params.logprobs is not None:
+            self.vocabulary.prepare()  # token bytes: a second's work, here rather than on the worker
         stream = Stream()
-        seq = _Sequence(list(prompt), params, stream, TextAssembler(self._tokenizer, params.stop),
-                        prompt_tokens=len(prompt))
+        seq = Sequence(list(prompt), params, stream, TextAssembler(self._tokenizer, params.stop), self._eos,
+                       self.vocabulary, matcher, reader)
         with self._lock:
             if self._closing:
                 raise GenerationError(f"the model {self.name!r} is being unloaded; try again")
@@ -225,7 +218,7 @@ class Scheduler:
                     raise
                 self._m.prefix_cache_bytes.set(self._prefixes.nbytes)
 
-    def _admit(self) -> tuple[list[_Sequence], list[tuple[_Sequence, FinishReason, str | None]]]:
+    def _admit(self) -> tuple[list[Sequence], list[tuple[Sequence, FinishReason, str | None]]]:
         """Under the lock: move waiting requests into free slots; drop cancelled and timed-out ones."""
         now = time.monotonic()
         admitted, expired, kept = [], [], deque()
@@ -248,7 +241,7 @@ class Scheduler:
         self._m.running.set(self._active)
         return admitted, expired
 
-    def _start(self, seq: _Sequence) -> None:
+    def _start(self, seq: Sequence) -> None:
         """A slot is free: take what the prefix cache has of this prompt."""
         seq.stream.queue_position = None
         if seq.started is None:  # not when it comes back after a preemption
@@ -288,7 +281,7 @@ class Scheduler:
         for seq in [s for s in self._running if s.logits is not None]:
             self._sample(seq)
 
-    def _decode(self, decoding: list[_Sequence]) -> torch.Tensor:
+    def _decode(self, decoding: list[Sequence]) -> torch.Tensor:
         """One token for each of `decoding`; when the KV memory cannot hold them all even
         without cached prefixes, the youngest go back to the queue until the rest fit."""
         while True:
@@ -301,14 +294,14 @@ class Scheduler:
                 decoding.remove(youngest)
                 self._preempt(youngest)
 
-    def _preempt(self, seq: _Sequence) -> None:
+    def _preempt(self, seq: Sequence) -> None:
         """Out of KV memory: free this sequence's cells and queue it first in line; it comes
         back by prefilling its prompt and its reply so far, and goes on where it stopped."""
         self._running.remove(seq)
         if seq.kv is not None:
             seq.kv.release()
         seq.kv, seq.prefilled, seq.feed, seq.logits, seq.prompt_logits = None, 0, None, None, None
-        seq.prompt, seq.prompt_ids = seq.prompt[: seq.prompt_tokens] + seq.generated, None
+        seq.prompt = seq.prompt[: seq.prompt_tokens] + seq.generated
         with self._lock:
             self._fits = max(1, len(self._running))
             self._active -= 1
@@ -355,7 +348,7 @@ class Scheduler:
                 if budget <= 0:
                     break
 
-    def _sample(self, seq: _Sequence) -> None:
+    def _sample(self, seq: Sequence) -> None:
         """Pick the sequence's next token and act on it; a failure ends that sequence alone."""
         try:
             self._next_token(seq)
@@ -363,39 +356,20 @@ class Scheduler:
             if seq in self._running:
                 self._leave(seq, FinishReason.ERROR, _message(exc))
 
-    def _next_token(self, seq: _Sequence) -> None:
+    def _next_token(self, seq: Sequence) -> None:
         logits, seq.logits = seq.logits, None
-        params = seq.params
-        if params.repetition_penalty != 1.0 or params.frequency_penalty or params.presence_penalty:
-            generated = torch.tensor(seq.generated, dtype=torch.long, device=logits.device)
-            if seq.prompt_ids is None:  # once per sequence, not once per token
-                seq.prompt_ids = torch.tensor(seq.prompt[: seq.prompt_tokens], dtype=torch.long, device=logits.device)
-            seen = torch.cat([seq.prompt_ids, generated])
+        token, logprobs = seq.choose(logits)
+        before, count = seq.last_token, len(seq.generated)
+        reason = seq.accept(token, logprobs)
+        if before is None:
+            self._m.ttft.observe(seq.first_token - seq.stream.created)
         else:
-            generated = seen = torch.empty(0, dtype=torch.long, device=logits.device)
-        token = choose_next(logits, params, seen, generated, seq.generator)
-        now = time.monotonic()
-        if seq.first_token is None:
-            seq.first_token = now
-            self._m.ttft.observe(now - seq.stream.created)
-        else:
-            self._m.inter_token.observe(now - seq.last_token)
-        seq.last_token = now
-        if token in self._eos and not params.ignore_eos:
-            return self._leave(seq, FinishReason.STOP)
-        seq.generated.append(token)
-        self._m.generated_tokens.inc()
-        seq.stream.push(seq.assembler.add(token))
-        if seq.assembler.stopped:
-            self._leave(seq, FinishReason.STOP)
-        elif len(seq.generated) >= params.max_new_tokens:
-            self._leave(seq, FinishReason.LENGTH)
-        elif seq.stream.cancelled:
-            self._leave(seq, FinishReason.CANCELLED)
-        else:
-            seq.feed = token
+            self._m.inter_token.observe(seq.last_token - before)
+        self._m.generated_tokens.inc(len(seq.generated) - count)
+        if reason is not None:
+            self._leave(seq, reason)
 
-    def _leave(self, seq: _Sequence, reason: FinishReason, error: str | None = None) -> None:
+    def _leave(self, seq: Sequence, reason: FinishReason, error: str | None = None) -> None:
         """Out of the batch, now: its KV goes to the prefix cache (or is freed), its stream ends."""
         self._running.remove(seq)
         kv, seq.kv = seq.kv, None
@@ -411,27 +385,11 @@ class Scheduler:
             self._m.running.set(self._active)
         self._finish(seq, reason, error)
 
-    def _finish(self, seq: _Sequence, reason: FinishReason, error: str | None = None) -> None:
+    def _finish(self, seq: Sequence, reason: FinishReason, error: str | None = None) -> None:
         if reason is not FinishReason.ERROR:
-            seq.stream.push(seq.assembler.flush())
-        record = self._record(seq, reason, error)
+            seq.flush()
+        record = seq.record(reason, error)
         if seq.started is not None:
             self._mean_duration = 0.8 * self._mean_duration + 0.2 * record.duration_s
         self._m.finished(reason.value)
         seq.stream.finish(record)
-
-    @staticmethod
-    def _record(seq: _Sequence, reason: FinishReason, error: str | None) -> GenerationRecord:
-        now = time.monotonic()
-        started = seq.started if seq.started is not None else now
-        return GenerationRecord(
-            text=seq.assembler.text,
-            finish_reason=reason,
-            prompt_tokens=seq.prompt_tokens,
-            completion_tokens=len(seq.generated),
-            seed=seq.params.seed,
-            queued_s=started - seq.stream.created,
-            ttft_s=None if seq.first_token is None else seq.first_token - started,
-            duration_s=now - started,
-            error=error,
-        )

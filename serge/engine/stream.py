@@ -1,10 +1,14 @@
 """One generation's lifecycle, as its consumer sees it.
 
 A `Stream` is fed by the model's worker (`push`, `finish`) and read once by a
-consumer, sync (`for delta in stream`) or async (`async for`). Each piece of text
-arrives exactly once; the prompt is never part of it. A consumer that stops
-reading early, or calls `cancel()`, makes the worker drop the sequence within a
-step; `close()` returns only once the worker has let go of it.
+consumer, sync (`for text in stream`) or async (`async for`). Each piece of reply
+text arrives exactly once; the prompt is never part of it. Beside the text, the
+same queue carries what a caller may have asked for per token: its log-probability
+(`TokenLogprob`) and, for a reply that calls tools, pieces of those calls
+(`ToolCallDelta`); `deltas()` reads everything, in order, as `Delta`s, while plain
+iteration yields only the text. A consumer that stops reading early, or calls
+`cancel()`, makes the worker drop the sequence within a step; `close()` returns
+only once the worker has let go of it.
 
 `TextAssembler` turns token ids into safe text deltas: it never splits a UTF-8
 character, and it holds back text that could be the start of a stop string.
@@ -18,8 +22,10 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
-from functools import partial
 from enum import StrEnum
+from functools import partial
+
+from serge.engine.prompts import ToolCall
 
 
 class FinishReason(StrEnum):
@@ -30,10 +36,49 @@ class FinishReason(StrEnum):
 
 
 @dataclass(frozen=True)
+class TopLogprob:
+    token: str
+    logprob: float
+    bytes: bytes
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """A generated token, its log-probability, and the most likely alternatives at its step."""
+
+    token: str  # its text; bytes that are not whole UTF-8 characters are written as \\xNN
+    logprob: float
+    bytes: bytes  # exactly the token's bytes
+    top: tuple[TopLogprob, ...] = ()
+
+
+@dataclass(frozen=True)
+class ToolCallDelta:
+    """A piece of the reply's `index`th tool call: the first carries its id and name, the rest arguments."""
+
+    index: int
+    id: str | None = None
+    name: str | None = None
+    arguments: str = ""
+
+
+@dataclass(frozen=True)
+class Delta:
+    """What one push added: reply text, token log-probabilities, tool-call pieces (any may be empty)."""
+
+    text: str = ""
+    tokens: tuple[TokenLogprob, ...] = ()
+    tool_calls: tuple[ToolCallDelta, ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.text or self.tokens or self.tool_calls)
+
+
+@dataclass(frozen=True)
 class GenerationRecord:
     """What a finished generation produced and what it cost."""
 
-    text: str
+    text: str  # the reply's text, without its tool calls
     finish_reason: FinishReason
     prompt_tokens: int
     completion_tokens: int
@@ -42,6 +87,7 @@ class GenerationRecord:
     ttft_s: float | None
     duration_s: float
     error: str | None = None
+    tool_calls: tuple[ToolCall, ...] = ()
 
     @property
     def tokens_per_s(self) -> float:
@@ -59,7 +105,7 @@ _END = object()
 
 
 class Stream:
-    """Text deltas of one generation, then its `record`."""
+    """Deltas of one generation, then its `record`."""
 
     def __init__(self) -> None:
         self._deltas: queue.SimpleQueue = queue.SimpleQueue()
@@ -77,7 +123,9 @@ class Stream:
     def cancelled(self) -> bool:
         return self._cancelled.is_set()
 
-    def push(self, delta: str) -> None:
+    def push(self, text: str = "", tokens: tuple[TokenLogprob, ...] = (),
+             tool_calls: tuple[ToolCallDelta, ...] = ()) -> None:
+        delta = Delta(text, tokens, tool_calls)
         if delta:
             self._deltas.put(delta)
             self._notify()
@@ -119,14 +167,25 @@ class Stream:
             raise RuntimeError("the stream has not finished; read it to the end or close() it")
         return self._record
 
-    def __iter__(self) -> Iterator[str]:
+    def deltas(self) -> Iterator[Delta]:
+        """Everything the generation pushes, in order (text, token log-probabilities, tool-call pieces)."""
         try:
             while (item := self._deltas.get()) is not _END:
                 yield item
         finally:
             self.close()
 
-    async def __aiter__(self) -> AsyncIterator[str]:
+    def __iter__(self) -> Iterator[str]:
+        deltas = self.deltas()
+        try:
+            for delta in deltas:
+                if delta.text:
+                    yield delta.text
+        finally:
+            deltas.close()
+
+    async def adeltas(self) -> AsyncIterator[Delta]:
+        """`deltas()` for an event loop."""
         # The worker wakes this loop directly: no thread parked per reader, so many
         # streams cost the worker no extra contention for the GIL.
         loop = asyncio.get_running_loop()
@@ -149,6 +208,15 @@ class Stream:
             if not self._done.is_set():
                 self.cancel()
                 await asyncio.to_thread(self.close)
+
+    async def __aiter__(self) -> AsyncIterator[str]:
+        deltas = self.adeltas()
+        try:
+            async for delta in deltas:
+                if delta.text:
+                    yield delta.text
+        finally:
+            await deltas.aclose()
 
     def text(self) -> str:
         """Read to the end and return the whole reply."""

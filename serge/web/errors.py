@@ -12,8 +12,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from serge.engine import (ContextTooLong, EngineBusy, InvalidModelName, InvalidSource, ModelInUse, ModelNotFound,
-                          ModelTooLarge, PullNotFound, PullRefused)
+from serge.engine import (ContextTooLong, EngineBusy, InvalidModelName, InvalidRequest, InvalidSource, ModelInUse,
+                          ModelNotFound, ModelTooLarge, PullNotFound, PullRefused)
 
 
 class ApiError(Exception):
@@ -43,6 +43,8 @@ def describe_validation(errors) -> tuple[str, str | None]:
         field = ".".join(loc) or None
         first = first or field
         msg = err.get("msg", "is invalid")
+        if err.get("type") == "extra_forbidden":
+            msg = "Serge does not support this field (see /docs for the fields it understands)"
         parts.append(f"{field}: {msg}" if field else msg)
     return "; ".join(parts) or "the request is invalid", first
 
@@ -85,6 +87,10 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ContextTooLong)
     async def _too_long(_: Request, exc: ContextTooLong):
         return _response(400, str(exc), "context_length_exceeded", "messages")
+
+    @app.exception_handler(InvalidRequest)
+    async def _invalid_request(_: Request, exc: InvalidRequest):
+        return _response(400, str(exc), "invalid_value", exc.param)
 
     @app.exception_handler(EngineBusy)
     async def _busy(_: Request, exc: EngineBusy):

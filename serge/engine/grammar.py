@@ -1,0 +1,213 @@
+"""Constrained decoding: grammars compiled over a model's tokens, and each sequence's place in one.
+
+A reply that must be JSON (a `response_format`) or a tool call is decoded under a
+grammar: before each token is sampled, every token the grammar does not allow
+next is masked out, and the reply ends when the grammar is complete (the
+end-of-turn token is allowed only then). llguidance does the parsing (an Earley
+parser with a lexer over the token trie: a mask costs well under a millisecond)
+over the Hugging Face tokenizer's own vocabulary, so one piece of code serves
+every local engine.
+
+`Vocabulary` belongs to one model: it builds llguidance's view of the tokenizer
+on first use (about a second), compiles each distinct grammar once (an LRU cache)
+and knows every token's exact bytes (for logprobs). `Matcher` is one sequence's
+position in its grammar, used only on the scheduler's worker. Grammar text comes
+from `json_rule` and the tool formats; this module knows nothing of prompts or HTTP.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import OrderedDict
+from typing import Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+GRAMMAR_CACHE = 64  # distinct grammars kept compiled per model
+# Compact, conventional JSON: no free whitespace (a small model can pad with
+# newlines forever), separators as json.dumps writes them.
+JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+
+
+class InvalidRequest(ValueError):
+    """A request the engine cannot serve as asked; `param` names the request field at fault."""
+
+    def __init__(self, message: str, param: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+class GrammarError(InvalidRequest):
+    """A schema or grammar that cannot be compiled; the message says why."""
+
+
+def json_rule(schema: dict, *, strict: bool = True) -> str:
+    """A grammar expression (llguidance's Lark dialect) for JSON valid against `schema`.
+
+    Not strict: keywords llguidance cannot enforce are ignored rather than refused.
+    Two defaults keep a small model from writing until it runs out of tokens (llama.cpp
+    has the same two): an object that lists its properties gets no others unless its
+    schema says `additionalProperties`, and an integer without bounds stays within
+    JavaScript's safe integers (16 digits). A schema's own "x-guidance" options win
+    over Serge's JSON style.
+    """
+    if not isinstance(schema, dict):
+        raise GrammarError("a JSON schema must be an object", "response_format")
+    options = {**JSON_STYLE, "lenient": not strict, **(schema.get("x-guidance") or {})}
+    return "%json " + json.dumps({**bounded(schema), "x-guidance": options})
+
+
+_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+_SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+_SCHEMA_ONES = ("items", "not", "if", "then", "else", "additionalProperties", "contains", "propertyNames")
+
+
+SAFE_INTEGER = 2**53 - 1
+
+
+def bounded(schema):
+    """A copy of `schema` with Serge's defaults: objects closed, integers bounded (see `json_rule`)."""
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    for key in _SCHEMA_MAPS:
+        if isinstance(out.get(key), dict):
+            out[key] = {name: bounded(s) for name, s in out[key].items()}
+    for key in _SCHEMA_LISTS:
+        if isinstance(out.get(key), list):
+            out[key] = [bounded(s) for s in out[key]]
+    for key in _SCHEMA_ONES:
+        if key in out:
+            out[key] = [bounded(s) for s in out[key]] if isinstance(out[key], list) else bounded(out[key])
+    if isinstance(out.get("properties"), dict) and "additionalProperties" not in out:
+        out["additionalProperties"] = False
+    if out.get("type") == "integer":
+        if "minimum" not in out and "exclusiveMinimum" not in out:
+            out["minimum"] = -SAFE_INTEGER
+        if "maximum" not in out and "exclusiveMaximum" not in out:
+            out["maximum"] = SAFE_INTEGER
+    return out
+
+
+class JsonSchemaFormat(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True, serialize_by_alias=True)
+
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")
+    description: str | None = None
+    schema_: dict = Field(default_factory=dict, alias="schema", description="The JSON schema the reply must match.")
+    strict: bool | None = Field(None, description="Enforced either way; strict also refuses keywords "
+                                                  "that cannot be enforced.")
+
+
+class ResponseFormat(BaseModel):
+    """OpenAI's `response_format`: plain text, any JSON object, or JSON matching a schema."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_with_its_type(self):
+        if (self.type == "json_schema") != (self.json_schema is not None):
+            raise ValueError("json_schema is required with type json_schema, and only then")
+        return self
+
+    def rule(self) -> str | None:
+        """The grammar expression the reply must match; None for plain text."""
+        if self.type == "json_object":
+            return json_rule({"type": "object"})
+        if self.type == "json_schema":
+            return json_rule(self.json_schema.schema_, strict=bool(self.json_schema.strict))
+        return None
+
+
+class Vocabulary:
+    """One model's tokens as llguidance sees them, and its compiled grammars. Thread-safe."""
+
+    def __init__(self, tokenizer, eos: frozenset[int], cache_size: int = GRAMMAR_CACHE) -> None:
+        self._tokenizer = tokenizer
+        self._eos = sorted(eos)
+        self._cache_size = cache_size
+        self._lock = threading.Lock()
+        self._ll = None
+        self._compiled: OrderedDict[str, object] = OrderedDict()  # grammar text -> LLMatcher at its start
+
+    def prepare(self) -> None:
+        """Build llguidance's tokenizer now (on the caller's thread, not the scheduler's worker)."""
+        self._llg()
+
+    def _llg(self):
+        """llguidance's tokenizer, built once (about a second for a 50k vocabulary)."""
+        with self._lock:
+            if self._ll is None:
+                import llguidance.hf
+
+                try:
+                    self._ll = llguidance.hf.from_tokenizer(self._tokenizer, eos_token=self._eos)
+                except ValueError as exc:  # a slow (Python) tokenizer
+                    raise InvalidRequest(f"this model's tokenizer cannot be constrained: {exc}",
+                                         "response_format") from None
+            return self._ll
+
+    def matcher(self, grammar: str, param: str = "response_format") -> Matcher:
+        """A fresh matcher at the start of `grammar`; raises GrammarError naming `param`."""
+        from llguidance import LLMatcher
+
+        ll = self._llg()
+        with self._lock:
+            compiled = self._compiled.get(grammar)
+            if compiled is not None:
+                self._compiled.move_to_end(grammar)
+                return Matcher(compiled.deep_copy(), ll.vocab_size)
+        compiled = LLMatcher(ll, LLMatcher.grammar_from_lark(grammar), log_level=0)  # outside the lock
+        if compiled.is_error():
+            raise GrammarError(f"{param}: {_first_line(compiled.get_error())}", param)
+        with self._lock:
+            self._compiled[grammar] = compiled
+            while len(self._compiled) > self._cache_size:
+                self._compiled.popitem(last=False)
+            return Matcher(compiled.deep_copy(), ll.vocab_size)
+
+    @property
+    def cached(self) -> int:
+        return len(self._compiled)
+
+    def token_bytes(self, token: int) -> bytes:
+        return self._llg().decode_bytes([token])
+
+
+def _first_line(error: str) -> str:
+    return error.strip().splitlines()[0] if error.strip() else "the grammar is invalid"
+
+
+_SHIFTS = torch.arange(32, dtype=torch.int32)
+
+
+class Matcher:
+    """One sequence's position in its grammar: which tokens may come next, and whether it is complete."""
+
+    def __init__(self, matcher, vocab_size: int) -> None:
+        self._m = matcher
+        self._vocab = vocab_size
+        self._words = torch.zeros((vocab_size + 31) // 32, dtype=torch.int32)
+
+    def allowed(self, width: int) -> torch.Tensor:
+        """A bool row of `width` (the logits' width): True where the grammar allows the token."""
+        self._m.unsafe_compute_mask_ptr(self._words.data_ptr(), self._words.numel() * 4)
+        bits = ((self._words[:, None] >> _SHIFTS) & 1).bool().flatten()[: min(width, self._vocab)]
+        if width > bits.numel():  # logits wider than the tokenizer: padding rows are never allowed
+            bits = torch.cat([bits, bits.new_zeros(width - bits.numel())])
+        return bits
+
+    def advance(self, token: int) -> None:
+        if not self._m.consume_token(token):
+            raise GrammarError(f"the grammar refused token {token}: {_first_line(self._m.get_error())}",
+                               "response_format")
+
+    @property
+    def complete(self) -> bool:
+        """Nothing may follow: the reply is over."""
+        return self._m.is_stopped()

@@ -1,0 +1,152 @@
+"""One generation inside the scheduler: from next-token logits to what its stream shows.
+
+A `Sequence` holds everything one request decodes with: its settings and random
+generator, the tensors its penalties and logit_bias need (built once, not per
+token), its grammar's `Matcher` when the reply is constrained, its
+`TextAssembler` (stop strings, whole characters) and, when tools were offered,
+the reader that turns the model's tool-call syntax into `ToolCallDelta`s. `choose`
+picks a token; `accept` acts on it and says whether the sequence is over.
+
+It knows nothing of batching, KV memory or forward passes: that is the scheduler's.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
+from serge.engine.grammar import Matcher, Vocabulary
+from serge.engine.prompts import ToolCall
+from serge.engine.sampling import ResolvedSampling, choose_next, top_logprobs
+from serge.engine.stream import (FinishReason, GenerationRecord, Stream, TextAssembler, TokenLogprob,
+                                 ToolCallDelta, TopLogprob)
+
+
+class ReplyReader(Protocol):
+    """Splits reply text into what the user reads and the tool calls it makes (see `serge.engine.tools`)."""
+
+    def feed(self, text: str) -> tuple[str, list[ToolCallDelta]]: ...
+
+    def close(self) -> tuple[str, list[ToolCallDelta]]: ...
+
+    @property
+    def content(self) -> str: ...
+
+    @property
+    def calls(self) -> tuple[ToolCall, ...]: ...
+
+
+@dataclass(eq=False)
+class Sequence:
+    prompt: list[int]  # what to prefill: the prompt, and after a preemption the reply so far too
+    params: ResolvedSampling
+    stream: Stream
+    assembler: TextAssembler
+    eos: frozenset[int]
+    vocabulary: Vocabulary
+    matcher: Matcher | None = None  # the grammar a constrained reply must match
+    reader: ReplyReader | None = None  # tools were offered: read calls out of the text
+    generated: list[int] = field(default_factory=list)
+    kv: object | None = None  # the forward's per-sequence KV
+    prefilled: int = 0  # prompt tokens whose keys and values are in `kv`
+    logits: torch.Tensor | None = None  # the next token is sampled from these
+    prompt_logits: torch.Tensor | None = None  # after the whole prompt: kept with the KV for reuse
+    feed: int | None = None  # the sampled token the next decode step runs
+    generator: torch.Generator | None = None
+    started: float | None = None
+    first_token: float | None = None
+    last_token: float | None = None
+    prompt_tokens: int = -1  # the request's own prompt (`prompt` grows when preempted)
+    _prompt_ids: torch.Tensor | None = None  # the prompt as a tensor, for the repetition penalty
+    _bias: torch.Tensor | None = None  # logit_bias as a row of the logits' width
+
+    def __post_init__(self) -> None:
+        if self.prompt_tokens < 0:
+            self.prompt_tokens = len(self.prompt)
+
+    def choose(self, logits: torch.Tensor) -> tuple[int, torch.Tensor | None]:
+        """The next token, and the log-probabilities it was drawn from when the request asked for them."""
+        params = self.params
+        device = logits.device
+        if params.repetition_penalty != 1.0 or params.frequency_penalty or params.presence_penalty:
+            generated = torch.tensor(self.generated, dtype=torch.long, device=device)
+            if self._prompt_ids is None:  # once per sequence, not once per token
+                self._prompt_ids = torch.tensor(self.prompt[: self.prompt_tokens], dtype=torch.long, device=device)
+            seen = torch.cat([self._prompt_ids, generated])
+        else:
+            generated = seen = torch.empty(0, dtype=torch.long, device=device)
+        if params.logit_bias and self._bias is None:
+            self._bias = torch.zeros(logits.shape[-1], device=device)
+            for token, value in params.logit_bias.items():
+                if token < logits.shape[-1]:
+                    self._bias[token] = value
+        allowed = None
+        if self.matcher is not None:
+            allowed = self.matcher.allowed(logits.shape[-1]).to(device)
+            if not bool(allowed.any()):
+                raise RuntimeError("the grammar allows no token here")
+        return choose_next(logits, params, seen, generated, self.generator, allowed, self._bias)
+
+    def accept(self, token: int, logprobs: torch.Tensor | None) -> FinishReason | None:
+        """Take the chosen token: show what it adds; the reason the sequence ends here, or None."""
+        now = time.monotonic()
+        if self.first_token is None:
+            self.first_token = now
+        self.last_token = now
+        ends_turn = token in self.eos and (self.matcher is not None or not self.params.ignore_eos)
+        if self.matcher is not None:
+            self.matcher.advance(token)
+        if ends_turn:
+            return FinishReason.STOP
+        self.generated.append(token)
+        tokens = () if logprobs is None else (self._logprob(token, logprobs),)
+        self._show(self.assembler.add(token), tokens)
+        if self.assembler.stopped or (self.matcher is not None and self.matcher.complete):
+            return FinishReason.STOP
+        if len(self.generated) >= self.params.max_new_tokens:
+            return FinishReason.LENGTH
+        if self.stream.cancelled:
+            return FinishReason.CANCELLED
+        self.feed = token
+        return None
+
+    def flush(self) -> None:
+        """At the end: what the assembler held back, and the end of any tool call."""
+        self._show(self.assembler.flush(), (), closing=True)
+
+    def _show(self, text: str, tokens: tuple[TokenLogprob, ...], closing: bool = False) -> None:
+        calls: list[ToolCallDelta] = []
+        if self.reader is not None:
+            text, calls = self.reader.feed(text)
+            if closing:
+                rest, more = self.reader.close()
+                text, calls = text + rest, calls + more
+        self.stream.push(text, tokens, tuple(calls))
+
+    def _logprob(self, token: int, logprobs: torch.Tensor) -> TokenLogprob:
+        chosen, top = top_logprobs(logprobs, token, self.params.logprobs or 0)
+        return TokenLogprob(self._text(token), chosen, self.vocabulary.token_bytes(token),
+                            tuple(TopLogprob(self._text(i), lp, self.vocabulary.token_bytes(i)) for i, lp in top))
+
+    def _text(self, token: int) -> str:
+        return self.vocabulary.token_bytes(token).decode("utf-8", errors="backslashreplace")
+
+    def record(self, reason: FinishReason, error: str | None) -> GenerationRecord:
+        now = time.monotonic()
+        started = self.started if self.started is not None else now
+        reader = self.reader
+        return GenerationRecord(
+            text=reader.content if reader is not None else self.assembler.text,
+            finish_reason=reason,
+            prompt_tokens=self.prompt_tokens,
+            completion_tokens=len(self.generated),
+            seed=self.params.seed,
+            queued_s=started - self.stream.created,
+            ttft_s=None if self.first_token is None else self.first_token - started,
+            duration_s=now - started,
+            error=error,
+            tool_calls=reader.calls if reader is not None else (),
+        )

@@ -1,0 +1,201 @@
+"""The body of `/v1/chat/completions`, as Serge understands it: every field, and nothing silently dropped.
+
+A field Serge does not implement is refused with a 400 naming it (the models here
+forbid unknown fields, at every level). The few OpenAI fields that change nothing a
+local model does (`HARMLESS`) are accepted and documented as having no effect.
+This module turns a request into the engine's own values (`Message`,
+`SamplingParams`, `Tools`); it formats no replies.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from serge.engine import MAX_TOP_LOGPROBS, Message, ResponseFormat, SamplingParams, Tool, ToolCall, Tools
+from serge.web.errors import ApiError, describe_validation
+
+MAX_MESSAGES_PER_REQUEST = 500
+MAX_MESSAGE_CHARS = 100_000
+MAX_TOOLS = 128
+NO_EFFECT = "Accepted for compatibility with OpenAI's API; it has no effect in Serge."
+# OpenAI's fields that ask nothing of a local model: accepted, without effect (declared below).
+HARMLESS = ("user", "metadata", "store", "service_tier", "prompt_cache_key", "prompt_cache_retention",
+            "safety_identifier")
+# Some of OpenAI's fields Serge does not implement; they, and any field not declared below, are a 400.
+REFUSED = ("audio", "modalities other than text", "prediction", "reasoning_effort", "verbosity",
+           "web_search_options", "functions", "function_call", "n > 1")
+
+
+def _bad(message: str, param: str) -> ApiError:
+    return ApiError(400, message, code="invalid_value", param=param)
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class TextPart(_Strict):
+    type: Literal["text"]
+    text: str
+
+
+class FunctionCallIn(_Strict):
+    name: str = Field(max_length=64)
+    arguments: str = Field(description="The call's arguments, as JSON text.")
+
+
+class ToolCallIn(_Strict):
+    id: str = Field(max_length=256)
+    type: Literal["function"] = "function"
+    function: FunctionCallIn
+
+
+class ChatMessageIn(_Strict):
+    role: Literal["system", "developer", "user", "assistant", "tool"] = Field(
+        description="developer is treated as system; tool answers an assistant's tool call.")
+    content: str | list[TextPart] | None = Field(None, description="The text, or a list of text parts; "
+                                                                   "may be null for an assistant's tool calls.")
+    name: str | None = Field(None, max_length=256, description="A participant's name; the template decides its use.")
+    tool_calls: list[ToolCallIn] | None = Field(None, description="An assistant's calls, as Serge returned them.")
+    tool_call_id: str | None = Field(None, max_length=256, description="A tool message: the call it answers.")
+    refusal: None = Field(None, description="Echoed assistant messages may carry it, as null.")
+    annotations: list[Any] | None = Field(None, description=NO_EFFECT)
+
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+
+
+class FunctionDefinition(_Strict):
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    description: str | None = Field(None, max_length=10_000)
+    parameters: dict | None = Field(None, description="The arguments' JSON schema; the call is constrained to it.")
+    strict: bool | None = Field(None, description="Enforced either way; strict also refuses schema keywords "
+                                                  "that cannot be enforced.")
+
+
+class ToolIn(_Strict):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class FunctionName(_Strict):
+    name: str
+
+
+class NamedToolChoice(_Strict):
+    type: Literal["function"]
+    function: FunctionName
+
+
+class StreamOptions(_Strict):
+    include_usage: bool = False
+    include_obfuscation: bool | None = Field(None, description=NO_EFFECT)
+
+
+class ChatCompletionRequest(_Strict):
+    model: str | None = Field(None, description="An installed model; the server's default when left out.")
+    messages: list[ChatMessageIn] = Field(min_length=1, max_length=MAX_MESSAGES_PER_REQUEST)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: int = Field(1, description="Only 1 is supported.")
+    temperature: float | None = None
+    top_p: float | None = None
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    logit_bias: dict[int, float] | None = Field(None, description="Token id -> -100 to 100, added to its score.")
+    logprobs: bool | None = Field(None, description="Return each chosen token's log-probability.")
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS,
+                                     description="With logprobs: this many likeliest alternatives per token.")
+    response_format: ResponseFormat | None = Field(None, description="text, json_object or json_schema: "
+                                                                     "enforced by constrained decoding.")
+    tools: list[ToolIn] | None = Field(None, max_length=MAX_TOOLS)
+    tool_choice: Literal["auto", "none", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = Field(None, description="false: at most one call per reply.")
+    modalities: list[Literal["text"]] | None = Field(None, description="Only text.")
+    top_k: int | None = Field(None, description="Not in OpenAI's API: keep the k most likely tokens.")
+    min_p: float | None = Field(None, description="Not in OpenAI's API: minimum probability relative to the top token.")
+    repetition_penalty: float | None = Field(None, description="Not in OpenAI's API: >1 discourages repeats.")
+    ignore_eos: bool | None = Field(None, description="Not in OpenAI's API: generate past end-of-turn (benchmarks).")
+    user: str | None = Field(None, description=NO_EFFECT)
+    metadata: dict[str, str] | None = Field(None, description=NO_EFFECT)
+    store: bool | None = Field(None, description=NO_EFFECT)
+    service_tier: str | None = Field(None, description=NO_EFFECT)
+    prompt_cache_key: str | None = Field(None, description=NO_EFFECT + " (Serge reuses shared prefixes anyway.)")
+    prompt_cache_retention: str | None = Field(None, description=NO_EFFECT)
+    safety_identifier: str | None = Field(None, description=NO_EFFECT)
+
+    def sampling(self) -> SamplingParams:
+        if self.top_logprobs is not None and not self.logprobs:
+            raise _bad("top_logprobs needs logprobs: true", "top_logprobs")
+        try:
+            return SamplingParams(
+                temperature=self.temperature,
+                top_p=self.top_p,
+                top_k=self.top_k,
+                min_p=self.min_p,
+                max_new_tokens=self.max_completion_tokens or self.max_tokens,
+                repetition_penalty=self.repetition_penalty,
+                frequency_penalty=self.frequency_penalty,
+                presence_penalty=self.presence_penalty,
+                stop=self.stop,
+                seed=self.seed,
+                ignore_eos=self.ignore_eos,
+                logit_bias=self.logit_bias,
+                logprobs=(self.top_logprobs or 0) if self.logprobs else None,
+                response_format=self.response_format,
+            )
+        except ValidationError as exc:
+            message, param = describe_validation(exc.errors())
+            param = {"max_new_tokens": "max_tokens"}.get(param, param)
+            raise _bad(message.replace("max_new_tokens", "max_tokens"), param) from None
+
+    def tool_offer(self) -> Tools | None:
+        """The tools and tool_choice as the engine takes them; None when no tools are offered."""
+        choice = self.tool_choice
+        if not self.tools:
+            if choice is not None and choice not in ("auto", "none"):
+                raise _bad("tool_choice asks for a tool call, but no tools were given", "tool_choice")
+            return None
+        names = [t.function.name for t in self.tools]
+        if len(set(names)) != len(names):
+            raise _bad("two tools have the same name", "tools")
+        functions = tuple(Tool(t.function.name, t.function.description or "",
+                               json.dumps(t.function.parameters or {"type": "object", "properties": {}}),
+                               bool(t.function.strict)) for t in self.tools)
+        parallel = self.parallel_tool_calls is not False
+        if isinstance(choice, NamedToolChoice):
+            return Tools(functions, "required", choice.function.name, parallel)
+        return Tools(functions, choice or "auto", None, parallel)
+
+    def conversation(self) -> list[Message]:
+        messages = []
+        for i, m in enumerate(self.messages):
+            text = m.text()
+            if len(text) > MAX_MESSAGE_CHARS:
+                raise _bad(f"messages.{i}.content is {len(text)} characters; the limit is {MAX_MESSAGE_CHARS}",
+                           f"messages.{i}.content")
+            role = "system" if m.role == "developer" else m.role
+            if role == "system" and i != 0:
+                raise _bad(f"messages.{i}: a system (or developer) message may only come first",
+                           f"messages.{i}.role")
+            if m.tool_calls and role != "assistant":
+                raise _bad(f"messages.{i}: only an assistant message has tool_calls", f"messages.{i}.tool_calls")
+            if (role == "tool") != (m.tool_call_id is not None):
+                raise _bad(f"messages.{i}: a tool message needs tool_call_id, and only a tool message has one",
+                           f"messages.{i}.tool_call_id")
+            if m.content is None and not m.tool_calls:
+                raise _bad(f"messages.{i}.content is missing", f"messages.{i}.content")
+            calls = tuple(ToolCall(c.id, c.function.name, c.function.arguments) for c in m.tool_calls or ())
+            messages.append(Message(role, text, calls, m.tool_call_id, m.name))
+        if messages[-1].role == "assistant":
+            raise _bad("the last message must be from the user, the system or a tool, not the assistant", "messages")
+        return messages
