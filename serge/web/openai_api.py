@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.concurrency import run_in_threadpool
 
 from serge.engine import Engine, FinishReason, GenerationRecord, Message, SamplingParams, Stream
+from serge.web.docs import COMPLETION
 from serge.web.errors import ApiError, describe_validation, error_body
 
 MAX_MESSAGES_PER_REQUEST = 500
@@ -136,7 +137,7 @@ async def _cancel_on_disconnect(request: Request, stream: Stream) -> None:
     stream.cancel()
 
 
-@router.post("/chat/completions", summary="Create a chat completion (streamed or not)")
+@router.post("/chat/completions", responses=COMPLETION, summary="Create a chat completion (streamed or not)")
 async def chat_completions(body: ChatCompletionRequest, request: Request):
     if body.n != 1:
         raise ApiError(400, f"n={body.n} is not supported; Serge returns exactly one choice (n=1)",
