@@ -148,3 +148,13 @@ def test_numbers_json_cannot_hold_or_the_database_cannot_store_are_refused(http,
 def test_deep_nesting_is_a_400(http, paths):
     assert_error(send(http, "POST", paths["create"], b'{"settings": ' + b"[" * 20_000 + b"]" * 20_000 + b"}"),
                  400, "send application/json")
+
+
+@pytest.mark.parametrize("value", ["5", "false", '{"a": 1}', '[1, 2]', '"x"'])
+def test_a_stop_setting_of_the_wrong_kind_is_a_400(http, paths, value):
+    # found by tests/test_sampling_properties.py: `tuple(5)` raised a TypeError, which was a 500
+    response = send(http, "POST", paths["create"], b'{"settings": {"stop": %s}}' % value.encode())
+    if value == '"x"':
+        assert response.status_code == 201, response.text
+    else:
+        assert_error(response, 400, "stop", "settings.stop")
