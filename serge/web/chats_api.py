@@ -20,7 +20,7 @@ from starlette.concurrency import run_in_threadpool
 from serge.chats import ChatBusy, ChatExport, ChatNotFound, ChatService, InvalidChatInput, MessageNotFound, Reply
 from serge.chats import export_markdown
 from serge.chats.service import LOCAL_OWNER
-from serge.engine import EngineBusy
+from serge.engine import EngineBusy, SamplingParams
 from serge.store import ChatRecord, MessageRecord
 from serge.web.docs import EVENT_STREAM, MARKDOWN
 from serge.web.errors import ApiError
@@ -34,8 +34,8 @@ class ChatIn(BaseModel):
     title: str | None = Field(None, description="Defaults to the start of the first message.")
     model: str | None = Field(None, description="An installed model; the server's default when left out.")
     system_prompt: str | None = None
-    settings: dict | None = Field(None, description="Generation settings: any field of SamplingParams "
-                                                    "(temperature, top_p, top_k, max_new_tokens, ...).")
+    settings: SamplingParams | None = Field(None, description="Generation settings for the chat's replies; "
+                                                              "a field left out uses the model's default.")
 
 
 class ChatPatch(ChatIn):

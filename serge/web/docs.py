@@ -27,14 +27,21 @@ DOCS_POLICY = POLICY.replace("style-src 'self'", "style-src 'self' 'unsafe-inlin
 
 _ERROR = {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}}
 BUSY = {"description": "Every slot and the queue are full; retry after Retry-After seconds.", "content": _ERROR}
-EVENTS = {"text/event-stream": {"schema": {"type": "string"}}}
+# Open API 3.1 describes an event stream by the schema of one event; `data` holds JSON text.
+_JSON_TEXT = {"type": "string", "contentMediaType": "application/json"}
+_REPLY_EVENT = {"type": "object", "required": ["event", "data"],
+                "properties": {"event": {"enum": ["start", "queued", "delta", "done"]}, "data": _JSON_TEXT}}
+_CHUNK_EVENT = {"type": "object", "required": ["data"],
+                "properties": {"data": {"description": "a chat.completion.chunk, an error, or [DONE]",
+                                        "type": "string"}}}
 
 # For routes whose reply is a stream of server-sent events.
-EVENT_STREAM = {200: {"description": "Server-sent events: start, then delta with text, then done.",
-                      "content": EVENTS}, 503: BUSY}
+EVENT_STREAM = {200: {"description": "Server-sent events: start, queued while waiting, delta with text, "
+                                     "then done with the saved message.",
+                      "content": {"text/event-stream": {"schema": _REPLY_EVENT}}}, 503: BUSY}
 # For /v1/chat/completions: JSON, or server-sent events with "stream": true.
 COMPLETION = {200: {"description": "A chat.completion, or chat.completion.chunk events when streamed.",
-                    "content": EVENTS}, 503: BUSY}
+                    "content": {"text/event-stream": {"schema": _CHUNK_EVENT}}}, 503: BUSY}
 MARKDOWN = {200: {"description": "The chat as JSON or Markdown.",
                   "content": {"text/markdown": {"schema": {"type": "string"}}}}}
 
