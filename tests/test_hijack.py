@@ -7,6 +7,8 @@ nothing is read, written or generated.
 
 from __future__ import annotations
 
+import asyncio
+import json
 import re
 
 import httpx
@@ -17,6 +19,7 @@ from starlette.datastructures import Headers
 from serge.settings import Settings
 from serge.web.app import build_app
 from serge.web.guard import HostPolicy
+from serge.web.headers import SecurityHeaders
 from serge.web.markdown import MarkdownRenderer
 
 EVIL = "http://evil.example"
@@ -101,6 +104,22 @@ def test_which_hosts_are_served_follows_the_bind_address_and_the_setting():
     assert status(named, "evil.example") == 421
     assert status(HostPolicy.of(Settings(host="gpu-box")), "gpu-box:8008") is None
     assert status(HostPolicy.of(Settings(allowed_hosts="*")), "anything.example") is None
+
+
+def test_an_origin_is_the_pages_own_only_with_the_same_host_and_port():
+    policy = HostPolicy.of(Settings(allowed_hosts="serge.example"))
+
+    def refused(host: str, origin: str) -> bool:
+        return policy.check("POST", "/api/chats", Headers({"host": host, "origin": origin})) is not None
+
+    assert not refused("127.0.0.1:8008", "http://127.0.0.1:8008")
+    assert not refused("[::1]:8008", "http://[::1]:8008")
+    assert not refused("serge.example", "https://serge.example")  # default ports on both sides
+    assert not refused("serge.example:443", "https://serge.example")
+    assert refused("serge.example", "https://serge.example:8443")
+    assert refused("127.0.0.1:8008", "http://127.0.0.1:8009")
+    assert refused("127.0.0.1:8008", "http://localhost:8008")  # another origin, though the same machine
+    assert refused("127.0.0.1:8008", "file://")
 
 
 # --- cross-site writes -------------------------------------------------------------------------------
@@ -219,3 +238,24 @@ def test_a_markdown_image_in_a_reply_is_a_link_never_a_remote_image():
     assert "<img" not in html and "javascript:" not in html.split("![x]")[0]
     assert '<a class="md-image" href="http://evil.example/leak.png?q=secret"' in html
     assert "style=" not in html and 'class="align-right"' in html
+
+
+def test_an_unexpected_exception_still_answers_json_with_the_headers():
+    async def broken(scope, receive, send):
+        raise RuntimeError("a bug")
+
+    sent = []
+
+    async def send(message):
+        sent.append(message)
+
+    async def receive():
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    with pytest.raises(RuntimeError):  # still raised, so the server logs it
+        asyncio.run(SecurityHeaders(broken)({"type": "http", "method": "GET", "path": "/"}, receive, send))
+    start, body = sent
+    headers = dict(start["headers"])
+    assert start["status"] == 500 and headers[b"content-type"] == b"application/json"
+    assert b"script-src 'self'" in headers[b"content-security-policy"] and headers[b"x-frame-options"] == b"DENY"
+    assert json.loads(body["body"])["error"]["type"] == "server_error"
