@@ -128,7 +128,7 @@ def hostile_chat(server: str, text: str) -> dict:
 def test_the_xss_corpus_in_titles_questions_replies_and_prompts_shows_as_text(watched, server):
     chats = [hostile_chat(server, text) for text in CORPUS]
     page = watched.page
-    for text, chat in zip(CORPUS, chats):
+    for text, chat in zip(CORPUS, chats, strict=True):
         page.goto(f"{server}/c/{chat['id']}")
         expect(page.locator("#chat-title")).to_have_text(text)
         expect(page.locator('[data-role="user"] .msg-body')).to_have_text(text)
