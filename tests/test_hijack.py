@@ -120,6 +120,7 @@ def test_an_origin_is_the_pages_own_only_with_the_same_host_and_port():
     assert refused("127.0.0.1:8008", "http://127.0.0.1:8009")
     assert refused("127.0.0.1:8008", "http://localhost:8008")  # another origin, though the same machine
     assert refused("127.0.0.1:8008", "file://")
+    assert refused("127.0.0.1:8008", "http://[::1")  # not an origin at all: refused, not a 500
 
 
 # --- cross-site writes -------------------------------------------------------------------------------

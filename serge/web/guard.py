@@ -113,7 +113,10 @@ class HostPolicy:
         """The page's own origin (same host and port as the request), or one configured for CORS."""
         if origin.lower().rstrip("/") in self.cors_origins:
             return True
-        parts = urlsplit(origin)
+        try:
+            parts = urlsplit(origin)
+        except ValueError:  # "http://[" and the like: not an origin, so not this server's
+            return False
         source = split_host(parts.netloc) if parts.scheme in DEFAULT_PORTS and not parts.path else None
         if source is None or place is None:
             return False
