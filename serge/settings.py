@@ -7,12 +7,14 @@ environment.
 
 from __future__ import annotations
 
+import json
 import os
+import re
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 
 def _default_data_dir() -> Path:
@@ -33,12 +35,33 @@ def _default_threads() -> int:
     return max(1, usable // 2)
 
 
+def _names(value):
+    """A list setting from the environment: JSON, or names separated by commas."""
+    if isinstance(value, str):
+        value = value.strip()
+        try:
+            listed = json.loads(value)
+        except ValueError:  # not JSON: a comma-separated list
+            listed = None
+        if isinstance(listed, list):
+            return listed
+        return [part.strip() for part in value.split(",") if part.strip()]
+    return value
+
+
+NameList = Annotated[list[str], NoDecode]
+
+
 class RemoteModel(BaseModel):
     """A model served by an OpenAI-compatible server (vLLM, llama.cpp, Ollama, another Serge)."""
 
     url: str = Field(description="Base URL of the API, ending in /v1.")
     model: str | None = Field(None, description="The model's name on that server; defaults to Serge's name for it.")
     api_key: str | None = Field(None, description="Sent as a bearer token.")
+
+
+_HOST_NAME = re.compile(r"[a-z0-9]([a-z0-9.-]*[a-z0-9])?|[0-9a-f:.]*:[0-9a-f:.]*")
+_ORIGIN = re.compile(r"https?://([a-z0-9.-]+|\[[0-9a-f:.]+\])(:\d{1,5})?")
 
 
 class Settings(BaseSettings):
@@ -100,6 +123,36 @@ class Settings(BaseSettings):
     prefill_chunk: int = Field(
         256, ge=16, description="Prompt tokens run per step while other replies decode, so a long prompt stalls them for a step at most."
     )
+
+    allowed_hosts: NameList = Field(
+        default_factory=list,
+        description="Host names Serge answers to besides localhost and the address it listens on (any IP address "
+                    "when it listens on all), e.g. the name a reverse proxy serves it under; * turns the check off.",
+    )
+    cors_origins: NameList = Field(
+        default_factory=list,
+        description="Web origins (https://app.example) whose pages may call the API across origins; none by default.",
+    )
+
+    @field_validator("allowed_hosts", mode="before")
+    @classmethod
+    def _host_names(cls, value):
+        names = [str(n).strip().lower().rstrip(".").removeprefix("[").removesuffix("]") for n in _names(value)]
+        for name in names:
+            if name != "*" and not _HOST_NAME.fullmatch(name):
+                raise ValueError(f"{name!r} is not a host name; list names or addresses without a scheme or port "
+                                 "(serge.example, 192.168.1.5)")
+        return names
+
+    @field_validator("cors_origins", mode="before")
+    @classmethod
+    def _origins(cls, value):
+        origins = [str(o).strip().lower().rstrip("/") for o in _names(value)]
+        for origin in origins:
+            if not _ORIGIN.fullmatch(origin):
+                raise ValueError(f"{origin!r} is not a web origin; write each as scheme://host[:port], "
+                                 "e.g. https://app.example")
+        return origins
 
     @field_validator("device")
     @classmethod

@@ -65,6 +65,8 @@ class SamplingParams(BaseModel):
             return None
         if isinstance(value, str):
             value = [value]
+        if not isinstance(value, (list, tuple)):  # tuple(5) would be a TypeError, which is not a 400
+            raise ValueError("stop must be a string or a list of strings")
         value = tuple(value)
         if len(value) > MAX_STOP_STRINGS:
             raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings are allowed")

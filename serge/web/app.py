@@ -12,7 +12,7 @@ import threading
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from fastapi.staticfiles import StaticFiles
 
@@ -22,8 +22,9 @@ from serge.engine import Engine
 from serge.settings import Settings
 from serge.store import ChatStore, Database
 from serge.web.chats_api import router as chats_router
+from serge.web.docs import install_docs
 from serge.web.errors import install_error_handlers
-from serge.web.limits import BodySizeLimit
+from serge.web.guard import protect
 from serge.web.models_api import router as models_router
 from serge.web.openai_api import router as openai_router
 from serge.web.pages import STATIC, build_pages
@@ -64,9 +65,12 @@ def build_app(settings: Settings, engine: Engine) -> FastAPI:
         version=__version__,
         summary="A private chat for local language models, with an OpenAI-compatible API.",
         lifespan=lifespan,
+        docs_url=None,  # served by install_docs from Serge's own files
+        redoc_url=None,
     )
     app.state.settings = settings
-    app.add_middleware(BodySizeLimit, max_bytes=settings.max_request_bytes)
+    protect(app, settings)  # Host and Origin checks, security headers, body limits
+    install_docs(app)
     install_error_handlers(app)
     app.include_router(openai_router)
     app.include_router(chats_router)
@@ -95,7 +99,8 @@ def build_app(settings: Settings, engine: Engine) -> FastAPI:
         }
         return JSONResponse(body, status_code=200 if status.ready else 503)
 
-    @app.get("/metrics", tags=["system"], summary="Prometheus metrics: requests, tokens, latencies, queue")
+    @app.get("/metrics", tags=["system"], response_class=PlainTextResponse,
+             summary="Prometheus metrics: requests, tokens, latencies, queue")
     def metrics(request: Request):
         return Response(request.app.state.engine.prometheus(), media_type=CONTENT_TYPE_LATEST)
 

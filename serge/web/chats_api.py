@@ -20,8 +20,9 @@ from starlette.concurrency import run_in_threadpool
 from serge.chats import ChatBusy, ChatExport, ChatNotFound, ChatService, InvalidChatInput, MessageNotFound, Reply
 from serge.chats import export_markdown
 from serge.chats.service import LOCAL_OWNER
-from serge.engine import EngineBusy
+from serge.engine import EngineBusy, SamplingParams
 from serge.store import ChatRecord, MessageRecord
+from serge.web.docs import EVENT_STREAM, MARKDOWN
 from serge.web.errors import ApiError
 
 router = APIRouter(prefix="/api/chats", tags=["chats"])
@@ -33,8 +34,8 @@ class ChatIn(BaseModel):
     title: str | None = Field(None, description="Defaults to the start of the first message.")
     model: str | None = Field(None, description="An installed model; the server's default when left out.")
     system_prompt: str | None = None
-    settings: dict | None = Field(None, description="Generation settings: any field of SamplingParams "
-                                                    "(temperature, top_p, top_k, max_new_tokens, ...).")
+    settings: SamplingParams | None = Field(None, description="Generation settings for the chat's replies; "
+                                                              "a field left out uses the model's default.")
 
 
 class ChatPatch(ChatIn):
@@ -166,7 +167,8 @@ def delete_chat(chat_id: str, request: Request):
     return Response(status_code=204)
 
 
-@router.get("/{chat_id}/export", summary="Download a chat as Markdown or JSON (JSON keeps every branch)")
+@router.get("/{chat_id}/export", responses=MARKDOWN,
+            summary="Download a chat as Markdown or JSON (JSON keeps every branch)")
 def export_chat(chat_id: str, request: Request, format: Literal["md", "json"] = "json"):
     with api_errors():
         chats = service(request)
@@ -179,21 +181,24 @@ def export_chat(chat_id: str, request: Request, format: Literal["md", "json"] = 
                     headers={"Content-Disposition": f'attachment; filename="chat-{chat_id}.json"'})
 
 
-@router.post("/{chat_id}/messages", summary="Send a message; the reply streams back as server-sent events")
+@router.post("/{chat_id}/messages", response_class=StreamingResponse, responses=EVENT_STREAM,
+             summary="Send a message; the reply streams back as server-sent events")
 async def send_message(chat_id: str, body: MessageIn, request: Request):
     with api_errors():
         reply = await run_in_threadpool(service(request).reply, owner(request), chat_id, body.content)
     return reply_events(reply)
 
 
-@router.post("/{chat_id}/regenerate", summary="A new reply to the last message; the old one stays as an alternative")
+@router.post("/{chat_id}/regenerate", response_class=StreamingResponse, responses=EVENT_STREAM,
+             summary="A new reply to the last message; the old one stays as an alternative")
 async def regenerate(chat_id: str, request: Request):
     with api_errors():
         reply = await run_in_threadpool(service(request).regenerate, owner(request), chat_id)
     return reply_events(reply)
 
 
-@router.post("/{chat_id}/messages/{message_id}/edit", summary="Edit one of your messages and resend it (a new branch)")
+@router.post("/{chat_id}/messages/{message_id}/edit", response_class=StreamingResponse, responses=EVENT_STREAM,
+             summary="Edit one of your messages and resend it (a new branch)")
 async def edit_and_resend(chat_id: str, message_id: str, body: MessageIn, request: Request):
     with api_errors():
         reply = await run_in_threadpool(service(request).edit_and_resend, owner(request), chat_id, message_id,

@@ -10,6 +10,7 @@ from __future__ import annotations
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from serge.engine import (ContextTooLong, EngineBusy, InvalidModelName, InvalidRequest, InvalidSource, ModelInUse,
@@ -22,6 +23,19 @@ class ApiError(Exception):
         super().__init__(message)
         self.status, self.message, self.code, self.param = status, message, code, param
         self.headers = headers
+
+
+class ErrorDetail(BaseModel):
+    message: str = Field(description="What went wrong and what to change.")
+    type: str = Field(description="invalid_request_error for 4xx, server_error for 5xx.")
+    param: str | None = Field(description="The request field at fault, when there is one.")
+    code: str | None = Field(description="A stable, machine-readable reason.")
+
+
+class ErrorResponse(BaseModel):
+    """The body of every error answer (the API reference lists it for each operation)."""
+
+    error: ErrorDetail
 
 
 def error_body(message: str, *, status: int, code: str | None = None, param: str | None = None) -> dict:

@@ -1,21 +1,119 @@
-"""A cap on request bodies, checked before any route reads them.
+"""What a request body may be, checked once before any route reads it.
 
-Declared lengths over the cap are refused at once with 413; chunked bodies are
-counted as they arrive and cut off at the cap.
+The body is read here whole, up to SERGE_MAX_REQUEST_BYTES: past it the answer is 413,
+whether the length was declared or the body came chunked (a route reading it would only
+see a parse error). A body sent as JSON (or with no content type, which FastAPI reads as
+JSON) must be UTF-8 JSON that the rest of Serge can hold: no lone surrogates ("\\ud800"
+parses in Python but cannot be stored, streamed or tokenized), no NaN or Infinity, and
+integers within 64 bits (what the database stores). Each is a 400 naming the field, for
+every route at once, instead of a 500 deep inside one. Routes still check the shape.
+
+It does not decide who may send (guard.py does).
 """
 
 from __future__ import annotations
 
 import json
+import math
+
+from starlette.datastructures import Headers
+from starlette.responses import JSONResponse
 
 from serge.web.errors import error_body
 
+MAX_INT = 2**63 - 1
 
-class BodyTooLarge(Exception):
+
+class BadJson(ValueError):
     pass
 
 
-class BodySizeLimit:
+def _short(text: str) -> str:
+    return text if len(text) <= 40 else text[:40] + "…"
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise BadJson(f"the number {_short(text)} is too large; numbers must be finite")
+    return value
+
+
+def _int64(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:  # more digits than Python converts
+        value = MAX_INT + 1
+    if abs(value) > MAX_INT:
+        raise BadJson(f"the integer {_short(text)} does not fit in 64 bits")
+    return value
+
+
+def _no_constant(name: str):
+    raise BadJson(f"{name} is not a JSON number")
+
+
+def _field(path: list) -> str:
+    return ".".join(str(p) for p in path) or "the body"
+
+
+def _has_surrogate(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def unencodable_text(data) -> tuple[str, str] | None:
+    """Where the first string or key that is not valid Unicode is: (`messages.0.content`, its wording)."""
+    stack = [(data, [])]
+    while stack:  # iterative: nesting depth is bounded only by the body size
+        value, path = stack.pop()
+        if isinstance(value, str):
+            if _has_surrogate(value):
+                return _field(path), _field(path)
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                if _has_surrogate(key):
+                    return _field(path), f"a key in {_field(path)}"
+                stack.append((item, [*path, key]))
+        elif isinstance(value, list):
+            stack.extend((item, [*path, i]) for i, item in enumerate(value))
+    return None
+
+
+def json_problem(body: bytes) -> tuple[str, str | None] | None:
+    """Why `body` is not JSON that Serge can take, and the field at fault; None when it is."""
+    try:
+        data = json.loads(body, parse_float=_finite, parse_int=_int64, parse_constant=_no_constant)
+    except BadJson as exc:
+        return f"{exc}; send application/json", None
+    except UnicodeDecodeError:
+        return "the body is not UTF-8 text; send application/json encoded as UTF-8", None
+    except json.JSONDecodeError as exc:
+        return (f"the body is not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno}); "
+                "send application/json"), None
+    except RecursionError:
+        return "the body is nested too deeply; send application/json of a sensible shape", None
+    found = unencodable_text(data)
+    if found is None:
+        return None
+    field, wording = found
+    return (f"{wording} holds a lone surrogate (a \\ud800-\\udfff escape without its pair), which is not text; "
+            "send valid Unicode"), field
+
+
+def is_json(content_type: str) -> bool:
+    media = content_type.split(";", 1)[0].strip().lower()
+    return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
+
+
+def _refuse(status: int, message: str, code: str, param: str | None = None) -> JSONResponse:
+    return JSONResponse(error_body(message, status=status, code=code, param=param), status_code=status)
+
+
+class BodyCheck:
     def __init__(self, app, max_bytes: int) -> None:
         self.app = app
         self.max_bytes = max_bytes
@@ -23,38 +121,42 @@ class BodySizeLimit:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        declared = dict(scope.get("headers") or []).get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            return await self._refuse(send)
+        headers = Headers(scope=scope)
+        too_large = _refuse(413, f"the request body is larger than {self.max_bytes} bytes; send less "
+                                 "(SERGE_MAX_REQUEST_BYTES sets the cap)", "request_too_large")
+        declared = headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > self.max_bytes:
+            return await too_large(scope, receive, send)
 
-        seen = 0
-        started = False
-
-        async def counted_receive():
-            nonlocal seen
+        chunks, size = [], 0
+        while True:
             message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > self.max_bytes:
-                    raise BodyTooLarge
-            return message
+            if message["type"] == "http.disconnect":
+                return  # the client left before sending its whole body
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_bytes:
+                return await too_large(scope, receive, send)
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        body = b"".join(chunks)
 
-        async def tracked_send(message):
-            nonlocal started
-            started = started or message["type"] == "http.response.start"
-            await send(message)
+        content_type = headers.get("content-type")
+        if body and (content_type is None or is_json(content_type)):
+            problem = json_problem(body)
+            if problem is not None:
+                message, field = problem
+                return await _refuse(400, message, "invalid_json", field)(scope, receive, send)
 
-        try:
-            await self.app(scope, counted_receive, tracked_send)
-        except BodyTooLarge:
-            if not started:
-                await self._refuse(send)
+        replayed = False
 
-    async def _refuse(self, send) -> None:
-        body = json.dumps(error_body(
-            f"the request body is larger than {self.max_bytes} bytes; send less (SERGE_MAX_REQUEST_BYTES sets the cap)",
-            status=413, code="request_too_large",
-        )).encode()
-        await send({"type": "http.response.start", "status": 413,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
-        await send({"type": "http.response.body", "body": body})
+        async def replay():
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()  # after the body: only the disconnect is left to hear
+
+        await self.app(scope, replay, send)
+

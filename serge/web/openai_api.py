@@ -19,6 +19,7 @@ from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from serge.engine import Engine, FinishReason, GenerationRecord, ModelInfo, Stream, TokenLogprob
+from serge.web.docs import COMPLETION
 from serge.web.errors import ApiError, error_body
 from serge.web.openai_models import HARMLESS, REFUSED, ChatCompletionRequest
 
@@ -82,7 +83,8 @@ penalties, logit_bias, the grammar, temperature, top_k, min_p and top_p (renorma
 temperature 0, from the unscaled distribution after penalties, logit_bias and the grammar."""
 
 
-@router.post("/chat/completions", summary="Create a chat completion (streamed or not)", description=COMPLETIONS_DOC)
+@router.post("/chat/completions", responses=COMPLETION, summary="Create a chat completion (streamed or not)",
+             description=COMPLETIONS_DOC)
 async def chat_completions(body: ChatCompletionRequest, request: Request):
     if body.n != 1:
         raise ApiError(400, f"n={body.n} is not supported; Serge returns exactly one choice (n=1)",

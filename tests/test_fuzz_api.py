@@ -1,0 +1,101 @@
+"""Schemathesis sends generated requests, valid and invalid, to every operation under /api and /v1.
+
+Every answer must be a non-5xx status that the OpenAPI document declares, with a declared
+content type, headers and a body (each event of a stream) that match the declared schema.
+Not checked: that every schema-valid request is accepted (some rules are not a schema's to
+state: a conversation longer than the context window, a message that is only spaces), and
+that every schema-invalid one is refused (pydantic reads `true` as the number 1 and "1" as
+an integer, which JSON Schema calls wrong; the server uses them as sent).
+
+Generation is kept short (the point is the HTTP layer): a completion asks for at most 4 tokens
+unless the generated value is itself the fault, and the server's context is 64 tokens. With the
+examples per operation bounded, the run takes a minute or two on two cores.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import httpx
+import pytest
+import schemathesis
+from conftest import ServerThread, free_port
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+from hypothesis.errors import Unsatisfiable
+from schemathesis.checks import not_a_server_error
+from schemathesis.specs.openapi.checks import (content_type_conformance, response_headers_conformance,
+                                               response_schema_conformance, status_code_conformance)
+
+from serge.settings import Settings
+from serge.web.app import build_app
+
+EXAMPLES = 15  # per operation and per mode (valid, invalid)
+CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_headers_conformance,
+          response_schema_conformance]
+
+# The document is the app's own; building the app needs no engine, so operations are known at collection.
+SCHEMA = schemathesis.openapi.from_dict(build_app(Settings(), None).openapi()).include(path_regex="^/(api|v1)/")
+OPERATIONS = [result.ok() for result in SCHEMA.get_all_operations()]
+
+
+@pytest.fixture(scope="module")
+def fuzzed(settings, engine, tmp_path_factory):
+    own = Settings(data_dir=tmp_path_factory.mktemp("fuzz"), models_dir=settings.models_dir,
+                   torch_threads=settings.torch_threads, context_window=64)
+    with ServerThread(build_app(own, engine), free_port()) as running:
+        yield running.url
+
+
+@pytest.fixture(scope="module")
+def tally():
+    """Requests sent and statuses seen, printed at the end (pytest -s shows them)."""
+    seen: dict[str, Counter] = {}
+    yield seen
+    total = sum(sum(c.values()) for c in seen.values())
+    print(f"\nfuzzed {len(seen)} operations with {total} requests")
+    for operation, statuses in seen.items():
+        print(f"  {operation}: {dict(sorted(statuses.items()))}")
+
+
+def short(case):
+    """At most 4 new tokens for a completion, unless max_tokens is the invalid part of the case."""
+    body = case.body
+    if isinstance(body, dict) and "messages" in body:
+        wanted = body.get("max_tokens")
+        if wanted is None or (type(wanted) is int and wanted > 4):
+            body["max_tokens"] = 4
+    return case
+
+
+def real_ids(url: str) -> dict[str, str]:
+    """A fresh chat with a question and an answer, so generated requests also reach real records."""
+    exported = {"chat": {"title": "Fuzzed", "settings": {"max_new_tokens": 4}},
+                "messages": [{"id": "q", "role": "user", "content": "Hi."},
+                             {"id": "a", "parent_id": "q", "role": "assistant", "content": "Hello."}]}
+    chat = httpx.post(f"{url}/api/chats/import", json=exported, timeout=30).json()
+    return {"chat_id": chat["id"], "message_id": chat["messages"][0]["id"]}
+
+
+@pytest.mark.parametrize("operation", OPERATIONS, ids=lambda op: op.label)
+def test_generated_requests_get_no_5xx_and_answers_match_the_schema(operation, fuzzed, tally):
+    names = {p.name for p in operation.path_parameters}
+    fixed = {k: v for k, v in real_ids(fuzzed).items() if k in names}
+    statuses = tally.setdefault(operation.label, Counter())
+    for mode in (schemathesis.GenerationMode.POSITIVE, schemathesis.GenerationMode.NEGATIVE):
+        strategy = operation.as_strategy(generation_mode=mode)
+        if fixed:
+            strategy = st.one_of(strategy, operation.as_strategy(generation_mode=mode, path_parameters=fixed))
+        strategy = strategy.map(short)
+
+        @settings(max_examples=EXAMPLES, deadline=None, phases=[Phase.explicit, Phase.generate],
+                  suppress_health_check=list(HealthCheck), database=None)
+        @given(case=strategy)
+        def answers_well(case):
+            response = case.call_and_validate(base_url=fuzzed, checks=CHECKS, timeout=120)
+            statuses[response.status_code] += 1
+
+        try:
+            answers_well()
+        except Unsatisfiable:  # nothing in this operation can be sent wrong (no body, only free-text ids)
+            assert mode is schemathesis.GenerationMode.NEGATIVE
