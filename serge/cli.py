@@ -14,8 +14,9 @@ import sys
 from pydantic import ValidationError
 
 from serge import __version__
-from serge.cli_accounts import PasswordsDiffer
+from serge.cli_accounts import AccountCommandFailed
 from serge.cli_accounts import add_parsers as add_account_parsers
+from serge.cli_accounts import run as run_account_command
 from serge.settings import Settings
 
 
@@ -87,29 +88,32 @@ def main(argv: list[str] | None = None) -> None:
     args = parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("alembic").setLevel(logging.WARNING)  # its INFO lines are plugin and dialect chatter
-    from serge.accounts import InvalidAccountInput
-    from serge.engine import ContextTooLong, DeviceUnavailable, ModelNotFound, PullFailed
-    from serge.store import KeyNotFound, LastAdmin, NameTaken, UserNotFound
 
     try:
         settings = _settings(args)
+        if args.command in ("users", "keys"):
+            run_account_command(settings, args)  # no engine, no torch: answers at once
+        else:
+            _with_engine(settings, args)
+    except ValidationError as exc:
+        errors = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        _fail(f"invalid setting: {errors}")
+    except (CliError, AccountCommandFailed) as exc:
+        _fail(str(exc))
+
+
+def _with_engine(settings: Settings, args: argparse.Namespace) -> None:
+    from serge.engine import ContextTooLong, DeviceUnavailable, ModelNotFound, PullFailed
+
+    try:
         if args.command == "serve":
             _serve(settings)
         elif args.command == "chat":
             _chat(settings, args)
-        elif args.command in ("users", "keys"):
-            from serge.cli_accounts import run as accounts_command
-
-            accounts_command(settings, args)
         else:
             _models(settings, args)
-    except ValidationError as exc:
-        errors = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
-        _fail(f"invalid setting: {errors}")
-    except (CliError, DeviceUnavailable, ModelNotFound, PullFailed, ContextTooLong) as exc:
-        _fail(str(exc))
-    except (InvalidAccountInput, NameTaken, UserNotFound, KeyNotFound, LastAdmin, PasswordsDiffer) as exc:
-        _fail(str(exc))
+    except (DeviceUnavailable, ModelNotFound, PullFailed, ContextTooLong) as exc:
+        raise CliError(str(exc)) from None
 
 
 def _fail(message: str) -> None:

@@ -11,14 +11,16 @@ from __future__ import annotations
 import argparse
 import getpass
 import sys
+from typing import TYPE_CHECKING
 
-from serge.accounts import Accounts
 from serge.settings import Settings
-from serge.store import AccountStore, Database
+
+if TYPE_CHECKING:
+    from serge.accounts import Accounts
 
 
-class PasswordsDiffer(ValueError):
-    pass
+class AccountCommandFailed(Exception):
+    """An expected failure (a bad name, a taken one, an unknown key): one line, exit status 2."""
 
 
 def add_parsers(sub, data_dir_flag) -> None:
@@ -52,6 +54,9 @@ def add_parsers(sub, data_dir_flag) -> None:
 
 
 def open_accounts(settings: Settings) -> Accounts:
+    from serge.accounts import Accounts
+    from serge.store import AccountStore, Database
+
     database = Database(settings.database)
     database.migrate()
     return Accounts(AccountStore(database))
@@ -62,17 +67,22 @@ def _password(args: argparse.Namespace) -> str:
         return sys.stdin.readline().rstrip("\r\n")
     first = getpass.getpass("Password: ")
     if getpass.getpass("Again: ") != first:
-        raise PasswordsDiffer("the two passwords differ; nothing was changed")
+        raise AccountCommandFailed("the two passwords differ; nothing was changed")
     return first
 
 
 def run(settings: Settings, args: argparse.Namespace) -> None:
+    from serge.accounts import InvalidAccountInput
+    from serge.store import KeyNotFound, LastAdmin, NameTaken, UserNotFound
+
     accounts = open_accounts(settings)
     try:
         if args.command == "users":
             _users(accounts, args)
         else:
             _keys(accounts, args)
+    except (InvalidAccountInput, NameTaken, UserNotFound, KeyNotFound, LastAdmin) as exc:
+        raise AccountCommandFailed(str(exc)) from None
     finally:
         accounts.store.db.close()
 

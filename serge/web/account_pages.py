@@ -3,7 +3,7 @@
 Server-rendered forms that work without script. A new API key is shown once,
 on the page that answers its creation, and never again. Login attempts are
 metered per client address, so guessing passwords (and the CPU argon2 costs)
-stays slow. The rules themselves live in `serge.accounts`; this is HTTP only.
+stays slow; a login that succeeds costs nothing. The rules themselves live in `serge.accounts`; this is HTTP only.
 """
 
 from __future__ import annotations
@@ -44,9 +44,9 @@ def build_account_pages(limits: UserLimits) -> APIRouter:
     def sessions(request: Request) -> LoginSessions:
         return request.app.state.sessions
 
-    def render(request: Request, name: str, status_code: int = 200, headers: dict | None = None, **context):
+    def render(request: Request, template: str, status_code: int = 200, headers: dict | None = None, **context):
         user = getattr(request.state, "user", None)
-        return templates.TemplateResponse(request, name, {
+        return templates.TemplateResponse(request, template, {
             "user": user, "local": user is LOCAL_USER, "version": __version__, **context,
         }, status_code=status_code, headers=headers)
 
@@ -69,6 +69,7 @@ def build_account_pages(limits: UserLimits) -> APIRouter:
         except LoginFailed:
             return render(request, "login.html", 401, next=safe_next(next), name=name,
                           error="Wrong name or password.")
+        limits.refund(f"login:{client}", LOGIN_ATTEMPTS_PER_MINUTE)  # only failed attempts are metered
         response = RedirectResponse(safe_next(next), status_code=303)
         response.set_cookie(
             SESSION_COOKIE, sessions(request).start(user), max_age=int(sessions(request).lifetime.total_seconds()),

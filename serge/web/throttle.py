@@ -49,6 +49,12 @@ class UserLimits:
                 return 0
             return max(1, math.ceil((1 - bucket.tokens) * 60 / rate))
 
+    def refund(self, key: str, per_minute: int | None = None) -> None:
+        """Give back one request (a login that succeeded costs nothing)."""
+        with self._lock:
+            if bucket := self._buckets.get(key):
+                bucket.tokens = min(float(per_minute or self.per_minute), bucket.tokens + 1)
+
     def _forget_full(self, now: float) -> None:
         # A bucket refills to at most a minute's worth, so one untouched for a minute is as good as new.
         for key in [k for k, b in self._buckets.items() if now - b.stamp >= 60]:
