@@ -106,8 +106,8 @@ class Authenticate:
                 target = path + (f"?{scope['query_string'].decode('latin-1')}" if scope["query_string"] else "")
                 response = RedirectResponse(f"/login?next={quote(target, safe='')}", status_code=303)
                 return await response(scope, receive, send)
-            return await self._refuse(scope, receive, send, 401, "log in first: send an API key as `Authorization: "
-                                      "Bearer sk-serge-...` (from the settings page or `serge keys create`)",
+            return await self._refuse(scope, receive, send, 401, "log in first: on the page at /login, or from a "
+                                      "program with an API key as `Authorization: Bearer sk-serge-...`",
                                       "unauthorized", {"WWW-Authenticate": 'Bearer realm="serge"'})
         scope.setdefault("state", {})["user"] = user
         if user is None or user is LOCAL_USER or path in OPEN_PATHS:
