@@ -159,6 +159,7 @@ def test_a_key_works_for_v1_and_api_until_revoked(site, bob):
                             json={"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2})
     assert completion.status_code == 200, completion.text
     assert httpx.get(f"{site['url']}/api/chats", headers=headers).status_code == 200
+    assert httpx.get(f"{site['url']}/", headers={**headers, **PAGE}).status_code == 303, "keys are for the API"
     listed = bob.get("/api/keys").json()["data"]
     assert [k["name"] for k in listed] == ["laptop script"] and listed[0]["last_used_at"]
     assert "key" not in listed[0]

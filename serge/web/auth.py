@@ -1,7 +1,7 @@
 """Who is asking: every request is resolved to a user before any route runs, and metered.
 
-A request proves who it is with the cookie of a login session or with an API key
-(`Authorization: Bearer sk-serge-...`). While Serge has no accounts, requests
+A request proves who it is with the cookie of a login session or, on the API, with
+a key (`Authorization: Bearer sk-serge-...`). While Serge has no accounts, requests
 made on this machine are the local user, as before accounts existed, and others
 are refused. Once any account exists, everything but the login page, static
 files, the health status and the metrics (whose routes decide what to show)
@@ -65,7 +65,7 @@ def _resolve(accounts: Accounts, sessions: LoginSessions, request: Request) -> t
     """(the user or None, whether a key was sent and refused, whether accounts exist)."""
     scheme, _, credential = request.headers.get("authorization", "").partition(" ")
     credential = credential.strip()
-    if scheme.lower() == "bearer" and credential:
+    if scheme.lower() == "bearer" and credential and request.scope["path"].startswith(API_PREFIXES):
         if user := accounts.user_for_key(credential):
             return user, False, True
         if accounts.has_users():  # with no accounts, clients may send anything ("unused")
