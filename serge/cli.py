@@ -48,7 +48,7 @@ def parser() -> argparse.ArgumentParser:
                "trusted proxies) are SERGE_* environment variables; the README lists them all.",
     )
     serve.add_argument("--host", help="address to listen on (SERGE_HOST; default 127.0.0.1); any other than "
-                                      "this machine needs an account first (`serge users add NAME`)")
+                                      "this machine's needs an account first (`serge users add NAME`)")
     serve.add_argument("--port", type=int, help="port to listen on (SERGE_PORT; default 8008)")
     _runtime(serve)
 

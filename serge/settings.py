@@ -81,10 +81,10 @@ class Settings(BaseSettings):
         256, ge=16, description="Prompt tokens run per step while other replies decode, so a long prompt stalls them for a step at most."
     )
     user_max_streams: int = Field(
-        4, ge=1, description="Replies one signed-in user (with all their keys) may have generating at once; past that, 429."
+        4, ge=1, description="Replies one signed-in user (all their keys together) may have generating at once.",
     )
     user_requests_per_minute: int = Field(
-        120, ge=1, description="Requests one signed-in user (with all their keys) may make per minute; past that, 429."
+        120, ge=1, description="Requests one signed-in user (all their keys together) may make per minute.",
     )
     session_days: float = Field(30, gt=0, le=366, description="How long a login lasts before the page asks again.")
     trusted_proxies: str = Field(

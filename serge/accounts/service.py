@@ -134,6 +134,11 @@ class Accounts:
         name = " ".join((name or "").split()) or "key"
         if len(name) > MAX_KEY_NAME_CHARS:
             raise InvalidAccountInput(f"a key's name is at most {MAX_KEY_NAME_CHARS} characters", "name")
+        try:
+            name.encode()
+        except UnicodeEncodeError:
+            raise InvalidAccountInput("the key's name holds characters that are not valid Unicode text",
+                                      "name") from None
         key = KEY_PREFIX + secrets.token_urlsafe(32)
         return self.store.add_key(user.id, name, key[: len(KEY_PREFIX) + KEY_SHOWN_CHARS], digest(key)), key
 

@@ -11,5 +11,6 @@ from serge.store.db import Database
 
 __all__ = [
     "LOCAL_OWNER", "AccountStore", "ChatNotFound", "ChatRecord", "ChatStore", "Database", "KeyNotFound",
-    "KeyRecord", "LastAdmin", "MessageNotFound", "MessageRecord", "NameTaken", "NewMessage", "UserNotFound", "UserRecord",
+    "KeyRecord", "LastAdmin", "MessageNotFound", "MessageRecord", "NameTaken", "NewMessage", "UserNotFound",
+    "UserRecord",
 ]

@@ -63,17 +63,17 @@ def may_see_details(request: Request) -> bool:
 
 def _resolve(accounts: Accounts, sessions: LoginSessions, request: Request) -> tuple[UserRecord | None, bool, bool]:
     """(the user or None, whether a key was sent and refused, whether accounts exist)."""
+    accounts_exist = accounts.has_users()
     scheme, _, credential = request.headers.get("authorization", "").partition(" ")
     credential = credential.strip()
     if scheme.lower() == "bearer" and credential and request.scope["path"].startswith(API_PREFIXES):
         if user := accounts.user_for_key(credential):
             return user, False, True
-        if accounts.has_users():  # with no accounts, clients may send anything ("unused")
+        if accounts_exist:  # with no accounts, clients may send anything ("unused")
             return None, True, True
     cookie = request.cookies.get(SESSION_COOKIE)
     if cookie and (user := sessions.user(cookie)):
         return user, False, True
-    accounts_exist = accounts.has_users()
     if not accounts_exist and is_local(request.scope):
         return LOCAL_USER, False, False
     return None, False, accounts_exist
