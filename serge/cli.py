@@ -1,4 +1,4 @@
-"""The `serge` command: serve, chat in the terminal, and manage models.
+"""The `serge` command: serve, chat in the terminal, and manage models, accounts and API keys.
 
 Flags override `SERGE_*` environment variables, which override defaults; all of
 them end up in one `Settings`. Expected failures (a missing device, a model not
@@ -16,11 +16,18 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from serge import __version__
+from serge.cli_accounts import AccountCommandFailed
+from serge.cli_accounts import add_parsers as add_account_parsers
+from serge.cli_accounts import run as run_account_command
 from serge.settings import Settings
 
 
-def _common(p: argparse.ArgumentParser) -> None:
+def _data_dir(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data-dir", help="where models and chats live (SERGE_DATA_DIR; default ~/.local/share/serge)")
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    _data_dir(p)
     p.add_argument("--models-dir", help="installed models (SERGE_MODELS_DIR; default DATA_DIR/models)")
 
 
@@ -42,10 +49,11 @@ def parser() -> argparse.ArgumentParser:
 
     serve = sub.add_parser(
         "serve", help="run the web chat and the OpenAI-compatible API",
-        epilog="More settings (database, remote models, batching, queue, prefix cache) are SERGE_* "
-               "environment variables; the README lists them all.",
+        epilog="More settings (database, remote models, batching, queue, prefix cache, per-user limits, "
+               "trusted proxies) are SERGE_* environment variables; the README lists them all.",
     )
-    serve.add_argument("--host", help="address to listen on (SERGE_HOST; default 127.0.0.1)")
+    serve.add_argument("--host", help="address to listen on (SERGE_HOST; default 127.0.0.1); any other than "
+                                      "this machine's needs an account first (`serge users add NAME`)")
     serve.add_argument("--port", type=int, help="port to listen on (SERGE_PORT; default 8008)")
     _runtime(serve)
 
@@ -80,6 +88,7 @@ def parser() -> argparse.ArgumentParser:
     info = msub.add_parser("info", help="one model's facts: architecture, parameters, quantization, memory, ...")
     info.add_argument("name")
     _runtime(info)
+    add_account_parsers(sub, _data_dir)
     return root
 
 
@@ -102,26 +111,37 @@ def main(argv: list[str] | None = None) -> None:
     logging.getLogger("alembic").setLevel(logging.WARNING)  # its INFO lines are plugin and dialect chatter
     for chatty in ("httpx", "httpx2", "huggingface_hub"):  # a line per request, over the progress bar
         logging.getLogger(chatty).setLevel(logging.WARNING)
+
+    try:
+        settings = _settings(args)
+        if args.command in ("users", "keys"):
+            run_account_command(settings, args)  # no engine, no torch: answers at once
+        else:
+            _with_engine(settings, args)
+    except ValidationError as exc:
+        errors = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        _fail(f"invalid setting: {errors}")
+    except (CliError, AccountCommandFailed) as exc:
+        _fail(str(exc))
+
+
+def _with_engine(settings: Settings, args: argparse.Namespace) -> None:
     from serge.engine import (ContextTooLong, DeviceUnavailable, InvalidModelName, InvalidSource, ModelInUse,
                               ModelNotFound, ModelTooLarge, PullCancelled, PullFailed)
 
     try:
-        settings = _settings(args)
         if args.command == "serve":
             _serve(settings)
         elif args.command == "chat":
             _chat(settings, args)
         else:
             _models(settings, args)
-    except ValidationError as exc:
-        errors = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
-        _fail(f"invalid setting: {errors}")
-    except (CliError, DeviceUnavailable, ModelNotFound, PullFailed, ContextTooLong, InvalidModelName, InvalidSource,
+    except (DeviceUnavailable, ModelNotFound, PullFailed, ContextTooLong, InvalidModelName, InvalidSource,
             ModelInUse, ModelTooLarge) as exc:
-        _fail(str(exc))
+        raise CliError(str(exc)) from None
     except (KeyboardInterrupt, PullCancelled):
-        _fail("stopped; nothing was installed (files finished so far are kept in the cache, so pulling again "
-              "fetches only the rest)" if args.command == "models" else "stopped")
+        raise CliError("stopped; nothing was installed (files finished so far are kept in the cache, so pulling "
+                       "again fetches only the rest)" if args.command == "models" else "stopped") from None
 
 
 def _fail(message: str) -> None:
@@ -129,18 +149,35 @@ def _fail(message: str) -> None:
     sys.exit(2)
 
 
+def _refuse_open_bind(settings: Settings) -> None:
+    """Serving beyond this machine without accounts would give everyone every chat."""
+    if settings.loopback_only:
+        return
+    from serge.cli_accounts import open_accounts
+
+    accounts = open_accounts(settings)
+    try:
+        if not accounts.has_users():
+            raise CliError(f"Serge has no accounts, so it will not serve {settings.host} (anyone who can reach it "
+                           "would read every chat); create one with `serge users add NAME`, or serve 127.0.0.1")
+    finally:
+        accounts.store.db.close()
+
+
 def _serve(settings: Settings) -> None:
     import uvicorn
 
     from serge.engine import Engine
 
-    engine = Engine(settings)  # first: a missing device ends the start before anything else runs
+    _refuse_open_bind(settings)  # before the model loads: the refusal is instant
+    engine = Engine(settings)  # a missing device ends the start before anything else runs
     try:
         from serge.web.app import build_app
 
         print(f"Serge {__version__} on {engine.plan.device} ({engine.plan.dtype_name}): "
               f"http://{settings.host}:{settings.port}", flush=True)
-        uvicorn.run(build_app(settings, engine), host=settings.host, port=settings.port, log_level="info")
+        uvicorn.run(build_app(settings, engine), host=settings.host, port=settings.port, log_level="info",
+                    proxy_headers=True, forwarded_allow_ips=settings.trusted_proxies)
     finally:
         engine.close()
 

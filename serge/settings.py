@@ -8,6 +8,7 @@ environment.
 from __future__ import annotations
 
 import json
+import ipaddress
 import os
 import re
 from pathlib import Path
@@ -123,6 +124,18 @@ class Settings(BaseSettings):
     prefill_chunk: int = Field(
         256, ge=16, description="Prompt tokens run per step while other replies decode, so a long prompt stalls them for a step at most."
     )
+    user_max_streams: int = Field(
+        4, ge=1, description="Replies one signed-in user (all their keys together) may have generating at once.",
+    )
+    user_requests_per_minute: int = Field(
+        120, ge=1, description="Requests one signed-in user (all their keys together) may make per minute.",
+    )
+    session_days: float = Field(30, gt=0, le=366, description="How long a login lasts before the page asks again.")
+    trusted_proxies: str = Field(
+        "127.0.0.1",
+        description="Comma-separated addresses (or *) of reverse proxies whose X-Forwarded-For and "
+                    "X-Forwarded-Proto headers are believed.",
+    )
 
     allowed_hosts: NameList = Field(
         default_factory=list,
@@ -162,6 +175,16 @@ class Settings(BaseSettings):
         if kind not in {"auto", "cpu", "cuda", "mps"}:
             raise ValueError(f"unknown device {value!r}; use auto, cpu, cuda, cuda:N or mps")
         return value
+
+    @property
+    def loopback_only(self) -> bool:
+        """Whether the server listens only to this machine (127.0.0.0/8, ::1, localhost)."""
+        if self.host == "localhost":
+            return True
+        try:
+            return ipaddress.ip_address(self.host).is_loopback
+        except ValueError:
+            return False
 
     @property
     def models_path(self) -> Path:

@@ -151,16 +151,22 @@ def test_a_model_cannot_be_deleted_while_it_answers_nor_a_remote_one(library_ser
     assert "local-a" in names(base)
 
 
-def test_pulling_and_deleting_are_for_this_machine_until_accounts_arrive():
-    def request(host: str) -> Request:
-        return Request({"type": "http", "client": (host, 5000), "headers": [], "method": "POST", "path": "/"})
+def test_pulling_and_deleting_are_for_admins():
+    from datetime import UTC, datetime
 
-    require_admin(request("127.0.0.1"))
-    require_admin(request("::1"))
-    for host in ("192.168.1.20", "10.0.0.1", "testclient", ""):
+    from serge.accounts import LOCAL_USER
+    from serge.store import UserRecord
+
+    def request(user) -> Request:
+        return Request({"type": "http", "client": ("127.0.0.1", 5000), "headers": [], "method": "POST", "path": "/",
+                        "state": {"user": user}})
+
+    require_admin(request(LOCAL_USER))  # no accounts yet: the local user
+    require_admin(request(UserRecord(id="a", name="ada", admin=True, created_at=datetime.now(UTC))))
+    for user in (UserRecord(id="b", name="bob", admin=False, created_at=datetime.now(UTC)), None):
         with pytest.raises(ApiError) as refused:
-            require_admin(request(host))
-        assert refused.value.status == 403
+            require_admin(request(user))
+        assert refused.value.status in (401, 403)
 
 
 @pytest.mark.parametrize("spelling", ["{folder}", "{folder}/", "{parent}/./{name}/", "{parent}/{name}/./",

@@ -48,7 +48,7 @@ def test_migrations_are_applied_once_and_again_do_nothing(store):
     tables = set(inspect(store.db.engine).get_table_names())
     assert {"chats", "messages", "alembic_version"} <= tables
     with store.db.engine.connect() as conn:
-        assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar() == "0001"
+        assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar() == "0002"
 
 
 def test_chats_of_one_owner_never_reach_another(store):

@@ -22,7 +22,6 @@ from serge.store import ChatRecord, ChatStore, MessageRecord, NewMessage
 
 log = logging.getLogger(__name__)
 
-LOCAL_OWNER = "local"  # the single user until accounts arrive
 DEFAULT_TITLE = "New chat"
 MAX_MESSAGE_CHARS = 100_000
 MAX_TITLE_CHARS = 200
@@ -135,6 +134,7 @@ class ChatService:
 
     def select(self, owner: str, chat_id: str, message_id: str) -> ChatRecord:
         """Flip to another version of a message (and the conversation that follows it)."""
+        self.store.get_chat(owner, chat_id)  # another owner's chat is not found, busy or not
         self._refuse_if_busy(chat_id)
         return self.store.select_branch(owner, chat_id, message_id)
 

@@ -1,9 +1,16 @@
-"""Storage of chats and messages: SQLAlchemy tables, sessions and Alembic migrations.
+"""Storage of chats, messages and accounts: SQLAlchemy tables, sessions and Alembic migrations.
 
-Nothing here knows about the engine or HTTP; every query is scoped by owner.
+Nothing here knows about the engine or HTTP; every chat query is scoped by owner.
 """
 
+from serge.store.accounts import (
+    LOCAL_OWNER, AccountStore, KeyNotFound, KeyRecord, LastAdmin, NameTaken, UserNotFound, UserRecord,
+)
 from serge.store.chats import ChatNotFound, ChatRecord, ChatStore, MessageNotFound, MessageRecord, NewMessage
 from serge.store.db import Database
 
-__all__ = ["ChatNotFound", "ChatRecord", "ChatStore", "Database", "MessageNotFound", "MessageRecord", "NewMessage"]
+__all__ = [
+    "LOCAL_OWNER", "AccountStore", "ChatNotFound", "ChatRecord", "ChatStore", "Database", "KeyNotFound",
+    "KeyRecord", "LastAdmin", "MessageNotFound", "MessageRecord", "NameTaken", "NewMessage", "UserNotFound",
+    "UserRecord",
+]

@@ -1,10 +1,15 @@
-"""The tables: a chat, and its messages as a tree.
+"""The tables: a chat, its messages as a tree, and the accounts that own chats.
 
 Each message points at the one before it (`parent_id`). Regenerating a reply or
 editing a user message adds a sibling instead of overwriting, so every earlier
 version stays as an alternative; `chats.current_id` is the newest message of the
 branch the user is looking at. It is a plain column, not a foreign key, so chats
 and messages never depend on each other in a cycle.
+
+`chats.owner` holds a user's id, or "local" for chats made before any account
+existed; it is not a foreign key, so a Serge without accounts needs no user row.
+Secrets are never stored: API keys and login sessions are kept as SHA-256 hashes
+of random tokens, passwords as argon2 hashes.
 """
 
 from __future__ import annotations
@@ -79,3 +84,35 @@ class Message(Base):
     error: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=now)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=now)
+
+
+class User(Base):
+    __tablename__ = "users"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    password_hash: Mapped[str] = mapped_column(String(255))
+    admin: Mapped[bool] = mapped_column(Boolean, default=False)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=now)
+
+
+class ApiKey(Base):
+    __tablename__ = "api_keys"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    user_id: Mapped[str] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
+    name: Mapped[str] = mapped_column(String(100))
+    prefix: Mapped[str] = mapped_column(String(32))  # the start of the key, shown to tell keys apart
+    key_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=now)
+    last_used_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+
+class LoginSession(Base):
+    __tablename__ = "login_sessions"
+
+    token_hash: Mapped[str] = mapped_column(String(64), primary_key=True)
+    user_id: Mapped[str] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=now)
+    expires_at: Mapped[datetime] = mapped_column(UTCDateTime)

@@ -10,6 +10,7 @@ import dataclasses
 import logging
 import threading
 from contextlib import asynccontextmanager
+from datetime import timedelta
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
@@ -17,17 +18,22 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from fastapi.staticfiles import StaticFiles
 
 from serge import __version__
+from serge.accounts import Accounts, LoginSessions, load_secret
 from serge.chats import ChatService
 from serge.engine import Engine
 from serge.settings import Settings
-from serge.store import ChatStore, Database
+from serge.store import AccountStore, ChatStore, Database
+from serge.web.account_pages import build_account_pages
+from serge.web.accounts_api import router as accounts_router
+from serge.web.auth import Authenticate, may_see_details
 from serge.web.chats_api import router as chats_router
 from serge.web.docs import install_docs
-from serge.web.errors import install_error_handlers
+from serge.web.errors import ApiError, install_error_handlers
 from serge.web.guard import protect
 from serge.web.models_api import router as models_router
 from serge.web.openai_api import router as openai_router
 from serge.web.pages import STATIC, build_pages
+from serge.web.throttle import UserLimits
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +55,10 @@ def build_app(settings: Settings, engine: Engine) -> FastAPI:
         app.state.load_error = None
         database = Database(settings.database)
         database.migrate()  # schema changes are applied at start, before any request
+        accounts = AccountStore(database)
+        app.state.accounts = Accounts(accounts)
+        app.state.sessions = LoginSessions(accounts, load_secret(settings.data_dir),
+                                           timedelta(days=settings.session_days))
         app.state.chats = ChatService(ChatStore(database), engine)
         app.state.chats.recover()  # replies cut off by a crash are shown as interrupted
         loader = threading.Thread(target=_warm_up, args=(app.state.engine, app), name="serge-warm-up", daemon=True)
@@ -69,21 +79,32 @@ def build_app(settings: Settings, engine: Engine) -> FastAPI:
         redoc_url=None,
     )
     app.state.settings = settings
-    protect(app, settings)  # Host and Origin checks, security headers, body limits
+    limits = UserLimits(settings.user_max_streams, settings.user_requests_per_minute)
+    # Innermost first: every request has a user (or is refused) before routes run, and only
+    # after the Host, Origin and body checks (outer) have let it through.
+    app.add_middleware(Authenticate, limits=limits)
+    protect(app, settings)  # security headers, Host and Origin checks, body limits
     install_docs(app)
     install_error_handlers(app)
     app.include_router(openai_router)
     app.include_router(chats_router)
     app.include_router(models_router)
+    app.include_router(accounts_router)
     app.include_router(build_pages())
+    app.include_router(build_account_pages(limits))
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
 
-    @app.get("/api/health", tags=["system"], summary="Is the server ready, on what device, and what is loaded")
+    @app.get("/api/health", tags=["system"],
+             summary="Is the server ready; what is loaded, on what device, for admins and this machine")
     def health(request: Request):
         engine: Engine = request.app.state.engine
         status = engine.status()
+        state = "ok" if status.ready else "error" if request.app.state.load_error else "loading"
+        if not may_see_details(request):  # load balancers poll this; paths and devices are not theirs to see
+            return JSONResponse({"status": state, "version": __version__, "default_model": status.default_model},
+                                status_code=200 if status.ready else 503)
         body = {
-            "status": "ok" if status.ready else "error" if request.app.state.load_error else "loading",
+            "status": state,
             "version": __version__,
             "device": status.device,
             "dtype": status.dtype,
@@ -102,6 +123,8 @@ def build_app(settings: Settings, engine: Engine) -> FastAPI:
     @app.get("/metrics", tags=["system"], response_class=PlainTextResponse,
              summary="Prometheus metrics: requests, tokens, latencies, queue")
     def metrics(request: Request):
+        if not may_see_details(request):
+            raise ApiError(403, "metrics are for admins and for requests made on this machine", code="forbidden")
         return Response(request.app.state.engine.prometheus(), media_type=CONTENT_TYPE_LATEST)
 
     return app

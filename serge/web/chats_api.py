@@ -19,9 +19,9 @@ from starlette.concurrency import run_in_threadpool
 
 from serge.chats import ChatBusy, ChatExport, ChatNotFound, ChatService, InvalidChatInput, MessageNotFound, Reply
 from serge.chats import export_markdown
-from serge.chats.service import LOCAL_OWNER
 from serge.engine import EngineBusy, SamplingParams
 from serge.store import ChatRecord, MessageRecord
+from serge.web.auth import current_user
 from serge.web.docs import EVENT_STREAM, MARKDOWN
 from serge.web.errors import ApiError
 
@@ -47,8 +47,8 @@ class MessageIn(BaseModel):
 
 
 def owner(request: Request) -> str:
-    """Every query is scoped by owner; until accounts arrive there is one local user."""
-    return LOCAL_OWNER
+    """Every query is scoped by owner: the signed-in user, or "local" while Serge has no accounts."""
+    return current_user(request).id
 
 
 def service(request: Request) -> ChatService:

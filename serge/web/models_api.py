@@ -11,7 +11,6 @@ holds for everyone, so they pass `require_admin`.
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import json
 import re
 
@@ -21,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
 from serge.engine import Engine, ModelInfo, PullStatus
+from serge.web.auth import current_user
 from serge.web.errors import ApiError
 
 router = APIRouter(prefix="/api/models", tags=["models"])
@@ -31,19 +31,11 @@ _KEEPALIVE_S = 15.0
 
 
 def require_admin(request: Request) -> None:
-    """Who may pull and delete models. Until accounts arrive: whoever reaches Serge from this machine.
-
-    This is the one place to change when accounts land (admins only); a caller from
-    another machine uses `serge models pull` on the server meanwhile.
-    """
-    host = request.client.host if request.client else ""
-    try:
-        local = ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        local = False
-    if not local:
-        raise ApiError(403, "pulling and deleting models is allowed from the server's own machine only (until "
-                            "accounts arrive); run `serge models pull` there", code="admin_only")
+    """Pulling and deleting change what the server holds for everyone: admins only (the
+    local user, while Serge has no accounts, is one)."""
+    if not current_user(request).admin:
+        raise ApiError(403, "pulling and deleting models is for admins; ask one, or run `serge models pull` on the "
+                            "server", code="admin_only")
 
 
 class PullIn(BaseModel):

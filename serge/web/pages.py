@@ -18,9 +18,11 @@ from fastapi.templating import Jinja2Templates
 
 from serge import __version__
 from serge.chats import ChatNotFound, ChatService
-from serge.chats.service import LOCAL_OWNER, MAX_MESSAGE_CHARS, MAX_SYSTEM_PROMPT_CHARS
+from serge.accounts import LOCAL_USER
+from serge.chats.service import MAX_MESSAGE_CHARS, MAX_SYSTEM_PROMPT_CHARS
 from serge.engine import SamplingParams
 from serge.store import ChatRecord, MessageRecord
+from serge.web.auth import current_user
 from serge.web.chats_api import message_status
 from serge.web.markdown import MarkdownRenderer
 
@@ -132,10 +134,13 @@ def build_pages() -> APIRouter:
     def page(request: Request, chat: ChatRecord | None, status_code: int = 200, missing: str | None = None):
         service = chats(request)
         engine = service.engine
+        user = current_user(request)
         return templates.TemplateResponse(request, "chat.html", {
+            "user": user,
+            "local": user is LOCAL_USER,
             "chat": chat,
             "messages": _view(render, chat),
-            "chats": service.list(LOCAL_OWNER),
+            "chats": service.list(user.id),
             "models": engine.models(),
             "default_model": engine.default_model,
             "fields": setting_fields(),
@@ -152,7 +157,7 @@ def build_pages() -> APIRouter:
     @router.get("/c/{chat_id}", response_class=HTMLResponse)
     def show_chat(chat_id: str, request: Request):
         try:
-            chat = chats(request).get(LOCAL_OWNER, chat_id)
+            chat = chats(request).get(current_user(request).id, chat_id)
         except ChatNotFound:
             return page(request, None, 404, missing="This chat does not exist (it may have been deleted).")
         return page(request, chat)
@@ -160,7 +165,7 @@ def build_pages() -> APIRouter:
     @router.get("/c/{chat_id}/conversation", response_class=HTMLResponse)
     def conversation(chat_id: str, request: Request):
         try:
-            chat = chats(request).get(LOCAL_OWNER, chat_id)
+            chat = chats(request).get(current_user(request).id, chat_id)
         except ChatNotFound:
             return HTMLResponse("", status_code=404)
         return templates.TemplateResponse(request, "_conversation.html",
@@ -168,7 +173,7 @@ def build_pages() -> APIRouter:
 
     @router.get("/fragments/chats", response_class=HTMLResponse)
     def chat_list(request: Request, q: str | None = Query(None, max_length=200), current: str | None = None):
-        found = chats(request).list(LOCAL_OWNER, q)
+        found = chats(request).list(current_user(request).id, q)
         return templates.TemplateResponse(request, "_chat_list.html",
                                           {"chats": found, "current": current, "query": q})
 

@@ -8,7 +8,8 @@ Create Date: 2025-01-01
 import sqlalchemy as sa
 from alembic import op
 
-from serge.store.tables import UTCDateTime
+# Frozen: a migration never imports live code, so later edits to the tables cannot change what it did.
+UTCDateTime = sa.DateTime(timezone=True)
 
 revision = "0001"
 down_revision = None

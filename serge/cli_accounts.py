@@ -1,0 +1,129 @@
+"""`serge users ...` and `serge keys ...`: accounts and API keys, managed on the server's own machine.
+
+They work on the database directly (a running server sees the change at its next
+request), so the first account can be made before Serge ever serves anyone.
+Passwords are read twice without echo, or once from stdin for scripts; a new
+key is printed once, alone on stdout, and never again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import sys
+from typing import TYPE_CHECKING
+
+from serge.settings import Settings
+
+if TYPE_CHECKING:
+    from serge.accounts import Accounts
+
+
+class AccountCommandFailed(Exception):
+    """An expected failure (a bad name, a taken one, an unknown key): one line, exit status 2."""
+
+
+def add_parsers(sub, data_dir_flag) -> None:
+    users = sub.add_parser("users", help="add, remove and list accounts (once one exists, Serge asks for a login)")
+    usub = users.add_subparsers(dest="users_command", required=True)
+    add = usub.add_parser("add", help="add an account; the first one is an admin and takes over existing chats")
+    add.add_argument("name")
+    add.add_argument("--admin", action="store_true", help="may manage users")
+    add.add_argument("--password-stdin", action="store_true", help="read the password from stdin (one line)")
+    rm = usub.add_parser("rm", help="remove an account with its chats and API keys")
+    rm.add_argument("name")
+    passwd = usub.add_parser("passwd", help="set a new password (ends that user's logins)")
+    passwd.add_argument("name")
+    passwd.add_argument("--password-stdin", action="store_true", help="read the password from stdin (one line)")
+    listing = usub.add_parser("list", help="list accounts")
+    for p in (add, rm, passwd, listing):
+        data_dir_flag(p)
+
+    keys = sub.add_parser("keys", help="create, list and revoke a user's API keys")
+    ksub = keys.add_subparsers(dest="keys_command", required=True)
+    create = ksub.add_parser("create", help="create a key for USER and print it (shown only this once)")
+    create.add_argument("user")
+    create.add_argument("--name", help="what the key is for, to tell keys apart")
+    klist = ksub.add_parser("list", help="list USER's keys (their prefix, never the key)")
+    klist.add_argument("user")
+    revoke = ksub.add_parser("revoke", help="revoke one of USER's keys by its prefix or id")
+    revoke.add_argument("user")
+    revoke.add_argument("key", metavar="KEY_PREFIX_OR_ID")
+    for p in (create, klist, revoke):
+        data_dir_flag(p)
+
+
+def open_accounts(settings: Settings) -> Accounts:
+    from serge.accounts import Accounts
+    from serge.store import AccountStore, Database
+
+    database = Database(settings.database)
+    database.migrate()
+    return Accounts(AccountStore(database))
+
+
+def _password(args: argparse.Namespace) -> str:
+    if args.password_stdin:
+        return sys.stdin.readline().rstrip("\r\n")
+    first = getpass.getpass("Password: ")
+    if getpass.getpass("Again: ") != first:
+        raise AccountCommandFailed("the two passwords differ; nothing was changed")
+    return first
+
+
+def run(settings: Settings, args: argparse.Namespace) -> None:
+    from serge.accounts import InvalidAccountInput
+    from serge.store import KeyNotFound, LastAdmin, NameTaken, UserNotFound
+
+    accounts = open_accounts(settings)
+    try:
+        if args.command == "users":
+            _users(accounts, args)
+        else:
+            _keys(accounts, args)
+    except (InvalidAccountInput, NameTaken, UserNotFound, KeyNotFound, LastAdmin) as exc:
+        raise AccountCommandFailed(str(exc)) from None
+    finally:
+        accounts.store.db.close()
+
+
+def _users(accounts: Accounts, args: argparse.Namespace) -> None:
+    if args.users_command == "add":
+        first = not accounts.has_users()
+        user = accounts.add_user(args.name, _password(args), admin=args.admin)
+        print(f"Added {user.name}{' (admin)' if user.admin else ''}.")
+        if first:
+            print("It is the first account: it took over the chats made so far, and from now on every page and "
+                  "API call needs a login or an API key.")
+    elif args.users_command == "rm":
+        chats = accounts.remove_user(args.name)
+        print(f"Removed {args.name} with {chats} chat(s) and their API keys.")
+    elif args.users_command == "passwd":
+        accounts.set_password(args.name, _password(args))
+        print(f"Changed the password of {args.name}; their logins have ended.")
+    else:
+        users = accounts.users()
+        if not users:
+            print("No accounts: Serge serves this machine only, without login. Add one with `serge users add NAME`.")
+        for u in users:
+            print(f"{u.name:24} {'admin' if u.admin else 'user':6} since {u.created_at:%Y-%m-%d}")
+
+
+def _keys(accounts: Accounts, args: argparse.Namespace) -> None:
+    user = accounts.user(args.user)
+    if args.keys_command == "create":
+        record, key = accounts.create_key(user, args.name)
+        print(f"Key {record.name!r} for {user.name} ({record.prefix}...); copy it now, it is not shown again:",
+              file=sys.stderr)
+        print(key)
+    elif args.keys_command == "revoke":
+        record = accounts.revoke_key(user, args.key)
+        print(f"Revoked {record.prefix}... ({record.name}) of {user.name}.")
+    else:
+        keys = accounts.keys(user)
+        if not keys:
+            print(f"{user.name} has no API keys; create one with `serge keys create {user.name}`.")
+        for k in keys:
+            used = f"{k.last_used_at:%Y-%m-%d %H:%M}" if k.last_used_at else "never"
+            state = "revoked" if not k.active else "active"
+            print(f"{k.id}  {k.prefix}...  {state:7}  last used {used:16}  {k.name}")
