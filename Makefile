@@ -39,4 +39,4 @@ $(VENV)/.installed-dev: pyproject.toml $(VENV)/.torch
 	touch $@ $(VENV)/.installed
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) .venv-run build *.egg-info
