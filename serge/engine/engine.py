@@ -62,7 +62,9 @@ class Engine:
         loaded = self.model(name)
         params = (params or SamplingParams()).over(loaded.defaults)
         prompt = build_prompt(loaded.tokenizer, messages, loaded.context_window, params.max_new_tokens)
-        return loaded.scheduler.submit(prompt.ids, params.resolved(prompt.room))
+        stream = loaded.scheduler.submit(prompt.ids, params.resolved(prompt.room))
+        stream.dropped_messages = prompt.dropped_messages
+        return stream
 
     def close(self) -> None:
         self.registry.close()
