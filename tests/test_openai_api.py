@@ -66,6 +66,11 @@ def test_the_official_openai_client_streams_a_reply(server):
     whole = client.chat.completions.create(model=MODEL, messages=HELLO, temperature=0, max_tokens=12,
                                            extra_body={"top_k": 40, "min_p": 0.05, "repetition_penalty": 1.1})
     assert text == whole.choices[0].message.content and "Paris" in text
+    for seed, extra in ((3, {"top_k": 1}), (4, {"min_p": 0.999})):  # the extras reach the sampler
+        hot = client.chat.completions.create(model=MODEL, messages=HELLO, temperature=1.5, max_tokens=12, seed=seed,
+                                             extra_body=extra)
+        greedy = client.chat.completions.create(model=MODEL, messages=HELLO, temperature=0, max_tokens=12)
+        assert hot.choices[0].message.content == greedy.choices[0].message.content, extra
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] in {"stop", "length"}
     assert chunks[-1].usage.completion_tokens > 0
 
