@@ -47,4 +47,4 @@ $(VENV)/.installed-dev: pyproject.toml $(VENV)/.llama
 	touch $@ $(VENV)/.installed
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) .venv-run build *.egg-info

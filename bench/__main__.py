@@ -20,7 +20,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from bench import report
+from bench import report, serge_rows
 from bench.systems import (
     ALL_SYSTEMS,
     BENCH_DIR,
@@ -79,6 +79,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                          "(e.g. bench/.peers/models/real-size) instead of the bundled model")
     ap.add_argument("--quick", action="store_true",
                     help="smoke run: 8 new tokens, concurrency 1,2, 2 chat turns, 1 single rep")
+    serge_rows.add_arguments(ap)
     args = ap.parse_args(argv)
     if args.quick:
         args.max_tokens = min(args.max_tokens, 8)
@@ -221,6 +222,8 @@ def run_server_system(args, cfg: Config, name: str, entry: dict[str, Any]) -> No
                 log(f"{name}: {lv['stopped_here']} at {c} streams; skipping higher levels")
                 break
         entry["info"]["rss_mb_end"] = srv.rss_mb()
+        if name == "serge":
+            entry.update(serge_rows.run(srv.base_url, args, log))
     log(f"{name}: stopped")
 
 

@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from bench import serge_rows
+
 
 def _f(v: Any, fmt: str = "{:.1f}", none: str = "-") -> str:
     return none if v is None else fmt.format(v)
@@ -119,6 +121,8 @@ def markdown(run: dict) -> str:
         for t in run.get("targets") or targets(run):
             met = "n/a" if t["met"] is None else ("yes" if t["met"] else "**no**")
             lines.append(f"| {t['target']} | {_f(t['value'], '{:.2f}')} | {t['goal']} | {met} |")
+    if rows := serge_rows.markdown(run):
+        lines += ["", rows.rstrip("\n")]
     notes = [f"- {n}: {s['notes']}" for n, s in run["systems"].items() if s.get("notes")]
     if notes:
         lines += ["", "Notes:"] + notes

@@ -3,7 +3,7 @@
     python scripts/gpu_check.py [--models-dir DIR]
 
 Checks: `auto` resolves to CUDA with bfloat16; the model loads onto the GPU through
-device_map and is never moved; inputs follow the model; a greedy reply is the same alone
+device_map and is never moved; every forward pass gets its inputs on the model's device; a greedy reply is the same alone
 and beside sampled ones; an 8-bit load (when bitsandbytes is installed) stays where
 device_map put it. Prints single-stream and 8-stream tokens/s.
 """
@@ -18,7 +18,6 @@ import time
 import torch
 
 from serge.engine import Engine, Message, SamplingParams, resolve_device
-from serge.engine.devices import to_model_device
 from serge.settings import Settings
 
 MODEL = "smollm2-135m-instruct"
@@ -37,9 +36,14 @@ def main() -> None:
     with Engine(settings) as engine:
         loaded = engine.model(MODEL)
         assert str(loaded.model.device) == "cuda:0", loaded.model.device
-        batch = to_model_device({"input_ids": torch.tensor([[1, 2]])}, loaded.model)
-        assert batch["input_ids"].device == loaded.model.device
         question = [Message("user", "What is the capital of France?")]
+        seen = []  # the devices of every input of every forward pass of a real reply
+        hook = loaded.model.register_forward_pre_hook(
+            lambda _m, _a, kwargs: seen.extend(v.device for v in kwargs.values() if isinstance(v, torch.Tensor)),
+            with_kwargs=True)
+        engine.chat(MODEL, question, SamplingParams(temperature=0, max_new_tokens=4)).text()
+        hook.remove()
+        assert seen and set(seen) == {loaded.model.device}, set(seen)
         greedy = SamplingParams(temperature=0, max_new_tokens=32)
         alone = engine.chat(MODEL, question, greedy).text()
         others = [engine.chat(MODEL, question, SamplingParams(temperature=1.5, top_k=5, max_new_tokens=32, seed=i))

@@ -90,6 +90,19 @@ def registry_for(engine: Engine, kind: str | None = None, **limits) -> ModelRegi
     return ModelRegistry(ModelLibrary(engine.settings.models_path), load_options(engine, **limits), kind)
 
 
+SMALL_WINDOW = 512  # tokens: a chat of a few dozen messages no longer fits
+
+
+@pytest.fixture(scope="session")
+def small_engine(settings):
+    """A second engine on the same model: one slot, room for four to wait, and a small context window."""
+    own = Settings(data_dir=settings.data_dir, models_dir=settings.models_path, max_running=1, max_queue=4,
+                   context_window=SMALL_WINDOW)
+    with Engine(own) as engine:
+        engine.model(MODEL)
+        yield engine
+
+
 class ServerThread:
     """uvicorn serving an app on 127.0.0.1 from a thread of the test process."""
 

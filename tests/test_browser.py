@@ -10,6 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 from conftest import ServerThread, free_port
+from test_reply_listeners import long_chat
 
 from serge.settings import Settings
 from serge.web.app import build_app
@@ -211,3 +212,29 @@ def test_regenerate_flip_versions_edit_search_and_delete(page, server):
     page.get_by_role("button", name="Delete Quokka questions").click()
     expect(page.get_by_role("link", name=re.compile("Quokka questions"))).to_have_count(0)
     assert httpx.get(f"{server}/api/chats/{chat['id']}", timeout=30).status_code == 404
+
+
+@pytest.fixture(scope="module")
+def small_window_server(small_engine, tmp_path_factory):
+    own = Settings(data_dir=tmp_path_factory.mktemp("browser-small"), models_dir=small_engine.settings.models_path)
+    with ServerThread(build_app(own, small_engine), free_port()) as running:
+        yield running.url
+
+
+def test_a_reply_says_when_the_model_could_not_see_the_oldest_messages(page, small_window_server):
+    chat = httpx.post(f"{small_window_server}/api/chats/import", timeout=30,
+                      json=long_chat(20, {"max_new_tokens": 40, "temperature": 0})).json()
+    page.goto(f"{small_window_server}/c/{chat['id']}")
+    expect(page.locator(".badge.dropped")).to_have_count(0)
+    page.get_by_label("Message").fill("What did we talk about?")
+    page.get_by_label("Message").press("Enter")
+    streaming = page.locator('[data-role="assistant"][data-status="streaming"] .badge.dropped')
+    expect(streaming).to_contain_text(re.compile(r"without the \d+ oldest messages"))  # as soon as it starts
+    count = streaming.get_attribute("data-dropped")
+    reply = page.locator('[data-role="assistant"]').last
+    expect(reply).to_have_attribute("data-status", re.compile("complete|length"), timeout=90_000)
+    expect(reply.locator(".badge.dropped")).to_have_text(
+        f"written without the {count} oldest messages: the chat is longer than the model's context")
+    page.reload()  # the saved reply still says it
+    expect(page.locator('[data-role="assistant"]').last.locator(".badge.dropped")).to_have_attribute(
+        "data-dropped", count)

@@ -7,9 +7,13 @@ import sys
 
 import pytest
 import torch
+from transformers import AutoModelForCausalLM
 
 from serge.engine import DeviceUnavailable, resolve_device
-from serge.engine.devices import DevicePlan, to_model_device
+from serge.engine.devices import DevicePlan
+from serge.engine.forward import BatchForward
+from serge.engine.library import ModelLibrary
+
 from conftest import MODEL, registry_for
 
 
@@ -78,8 +82,21 @@ def test_loading_never_moves_the_model_by_hand(engine, monkeypatch):
         registry.close()
 
 
-def test_inputs_land_on_the_models_device(engines):
-    model = engines("transformers").model(MODEL).model
-    batch = to_model_device({"input_ids": torch.tensor([[1, 2, 3]]), "note": "kept"}, model)
-    assert batch["input_ids"].device == model.device
-    assert batch["note"] == "kept"
+def test_every_forward_pass_gets_its_inputs_on_the_models_device(engine):
+    """Read where the engine makes its inputs: under a default device of `meta`, an input made without
+    naming the model's device lands there, so this fails on a CPU-only machine too."""
+    folder = ModelLibrary(engine.settings.models_path).find(MODEL).transformers_folder()
+    model = AutoModelForCausalLM.from_pretrained(str(folder), **engine.plan.load_kwargs())
+    seen = []
+    model.register_forward_pre_hook(
+        lambda _module, _args, kwargs: seen.extend(v.device for v in kwargs.values() if isinstance(v, torch.Tensor)),
+        with_kwargs=True)
+    forward = BatchForward(model, max_rows=2)
+    forward.prepare()  # measured before the test's default device applies
+    seen.clear()
+    kv = forward.new_kv()
+    with torch.device("meta"):
+        forward.prefill(kv, [1, 2, 3, 4])
+        forward.decode([kv], [5])
+    assert len(seen) >= 4 and set(seen) == {model.device}, set(seen)
+    assert str(model.device) == engine.plan.device

@@ -32,7 +32,9 @@ def test_ten_streamed_turns_leave_no_thread_behind(engine):
         assert "Name a colour" not in record.text, "the prompt must never be echoed"
         assert record.completion_tokens > 0
         history += [Message("assistant", record.text), Message("user", f"Another one ({turn}).")]
-    time.sleep(0.2)
+    deadline = time.monotonic() + 10  # a finished stream's threads may take a moment to exit
+    while not {t.ident for t in threading.enumerate()} <= before and time.monotonic() < deadline:
+        time.sleep(0.01)
     after = {t.ident for t in threading.enumerate()}
     assert after <= before, f"threads left behind: {[t.name for t in threading.enumerate() if t.ident not in before]}"
 

@@ -9,6 +9,8 @@ import httpx
 import pytest
 from openai import OpenAI
 
+from serge.engine import resolve_device
+
 from conftest import MODEL
 
 HELLO = [{"role": "user", "content": "What is the capital of France?"}]
@@ -18,10 +20,11 @@ def post(server, body, **kwargs):
     return httpx.post(f"{server}/v1/chat/completions", json=body, timeout=120, **kwargs)
 
 
-def test_health_says_ready_with_device_and_model(server):
+def test_health_says_ready_with_device_and_model(server, settings):
     body = httpx.get(f"{server}/api/health").json()
+    plan = resolve_device(settings.device, settings.dtype, settings.quantization)
     assert body["status"] == "ok"
-    assert body["device"] == "cpu" and body["dtype"] == "float32"
+    assert (body["device"], body["dtype"]) == (plan.device, plan.dtype_name), "what the device resolver chose"
     assert MODEL in [m["name"] for m in body["models_loaded"]]
     assert body["version"]
 
@@ -63,6 +66,11 @@ def test_the_official_openai_client_streams_a_reply(server):
     whole = client.chat.completions.create(model=MODEL, messages=HELLO, temperature=0, max_tokens=12,
                                            extra_body={"top_k": 40, "min_p": 0.05, "repetition_penalty": 1.1})
     assert text == whole.choices[0].message.content and "Paris" in text
+    for seed, extra in ((3, {"top_k": 1}), (4, {"min_p": 0.999})):  # the extras reach the sampler
+        hot = client.chat.completions.create(model=MODEL, messages=HELLO, temperature=1.5, max_tokens=12, seed=seed,
+                                             extra_body=extra)
+        greedy = client.chat.completions.create(model=MODEL, messages=HELLO, temperature=0, max_tokens=12)
+        assert hot.choices[0].message.content == greedy.choices[0].message.content, extra
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] in {"stop", "length"}
     assert chunks[-1].usage.completion_tokens > 0
 
@@ -90,7 +98,7 @@ BAD_REQUESTS = {
     "system message in the middle": (
         {"messages": [*HELLO, {"role": "system", "content": "x"}, {"role": "user", "content": "y"}]}, 400, "system"),
     "last message from the assistant": ({"messages": [{"role": "assistant", "content": "x"}]}, 400, "last message"),
-    "not json": (None, 400, ""),
+    "not json": (None, 400, "JSON"),
 }
 
 
@@ -104,7 +112,7 @@ def test_bad_input_gets_a_4xx_that_says_what_to_fix(server, case):
         reply = post(server, body)
     assert reply.status_code == status, reply.text
     error = reply.json()["error"]
-    assert words in error["message"] and error["type"] == "invalid_request_error"
+    assert words.lower() in error["message"].lower() and error["type"] == "invalid_request_error"
 
 
 def test_an_oversized_body_is_refused_with_413(server, settings):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 
 import pytest
 
@@ -38,15 +39,28 @@ def test_a_remote_reply_matches_the_local_one(front, engine):
     assert front.ready and front.status().loaded == []
 
 
-def test_cancelling_a_remote_stream_ends_it(front):
-    threads_before = threading.active_count()
-    stream = front.chat("far-smollm", [Message("user", "Write a long essay.")],
-                        SamplingParams(temperature=0, max_new_tokens=400, ignore_eos=True))
-    for _ in stream:
-        break
-    assert stream.record.finish_reason is FinishReason.CANCELLED
-    assert stream.record.completion_tokens < 400
-    assert threading.active_count() <= threads_before
+def _far(engine, metric: str, **labels) -> float:
+    """A metric of the far server (the test server runs on the session's engine)."""
+    return engine.metrics.registry.get_sample_value(metric, {"model": MODEL, **labels}) or 0.0
+
+
+def test_cancelling_a_remote_stream_stops_the_far_generation(front, engine):
+    threads = []
+    for _ in range(2):  # the first may start pools that live for the process; the second must add nothing
+        cancelled = _far(engine, "serge_requests_total", reason="cancelled")
+        generated = _far(engine, "serge_generated_tokens_total")
+        stream = front.chat("far-smollm", [Message("user", "Write a long essay.")],
+                            SamplingParams(temperature=0, max_new_tokens=400, ignore_eos=True))
+        for _ in stream:
+            break
+        assert stream.record.finish_reason is FinishReason.CANCELLED
+        deadline = time.monotonic() + 30
+        while _far(engine, "serge_requests_total", reason="cancelled") == cancelled and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _far(engine, "serge_requests_total", reason="cancelled") == cancelled + 1, "the far server went on"
+        assert 0 < _far(engine, "serge_generated_tokens_total") - generated < 400
+        threads.append({t.ident for t in threading.enumerate()})
+    assert threads[1] <= threads[0], "a cancelled remote stream left a thread behind"
 
 
 def test_an_unreachable_server_gives_a_clear_error(front):

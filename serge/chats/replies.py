@@ -5,17 +5,21 @@ listening: the text is written to the database about once a second, and the
 final text, token counts, timings and finish reason when the stream ends. So a
 page that closes, a `/stop`, or an engine error all leave a saved (incomplete)
 reply, and a server killed mid-reply leaves at most a second of text unsaved.
-Listeners read the deltas and then the saved message through `events()`.
+
+Listeners read through `events()`, on their own event loop: the reply's thread
+(for text and the end) and the stream (for a new place in the queue) wake that
+loop directly, as the OpenAI stream is woken. No thread waits per listener and
+nothing polls, so sixteen pages cost the server what sixteen API streams do.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import queue
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
+from functools import partial
 
 from serge.engine import FinishReason, GenerationRecord, Stream
 from serge.store import ChatStore, MessageRecord
@@ -23,22 +27,26 @@ from serge.store import ChatStore, MessageRecord
 log = logging.getLogger(__name__)
 
 FLUSH_EVERY_S = 1.0
-QUEUE_POLL_S = 0.5  # how often a waiting reply re-reads its place in line
 COMPLETE = {FinishReason.STOP, FinishReason.LENGTH}
 
 
 class Reply:
     def __init__(self, store: ChatStore, owner: str, chat_id: str, message: MessageRecord,
                  user_message: MessageRecord | None, stream: Stream,
-                 on_done: Callable[[Reply], None]) -> None:
+                 on_done: Callable[[Reply], None], dropped_messages: int = 0) -> None:
         self.owner, self.chat_id = owner, chat_id
         self.message_id = message.id
         self.user_message = user_message
         self.stream = stream
+        # Messages of the chat, oldest first, that the model did not see for this reply.
+        self.dropped_messages = dropped_messages
         self._store = store
         self._on_done = on_done
-        self._events: queue.SimpleQueue = queue.SimpleQueue()
+        self._parts: list[str] = []  # the reply so far; only the reply's thread appends
         self._final: MessageRecord | None = None
+        self._over = False  # saved for good and released by the chat: listeners may end
+        self._listeners: list[Callable[[], None]] = []
+        self._lock = threading.Lock()
         self._placeholder = message
         self._thread = threading.Thread(target=self._run, name=f"serge-reply-{chat_id[:8]}", daemon=True)
 
@@ -60,32 +68,54 @@ class Reply:
 
     async def events(self) -> AsyncIterator[tuple[str, object]]:
         """("queued", requests ahead) while it waits for a slot, ("delta", text) for each piece
-        of the reply, then ("done", the saved MessageRecord)."""
-        told: int | None = None
-        while True:
-            try:
-                kind, value = self._events.get_nowait()
-            except queue.Empty:
+        of the reply (from the first, however late the listener comes), then ("done", the
+        saved MessageRecord)."""
+        loop = asyncio.get_running_loop()
+        ready = asyncio.Event()
+        wake = partial(loop.call_soon_threadsafe, ready.set)
+        with self._lock:
+            self._listeners.append(wake)
+        unwatch = self.stream.watch(wake)  # only for its place in the queue: text comes from our thread
+        told, sent = None, 0
+        try:
+            while True:
+                ready.clear()  # whatever happens from here on sets it again
+                over = self._over
                 position = self.stream.queue_position
-                if position is not None and position != told:
+                if position is None:
+                    unwatch()
+                elif position != told and not sent:
                     told = position
                     yield "queued", position
-                try:
-                    kind, value = await asyncio.to_thread(self._events.get, timeout=QUEUE_POLL_S)
-                except queue.Empty:
-                    continue
-            yield kind, value
-            if kind == "done":
-                return
+                while sent < len(self._parts):
+                    sent += 1
+                    yield "delta", self._parts[sent - 1]
+                if over:  # every part was in before `_over` was set
+                    yield "done", self._final
+                    return
+                await ready.wait()
+        finally:
+            unwatch()
+            with self._lock:
+                self._listeners.remove(wake)
+
+    def _tell_listeners(self) -> None:
+        with self._lock:
+            listeners = tuple(self._listeners)
+        for wake in listeners:
+            try:
+                wake()
+            except RuntimeError:  # that listener's event loop has closed
+                pass
 
     # --- the reply's own thread -------------------------------------------------
     def _run(self) -> None:
-        parts: list[str] = []
+        parts = self._parts
         flushed = time.monotonic()
         try:
             for delta in self.stream:
                 parts.append(delta)
-                self._events.put(("delta", delta))
+                self._tell_listeners()
                 if time.monotonic() - flushed >= FLUSH_EVERY_S:
                     self._store.save_text(self.owner, self.message_id, "".join(parts))
                     flushed = time.monotonic()
@@ -102,7 +132,8 @@ class Reply:
             try:
                 self._on_done(self)
             finally:
-                self._events.put(("done", self._final))
+                self._over = True
+                self._tell_listeners()
 
     def _save(self, record: GenerationRecord | None, text: str) -> MessageRecord:
         if record is None:
@@ -121,6 +152,7 @@ class Reply:
                 finish_reason=record.finish_reason.value,
                 complete=record.finish_reason in COMPLETE,
                 error=record.error,
+                dropped_messages=self.dropped_messages,
             )
         try:
             return self._store.finish_message(self.owner, self.message_id, **values)

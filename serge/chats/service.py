@@ -238,7 +238,9 @@ class ChatService:
         reply.cancel()
         return reply.wait(timeout)
 
-    def _conversation(self, owner: str, chat_id: str, question: MessageRecord) -> tuple[ChatRecord, list[Message]]:
+    def _conversation(self, owner: str, chat_id: str, question: MessageRecord
+                      ) -> tuple[ChatRecord, list[Message], list[int]]:
+        """The chat, the messages for the engine, and where each (but the system prompt) is on the branch."""
         chat = self.store.get_chat(owner, chat_id)  # the question is on the branch on screen
         upto = []
         for m in chat.messages:
@@ -246,14 +248,16 @@ class ChatService:
             if m.id == question.id:
                 break
         history = [Message("system", chat.system_prompt)] if chat.system_prompt else []
-        for m in upto:
+        places = []
+        for i, m in enumerate(upto):
             if m.role == "assistant" and not m.content:
                 continue  # a reply that failed before it said anything
             history.append(Message(m.role, m.content))
-        return chat, history
+            places.append(i)
+        return chat, history, places
 
     def _start(self, owner: str, chat_id: str, question: MessageRecord, user: MessageRecord | None) -> Reply:
-        chat, history = self._conversation(owner, chat_id, question)
+        chat, history, places = self._conversation(owner, chat_id, question)
         model = chat.model or self.engine.default_model
         placeholder = self.store.add_message(owner, chat_id, NewMessage(
             "assistant", "", parent_id=question.id, after_current=False, model=model, settings=chat.settings,
@@ -263,7 +267,9 @@ class ChatService:
         except Exception as exc:
             self.store.finish_message(owner, placeholder.id, finish_reason="error", complete=False, error=str(exc))
             raise
-        reply = Reply(self.store, owner, chat_id, placeholder, user, stream, self._release)
+        # the engine counts what it left out of `history`; the page counts messages on the branch
+        dropped = places[stream.dropped_messages - 1] + 1 if stream.dropped_messages else 0
+        reply = Reply(self.store, owner, chat_id, placeholder, user, stream, self._release, dropped)
         with self._lock:
             self._active[chat_id] = reply
         return reply.start()

@@ -17,8 +17,8 @@ MAX_IMPORT_MESSAGES = 10_000
 
 _MESSAGE_KEYS = (
     "id", "parent_id", "role", "content", "model", "settings", "prompt_tokens", "completion_tokens", "seed",
-    "queued_s", "ttft_s", "duration_s", "tokens_per_s", "finish_reason", "complete", "error", "created_at",
-    "updated_at",
+    "queued_s", "ttft_s", "duration_s", "tokens_per_s", "finish_reason", "complete", "error", "dropped_messages",
+    "created_at", "updated_at",
 )
 
 
@@ -52,6 +52,7 @@ class ExportedMessage(BaseModel):
     finish_reason: Literal["stop", "length", "cancelled", "error", "interrupted"] | None = None
     complete: bool = True
     error: str | None = Field(None, max_length=10_000)
+    dropped_messages: int | None = Field(None, ge=0)
     created_at: datetime | None = None
     updated_at: datetime | None = None
 

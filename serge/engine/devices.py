@@ -5,7 +5,7 @@
 The plan builds `from_pretrained` arguments: every load uses `device_map`, so
 weights land where they belong and nothing is ever moved by hand afterwards
 (moving a quantized or dispatched model breaks it). Inputs follow the model's
-own device through `to_model_device`.
+own device (`model.device`, read where they are made, in forward.py).
 """
 
 from __future__ import annotations
@@ -99,8 +99,3 @@ def resolve_device(requested: str = "auto", dtype: str = "auto", quantization: s
         chosen = _DTYPES[dtype]
     return DevicePlan(device=device, dtype=chosen, quantization=quantization)
 
-
-def to_model_device(batch: dict[str, torch.Tensor], model) -> dict[str, torch.Tensor]:
-    """Put inputs where the model's weights are, whatever the plan said."""
-    device = model.device
-    return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}

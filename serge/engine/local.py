@@ -72,8 +72,10 @@ class LocalModel:
         plan = plan_reply(self.tool_format, messages, tools, rule)
         prompt = build_prompt(self.tokenizer, plan.messages, self.context_window, params.max_new_tokens,
                               plan.template_tools)
-        return self.scheduler.submit(prompt.ids, params.resolved(prompt.room), plan.grammar, plan.reader,
-                                     plan.grammar_param)
+        stream = self.scheduler.submit(prompt.ids, params.resolved(prompt.room), plan.grammar, plan.reader,
+                                       plan.grammar_param)
+        stream.dropped_messages = prompt.dropped_messages
+        return stream
 
     def close(self) -> None:
         self.scheduler.close()

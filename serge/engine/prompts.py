@@ -6,6 +6,13 @@ format), with the tools a request offers when the template knows tools
 When the conversation is too long, whole turns are dropped from the oldest end,
 the system prompt is kept, and the reply always has room. Everything is counted
 in tokens.
+
+Trimming costs about as much as the part that is kept, however long the chat:
+each message's text is tokenised once, newest first, only until the window is
+full, and that estimate picks where to cut; the chat template then renders the
+kept turns to check (a few renders of at most a window each, never one per
+dropped turn). The estimate is only a guide: the cut is always checked against the
+real template, so a template that adds text around messages never overflows.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ Role = Literal["system", "user", "assistant", "tool"]
 
 # Room kept for the reply when a request names no max_new_tokens.
 DEFAULT_REPLY_ROOM = 512
+_COUNT_BATCH = 32  # messages tokenised per call while looking for the cut, newest first
 
 
 @dataclass(frozen=True)
@@ -81,6 +89,26 @@ def _turns(messages: Sequence[Message]) -> list[list[Message]]:
     return turns
 
 
+def _render(tokenizer, messages: Sequence[Message], tools: list[dict] | None = None) -> list[int]:
+    return list(tokenizer.apply_chat_template(
+        [m.as_template_input() for m in messages],
+        tools=tools,
+        add_generation_prompt=True,
+        tokenize=True,
+        return_dict=False,
+    ))
+
+
+def _template_cost(tokenizer, system: list[Message], tools: list[dict] | None = None) -> tuple[int, int]:
+    """(tokens the template adds per message, tokens of the system part, the tools and the reply's opening)."""
+    x = Message("user", "x")
+    one = len(_render(tokenizer, [*system, x], tools))
+    three = len(_render(tokenizer, [*system, x, Message("assistant", "x"), x], tools))
+    text = len(tokenizer("x", add_special_tokens=False)["input_ids"])
+    per_message = max(0, (three - one) // 2 - text)
+    return per_message, max(0, one - text - per_message)
+
+
 def build_prompt(
     tokenizer,
     messages: Sequence[Message],
@@ -97,23 +125,43 @@ def build_prompt(
             f"ask for fewer"
         )
     reserve = max_new_tokens or min(DEFAULT_REPLY_ROOM, context_window // 4)
+    budget = context_window - reserve
     system = [messages[0]] if messages[0].role == "system" else []
     turns = _turns(messages[len(system) :])
-    dropped = 0
-    while True:
-        kept = system + [m for turn in turns for m in turn]
-        ids = tokenizer.apply_chat_template(
-            [m.as_template_input() for m in kept],
-            tools=tools,
-            add_generation_prompt=True,
-            tokenize=True,
-            return_dict=False,
-        )
-        if len(ids) + reserve <= context_window:
-            return Prompt(ids=list(ids), dropped_messages=dropped, room=context_window - len(ids))
-        if len(turns) <= 1:
+
+    def kept(start: int) -> list[Message]:
+        return system + [m for turn in turns[start:] for m in turn]
+
+    # Each turn's cost, estimated newest first until the window is full: `start` is the oldest turn kept.
+    per_message, fixed = _template_cost(tokenizer, system, tools) if len(turns) > 1 else (0, 0)
+    cost: dict[int, int] = {}
+    start, total, full = len(turns), fixed, False
+    while start > 0 and not full:
+        batch = range(start - 1, max(-1, start - 1 - _COUNT_BATCH), -1)
+        counts = iter(tokenizer([m.content for t in batch for m in turns[t]], add_special_tokens=False)["input_ids"])
+        for t in batch:
+            cost[t] = sum(len(next(counts)) + per_message for _ in turns[t])
+            if total + cost[t] > budget and start < len(turns):  # the newest turn is always tried
+                full = True
+                break
+            total += cost[t]
+            start = t
+
+    ids = _render(tokenizer, kept(start), tools)
+    while len(ids) > budget:  # the estimate was short: drop enough more turns to cover what is over
+        if start >= len(turns) - 1:
             raise ContextTooLong(
                 f"the conversation needs {len(ids)} tokens plus {reserve} for the reply, but the context window "
                 f"is {context_window} tokens; shorten the message or the system prompt"
             )
-        dropped += len(turns.pop(0))
+        over = len(ids) - budget
+        while over > 0 and start < len(turns) - 1:
+            over -= max(1, cost[start])
+            start += 1
+        ids = _render(tokenizer, kept(start), tools)
+    while start > 0:  # the estimate may have been long: keep an older turn whenever it still fits
+        longer = _render(tokenizer, kept(start - 1), tools)
+        if len(longer) > budget:
+            break
+        start, ids = start - 1, longer
+    return Prompt(ids=ids, dropped_messages=sum(len(t) for t in turns[:start]), room=context_window - len(ids))

@@ -113,10 +113,10 @@ class Stream:
         self._done = threading.Event()
         self._record: GenerationRecord | None = None
         self.created = time.monotonic()
-        # Requests ahead of this one in its model's queue (0: next in line); None once it runs.
-        # Written by the scheduler only.
-        self.queue_position: int | None = None
-        self._wake: Callable[[], None] | None = None  # set by an async reader: wakes its event loop
+        self._queue_position: int | None = None
+        self._watchers: list[Callable[[], None]] = []  # each wakes a reader's event loop
+        # Messages of the conversation left out of the prompt to fit the context (set by the engine).
+        self.dropped_messages = 0
 
     # --- the worker's side -------------------------------------------------
     @property
@@ -137,13 +137,34 @@ class Stream:
         self._deltas.put(_END)
         self._notify()
 
+    @property
+    def queue_position(self) -> int | None:
+        """Requests ahead of this one in its model's queue (0: next in line); None once it runs."""
+        return self._queue_position
+
+    @queue_position.setter
+    def queue_position(self, position: int | None) -> None:  # the scheduler's
+        if position != self._queue_position:
+            self._queue_position = position
+            self._notify()
+
     def _notify(self) -> None:
-        wake = self._wake
-        if wake is not None:
+        for wake in tuple(self._watchers):
             try:
                 wake()
             except RuntimeError:  # the reader's event loop has closed
                 pass
+
+    def watch(self, wake: Callable[[], None]) -> Callable[[], None]:
+        """Call `wake` (on the worker's thread; it must be quick) whenever there is news: text,
+        the end, or a new place in the queue. Returns the function that stops it."""
+        self._watchers.append(wake)
+
+        def unwatch() -> None:
+            if wake in self._watchers:
+                self._watchers.remove(wake)
+
+        return unwatch
 
     # --- the consumer's side -----------------------------------------------
     def cancel(self) -> None:
@@ -190,7 +211,7 @@ class Stream:
         # streams cost the worker no extra contention for the GIL.
         loop = asyncio.get_running_loop()
         ready = asyncio.Event()
-        self._wake = partial(loop.call_soon_threadsafe, ready.set)
+        unwatch = self.watch(partial(loop.call_soon_threadsafe, ready.set))
         try:
             while True:
                 try:
@@ -204,7 +225,7 @@ class Stream:
                     return
                 yield item
         finally:
-            self._wake = None
+            unwatch()
             if not self._done.is_set():
                 self.cancel()
                 await asyncio.to_thread(self.close)

@@ -21,7 +21,7 @@ from serge.store.tables import Chat, Message, now
 CHAT_FIELDS = ("title", "model", "system_prompt", "settings")
 MESSAGE_FIELDS = (
     "role", "content", "model", "settings", "prompt_tokens", "completion_tokens", "seed", "queued_s", "ttft_s",
-    "duration_s", "tokens_per_s", "finish_reason", "complete", "error",
+    "duration_s", "tokens_per_s", "finish_reason", "complete", "error", "dropped_messages",
 )
 
 
@@ -56,6 +56,7 @@ class MessageRecord:
     finish_reason: str | None
     complete: bool
     error: str | None
+    dropped_messages: int | None
     created_at: datetime
     updated_at: datetime
     alternatives: tuple[str, ...] = ()  # this message and its siblings, oldest first

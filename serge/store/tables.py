@@ -82,6 +82,8 @@ class Message(Base):
     finish_reason: Mapped[str | None] = mapped_column(String(16))
     complete: Mapped[bool] = mapped_column(Boolean, default=True)
     error: Mapped[str | None] = mapped_column(Text)
+    # a reply's: how many of the chat's oldest messages were left out of the model's view to fit its context
+    dropped_messages: Mapped[int | None] = mapped_column(Integer)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=now)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=now)
 

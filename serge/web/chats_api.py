@@ -1,8 +1,9 @@
 """The chat API under /api/chats: HTTP only.
 
 It parses requests, calls `ChatService`, and formats records as JSON or a reply
-as server-sent events (`start`, then `delta` events with text, then `done` with
-the saved message). A client that goes away stops its reply, as `/stop` does.
+as server-sent events (`start`, which says how many of the oldest messages the
+model could not see, then `delta` events with text, then `done` with the saved
+message). A client that goes away stops its reply, as `/stop` does.
 """
 
 from __future__ import annotations
@@ -87,7 +88,8 @@ def message_out(m: MessageRecord) -> dict:
         "settings": m.settings, "status": message_status(m), "complete": m.complete,
         "finish_reason": m.finish_reason, "error": m.error, "prompt_tokens": m.prompt_tokens,
         "completion_tokens": m.completion_tokens, "seed": m.seed, "queued_s": m.queued_s, "ttft_s": m.ttft_s,
-        "duration_s": m.duration_s, "tokens_per_s": m.tokens_per_s, "alternatives": list(m.alternatives),
+        "duration_s": m.duration_s, "tokens_per_s": m.tokens_per_s, "dropped_messages": m.dropped_messages,
+        "alternatives": list(m.alternatives),
         "created_at": m.created_at.isoformat(), "updated_at": m.updated_at.isoformat(),
     }
 
@@ -113,6 +115,7 @@ def reply_events(reply: Reply) -> StreamingResponse:
             yield _event("start", {
                 "chat_id": reply.chat_id, "message_id": reply.message_id,
                 "user_message": message_out(reply.user_message) if reply.user_message else None,
+                "dropped_messages": reply.dropped_messages,
             })
             async for kind, value in reply.events():
                 if kind == "delta":

@@ -89,6 +89,7 @@ def _view(render: MarkdownRenderer, chat: ChatRecord | None) -> list[dict]:
             "html": render.render(m.content) if m.role == "assistant" else None,
             "status": message_status(m),
             "stats": _stats(m),
+            "dropped": dropped_text(m.dropped_messages or 0),
             "position": index + 1,
             "count": len(m.alternatives) or 1,
             "previous": m.alternatives[index - 1] if index > 0 else None,
@@ -96,6 +97,14 @@ def _view(render: MarkdownRenderer, chat: ChatRecord | None) -> list[dict]:
             "regenerate": m.id == chat.messages[-1].id,  # a new reply to the last question
         })
     return shown
+
+
+def dropped_text(count: int) -> str:
+    """What a reply says when the model could not see the whole chat (the page's script says the same)."""
+    if not count:
+        return ""
+    oldest = "the oldest message" if count == 1 else f"the {count} oldest messages"
+    return f"written without {oldest}: the chat is longer than the model's context"
 
 
 def _stats(m: MessageRecord) -> str:

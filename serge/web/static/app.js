@@ -117,6 +117,19 @@ function appendMessage(role, content) {
   return article;
 }
 
+// Said while the reply streams; once saved, the server-rendered reply says the same (pages.dropped_text).
+function noteDropped(article, count) {
+  const oldest = count === 1 ? "the oldest message" : `the ${count} oldest messages`;
+  const note = document.createElement("footer");
+  note.className = "msg-meta";
+  const badge = document.createElement("span");
+  badge.className = "badge dropped";
+  badge.dataset.dropped = String(count);
+  badge.textContent = `written without ${oldest}: the chat is longer than the model's context`;
+  note.append(badge);
+  article.append(note);
+}
+
 async function refreshConversation() {
   if (!state.chatId) return;
   const response = await fetch(`/c/${state.chatId}/conversation`);
@@ -188,7 +201,9 @@ async function streamReply(url, body) {
     }
     showStatus("");
     for await (const { event, data } of readEvents(response)) {
-      if (event === "queued") {
+      if (event === "start" && data.dropped_messages) {
+        noteDropped(bubble, data.dropped_messages);
+      } else if (event === "queued") {
         const ahead = data.ahead === 0 ? "next in line" : `${data.ahead} ahead of you`;
         showStatus(`Waiting for a free slot: ${ahead}.`, "queue");
       } else if (event === "delta") {
