@@ -33,7 +33,9 @@ def tiny_server(settings, tmp_path_factory):
 
 def test_a_full_server_answers_503_with_retry_after(tiny_server):
     with httpx.stream("POST", f"{tiny_server}/v1/chat/completions", json=LONG, timeout=60) as first:
-        next(first.iter_lines())  # the first request holds the only slot
+        lines = first.iter_lines()
+        while '"content"' not in (line := next(lines)) or '"content": ""' in line:
+            pass  # until the first reply's text arrives: it is generating, and holds the only slot
         second = httpx.post(f"{tiny_server}/v1/chat/completions", timeout=60,
                             json={"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2})
         chat = httpx.post(f"{tiny_server}/api/chats", json={}, timeout=30).json()
@@ -65,6 +67,7 @@ def test_a_waiting_reply_learns_its_place_in_line_then_streams(one_slot_server):
     chat = httpx.post(f"{one_slot_server}/api/chats", json={}, timeout=30).json()
     seen = []
     with httpx.stream("POST", f"{one_slot_server}/v1/chat/completions", json=LONG, timeout=60) as first:
+        assert first.status_code == 200, first.read()
         next(first.iter_lines())  # the first request holds the only slot
         with httpx.stream("POST", f"{one_slot_server}/api/chats/{chat['id']}/messages",
                           json={"content": "Hello?"}, timeout=60) as waiting:

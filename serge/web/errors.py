@@ -109,7 +109,8 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(EngineBusy)
     async def _busy(_: Request, exc: EngineBusy):
         retry = max(1, round(exc.retry_after_s))
-        return _response(503, f"{exc}; retry in {retry} s", "engine_busy", None, {"Retry-After": str(retry)})
+        message = str(exc) if "try again" in str(exc) else f"{exc}; try again in {retry} s"
+        return _response(503, message, "engine_busy", None, {"Retry-After": str(retry)})
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException):
