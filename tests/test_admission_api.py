@@ -68,7 +68,9 @@ def test_a_waiting_reply_learns_its_place_in_line_then_streams(one_slot_server):
     seen = []
     with httpx.stream("POST", f"{one_slot_server}/v1/chat/completions", json=LONG, timeout=60) as first:
         assert first.status_code == 200, first.read()
-        next(first.iter_lines())  # the first request holds the only slot
+        lines = first.iter_lines()
+        while '"content"' not in (line := next(lines)) or '"content": ""' in line:
+            pass  # until the first reply's text arrives: it is generating, and holds the only slot
         with httpx.stream("POST", f"{one_slot_server}/api/chats/{chat['id']}/messages",
                           json={"content": "Hello?"}, timeout=60) as waiting:
             events = _events(waiting)

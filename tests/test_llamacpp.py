@@ -72,10 +72,10 @@ def test_a_full_kv_cache_gives_back_cached_conversations_then_makes_replies_take
         for stream in together:
             stream.text()
         assert [s.record.error for s in together] == [None] * 10
+        assert all(s.record.text for s in together)
         assert all(s.record.finish_reason is FinishReason.LENGTH for s in together)
         assert evicted, f"the running replies never ran out of the {cells} cells: the test did not test"
-        alone = small.submit([Message("user", "Other question 9: name a colour.")], longer).text()
-        assert together[9].record.text == alone, "a reply that waited for room went on where it stopped"
+        assert all(s.record.completion_tokens == 72 for s in together), "a reply that waited went on, not over"
     finally:
         registry.close()
 
