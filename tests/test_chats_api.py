@@ -227,6 +227,16 @@ def test_bad_messages_and_settings_on_a_chat_get_a_4xx(client):
 @pytest.mark.postgres
 @pytest.mark.skipif(not os.environ.get("SERGE_TEST_POSTGRES_URL"), reason="SERGE_TEST_POSTGRES_URL is not set")
 def test_chats_are_kept_in_postgresql(settings, engine, tmp_path):
+    from sqlalchemy import text
+
+    from serge.store import Database
+    from serge.store.tables import Base
+
+    db = Database(os.environ["SERGE_TEST_POSTGRES_URL"])
+    with db.engine.begin() as conn:  # a clean schema: other tests leave accounts behind (login mode)
+        Base.metadata.drop_all(conn)
+        conn.execute(text("DROP TABLE IF EXISTS alembic_version"))
+    db.close()
     own = Settings(data_dir=tmp_path, models_dir=settings.models_dir, torch_threads=settings.torch_threads,
                    database_url=os.environ["SERGE_TEST_POSTGRES_URL"])
     with ServerThread(build_app(own, engine), free_port()) as server, \
