@@ -18,7 +18,6 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Protocol
 
 from prometheus_client import generate_latest
@@ -229,11 +228,11 @@ class Engine:
         if engine == "llama.cpp":
             import torch
 
-            from serge.engine.llamacpp import _cells  # the same room llama.cpp's loader makes
+            from serge.engine.llamacpp import kv_cells  # the same room llama.cpp's loader makes
 
             window = min(facts.context_length or 2048, self.settings.context_window or 1 << 30)
             per_token = facts.kv_bytes_per_token or 0
-            cells = _cells(self._registry.options, SimpleNamespace(bytes_per_token=max(1, per_token)), window,
+            cells = kv_cells(self._registry.options, max(1, per_token), window,
                            self._limits.running_for(torch.device("cpu")))
             return facts.weights_bytes + cells * per_token
         if not facts.parameters:

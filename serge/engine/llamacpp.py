@@ -182,11 +182,11 @@ class LlamaForward:
         return torch.from_numpy(np.ctypeslib.as_array(pointer, shape=(rows, self.n_vocab)).copy())
 
 
-def _cells(options: LoadOptions, forward: LlamaForward, window: int, max_running: int) -> int:
+def kv_cells(options: LoadOptions, bytes_per_token: int, window: int, max_running: int) -> int:
     """KV cells for the whole model: the setting's megabytes, else room for a full-length
     conversation or `max_running` replies of 512 tokens, whichever is more."""
     if options.kv_cache_mb:
-        return max(256, options.kv_cache_mb * 2**20 // forward.bytes_per_token)
+        return max(256, options.kv_cache_mb * 2**20 // bytes_per_token)
     return max(min(window, 4096), max_running * 512)
 
 
@@ -206,7 +206,7 @@ def load_llamacpp(installed: InstalledModel, options: LoadOptions) -> LocalModel
     window = forward.n_ctx_train or 2048
     if options.context_cap:
         window = min(window, options.context_cap)
-    forward.cells = _cells(options, forward, window, max_running)
+    forward.cells = kv_cells(options, forward.bytes_per_token, window, max_running)
     window = min(window, forward.cells)
     kv_bytes = forward.cells * forward.bytes_per_token
     eos = eos_ids(tokenizer) | forward.eog_ids()
