@@ -32,10 +32,11 @@ $(VENV)/.torch:
 	touch $@
 
 # llama-cpp-python compiles llama.cpp from source the first time (10-30 min on 2 cores);
-# pip keeps the built wheel in its cache, so later installs take seconds.
+# pip keeps the built wheel in its cache, so later installs take seconds. Its multimodal
+# library (mtmd, ~10% of the C++) is left out: Serge serves text models only.
 $(VENV)/.llama: $(VENV)/.torch
 	@$(BIN)/python -c "import llama_cpp" 2>/dev/null || echo "Compiling llama.cpp for the llama.cpp engine (once; 10-30 minutes on 2 cores) ..."
-	CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(BIN)/python -m pip install --progress-bar on "$$(grep -o 'llama-cpp-python==[0-9.]*' pyproject.toml)"
+	CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) CMAKE_ARGS="-DLLAVA_BUILD=OFF $$CMAKE_ARGS" $(BIN)/python -m pip install --progress-bar on "$$(grep -o 'llama-cpp-python==[0-9.]*' pyproject.toml)"
 	touch $@
 
 $(VENV)/.installed: pyproject.toml $(VENV)/.llama

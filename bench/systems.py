@@ -245,11 +245,15 @@ def _base_body(model: str, messages, max_tokens: int) -> dict[str, Any]:
 
 
 class Serge(System):
-    """`serge serve` with one local engine: transformers (float32 safetensors) or llama.cpp (the GGUF)."""
+    """`serge serve` with one local engine: transformers (float32 safetensors) or llama.cpp (the GGUF).
 
-    def __init__(self, name: str, label: str, cfg: Config, engine: str) -> None:
+    `compute_threads`: the engine's threads when not the run's `--threads` (the process may
+    still use every core: its HTTP and sampling threads run beside them)."""
+
+    def __init__(self, name: str, label: str, cfg: Config, engine: str, compute_threads: int | None = None) -> None:
         super().__init__(name, label, cfg)
         self.engine = engine
+        self.compute_threads = compute_threads
 
     def _exe(self) -> Path:
         exe = Path(os.environ.get("SERGE_BENCH_SERGE", DEV_VENV / "bin" / "serge"))
@@ -293,7 +297,9 @@ class Serge(System):
             models_dir.mkdir()
             (models_dir / self.cfg.model_name).symlink_to(md)
         env = thread_env(self.cfg.threads)
-        env.update(SERGE_MODELS_DIR=str(models_dir), SERGE_TORCH_THREADS=str(self.cfg.threads),
+        threads = self.compute_threads or self.cfg.threads
+        self.info["compute_threads"] = threads
+        env.update(SERGE_MODELS_DIR=str(models_dir), SERGE_TORCH_THREADS=str(threads),
                    SERGE_DEVICE="cpu", SERGE_DTYPE="float32", SERGE_DEFAULT_MODEL=self.cfg.model_name, SERGE_ENGINE=self.engine)
         self.info["data_dir"] = str(data_dir)
         self.info["models_dir"] = str(models_dir)
@@ -458,10 +464,11 @@ class Vllm(System):
         return _ignore_eos_body(self.cfg.model_name, messages, max_tokens, ignore_eos)
 
 
-ALL_SYSTEMS = ["serge-llama", "llama-server", "serge", "generate", "tf-serve", "tf-serve-cb", "llamacpp", "vllm",
+ALL_SYSTEMS = ["serge-llama", "serge-llama-1t", "llama-server", "serge", "generate", "tf-serve", "tf-serve-cb", "llamacpp", "vllm",
                "vllm-1t"]
 LABELS = {
     "serge-llama": "serge serve, llama.cpp engine (GGUF)",
+    "serge-llama-1t": "serge serve, llama.cpp engine, 1 compute thread",
     "llama-server": "llama-server --parallel 8 (GGUF)",
     "serge": "serge serve, transformers engine (float32)",
     "generate": "raw generate()",
@@ -478,6 +485,8 @@ def make_system(name: str, cfg: Config) -> System:
         return Serge(name, LABELS[name], cfg, engine="transformers")
     if name == "serge-llama":
         return Serge(name, LABELS[name], cfg, engine="llama.cpp")
+    if name == "serge-llama-1t":
+        return Serge(name, LABELS[name], cfg, engine="llama.cpp", compute_threads=1)
     if name == "llama-server":
         return LlamaServer(name, LABELS[name], cfg, parallel=8)
     if name == "tf-serve":
