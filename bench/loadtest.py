@@ -35,6 +35,9 @@ from bench.systems import BENCH_DIR, MODEL_NAME, REPO, Server, default_installed
 from bench.workload import percentile
 
 
+LAST_TURN_S = 300.0  # a turn still running this long after the deadline is a hang: the run ends without it
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m bench.loadtest", description=__doc__.split("\n\n")[1])
     ap.add_argument("--users", type=int, default=50, help="simulated people at once (default 50)")
@@ -118,7 +121,15 @@ async def load(args: argparse.Namespace, server: Server, keys: list[str]) -> dic
             await asyncio.wait(tasks, timeout=5)
             now = checks.process_usage(pid)
             peak = checks.Usage(max(peak.threads, now.threads), max(peak.rss_mb, now.rss_mb))
+            if time.monotonic() > plan.deadline + LAST_TURN_S:
+                ledger.fail(f"{sum(not t.done() for t in tasks)} people still waiting {LAST_TURN_S:.0f} s "
+                            "after the end")
+                for t in tasks:
+                    t.cancel()
+                await asyncio.wait(tasks)
         for t in tasks:
+            if t.cancelled():
+                continue
             if t.exception() is not None:
                 ledger.fail(f"a person crashed: {t.exception()!r}")
         wall = time.monotonic() - t0
