@@ -206,6 +206,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         server.stop()
     run["meta"]["log"] = str(log_path)
+    run["check_failures"] += checks.log_problems(log_path)
+    run["passed"] = not run["failures"] and not run["check_failures"]
     print(table(run))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(run, indent=1, default=str))

@@ -7,6 +7,7 @@
   finished; each chat holds exactly as many user messages and replies as the people
   caused (an extra one is a duplicate, a missing one is lost).
 * Nothing left "streaming" once the server is idle.
+* No traceback or ERROR line in the server's log.
 * The server's threads and resident memory (`/proc/PID/status`) back near where they
   were after the warm-up.
 
@@ -76,6 +77,15 @@ async def quiet_usage(client: httpx.AsyncClient, pid: int, key: str, start: Usag
         await asyncio.sleep(1.0)
         usage = process_usage(pid)
     return usage
+
+
+def log_problems(log_path: Path) -> list[str]:
+    """Errors the server logged: a traceback or an ERROR line is a failure even when no client saw it."""
+    lines = log_path.read_text(errors="replace").splitlines()
+    flagged = [line.startswith(("Traceback", "ERROR")) or " ERROR " in line[:40] for line in lines]
+    bad = [i for i, f in enumerate(flagged) if f and not (i and flagged[i - 1])]  # an error and its traceback: one
+    return [f"server log line {i + 1}: {lines[i][:200]}" + (f" ... {lines[i + 1][:200]}" if i + 1 < len(lines) else "")
+            for i in bad[:10]] + ([f"... and {len(bad) - 10} more"] if len(bad) > 10 else [])
 
 
 def usage_problems(start: Usage, end: Usage) -> list[str]:
