@@ -177,13 +177,13 @@ def table(run: dict[str, Any]) -> str:
         lines.append(f"| {label} | {t['n']} | {_f(t['p50'], '{:.2f}')} | {_f(t['p95'], '{:.2f}')} |")
     lines += ["", "| request | status | count |", "|---|---|---:|"]
     lines += [f"| {k.split()[0]} | {k.split()[1]} | {n} |" for k, n in run["requests"].items()]
-    lines += ["", f"Tokens read: {run['tokens']} ({_f(run['agg_tok_s'])} tok/s over the run) · hang-ups "
+    lines += ["", f"- Tokens read: {run['tokens']} ({_f(run['agg_tok_s'])} tok/s over the run) · hang-ups "
               f"{run['hang_ups']} · stops {run['stops']} · regenerates {run['regenerates']} · Retry-After honoured "
               f"{run['retry_after_waits']} times ({run['retry_after_s']} s) · 409 chat busy {run['chat_busy_409']}",
-              f"Stored: {run['chats']} chats; {st['replies_stored_once']} of {st['replies_done']} finished replies "
+              f"- Stored: {run['chats']} chats; {st['replies_stored_once']} of {st['replies_done']} finished replies "
               f"stored once as read; {st['hung_up_stored']} hung-up replies kept; duplicates {st['duplicates']}, "
               f"lost {st['lost']}, stuck streaming {st['stuck_streaming']}",
-              f"Server: threads {s['after_warm_up']['threads']} after warm-up, {s['peak']['threads']} at peak, "
+              f"- Server: threads {s['after_warm_up']['threads']} after warm-up, {s['peak']['threads']} at peak, "
               f"{s['after_load']['threads']} after the load; RSS {s['after_warm_up']['rss_mb']:.0f} MB, "
               f"{s['peak']['rss_mb']:.0f} MB, {s['after_load']['rss_mb']:.0f} MB (allowed +{s['rss_allowed_mb']:.0f})"]
     bad = run["failures"] + run["check_failures"]
