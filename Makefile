@@ -5,7 +5,7 @@ MODEL ?= smollm2-135m-instruct
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: run test model install install-dev bench clean
+.PHONY: run test model install install-dev bench loadtest clean
 
 run: install model
 	$(BIN)/serge serve
@@ -17,6 +17,11 @@ bench: install-dev model
 	$(BIN)/python -m pip install --quiet -e ".[dev,bench]"
 	$(BIN)/python -m bench $(BENCH_ARGS)
 	$(BIN)/python -m bench.schema_cost
+
+# 50 people on the chat API and /v1 for a few minutes; exits 1 when a reply is lost or
+# doubled, one is left streaming, or threads or memory do not come back (bench/README.md).
+loadtest: install-dev model
+	$(BIN)/python -m bench.loadtest $(LOADTEST_ARGS)
 
 model: install
 	$(BIN)/serge models pull $(MODEL)

@@ -39,6 +39,41 @@ def test_ten_streamed_turns_leave_no_thread_behind(engine):
     assert after <= before, f"threads left behind: {[t.name for t in threading.enumerate() if t.ident not in before]}"
 
 
+def test_async_readers_that_hang_up_mid_reply_leave_no_thread_behind(engine):
+    """An API client that goes away: its reply is cancelled and waited for on the server's event loop, which
+    lives as long as the server, so no thread may be parked or kept for it (asyncio's default executor
+    keeps its threads for the life of the loop)."""
+    import asyncio
+
+    long = SamplingParams(temperature=0, max_new_tokens=200, ignore_eos=True)
+    question = [Message("user", "Tell me a long story.")]
+    engine.chat(MODEL, question, GREEDY).text()  # warm-up, without the async path
+    streams = []
+
+    async def hang_up():
+        stream = engine.chat(MODEL, question, long)
+        streams.append(stream)
+        deltas = stream.adeltas()
+        await anext(deltas)
+        await deltas.aclose()  # as a response generator is closed when its client disconnects
+
+    async def four_hang_ups():
+        await asyncio.gather(*(hang_up() for _ in range(4)))
+
+    loop = asyncio.new_event_loop()
+    try:
+        before = {t.ident for t in threading.enumerate()}
+        loop.run_until_complete(four_hang_ups())
+        assert all(s.done and s.record.finish_reason is FinishReason.CANCELLED for s in streams)
+        deadline = time.monotonic() + 10
+        while not {t.ident for t in threading.enumerate()} <= before and time.monotonic() < deadline:
+            time.sleep(0.05)
+        left = [t.name for t in threading.enumerate() if t.ident not in before]
+        assert not left, f"threads left behind while the loop lives: {left}"
+    finally:
+        loop.close()
+
+
 def test_async_iteration_yields_the_same_pieces(engine):
     import asyncio
 

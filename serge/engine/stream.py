@@ -17,6 +17,7 @@ character, and it holds back text that could be the start of a stop string.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import queue
 import threading
 import time
@@ -102,6 +103,7 @@ class GenerationError(RuntimeError):
 
 
 _END = object()
+CLOSE_TIMEOUT_S = 30.0  # longest wait for the worker to let go of a cancelled sequence
 
 
 class Stream:
@@ -174,7 +176,7 @@ class Stream:
     def done(self) -> bool:
         return self._done.is_set()
 
-    def close(self, timeout: float = 30.0) -> GenerationRecord:
+    def close(self, timeout: float = CLOSE_TIMEOUT_S) -> GenerationRecord:
         """Stop the generation if it still runs, and wait until the worker lets go."""
         if not self._done.is_set():
             self.cancel()
@@ -225,10 +227,16 @@ class Stream:
                     return
                 yield item
         finally:
-            unwatch()
-            if not self._done.is_set():
+            if not self._done.is_set():  # the reader left early: stop, and wait here until the worker lets go
                 self.cancel()
-                await asyncio.to_thread(self.close)
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(CLOSE_TIMEOUT_S):
+                        while not self._done.is_set():  # `finish` sets it, then wakes this loop
+                            ready.clear()
+                            if not self._done.is_set():
+                                await ready.wait()
+            unwatch()
+            self.close(timeout=0)  # the record is in, or GenerationError as `close()` gives it
 
     async def __aiter__(self) -> AsyncIterator[str]:
         deltas = self.adeltas()

@@ -1,0 +1,174 @@
+"""What must hold once the load is over, read back from the server itself.
+
+* Idle: no request queued or decoding (the engine's own gauges on `/metrics`).
+* Stored exactly once: every chat a person made is listed; every reply whose `done`
+  a person read is in its chat's JSON export (all branches) once, with the text and
+  status the person read; a reply hung up on is saved with at least the text read, and
+  finished; each chat holds exactly as many user messages and replies as the people
+  caused (an extra one is a duplicate, a missing one is lost).
+* Nothing left "streaming" once the server is idle.
+* No traceback or ERROR line in the server's log.
+* The server's threads and resident memory (`/proc/PID/status`) back near where they
+  were after the warm-up.
+
+It reads only the API and /proc; it does not open the database.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from bench.loadtest_users import Ledger
+
+THREADS_SLACK = 0  # threads may not grow at all: every reply's thread and the pool's idle workers must end
+RSS_SLACK = (0.15, 64.0)  # memory may grow by 15% or 64 MB, whichever is more (allocator caches, SQLite pages)
+POOL_IDLE_S = 10  # anyio's thread pool ends a worker idle this long (at its next use)
+
+
+@dataclass
+class Usage:
+    threads: int
+    rss_mb: float
+
+
+def process_usage(pid: int) -> Usage:
+    fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
+    return Usage(int(fields["Threads"]), round(int(fields["VmRSS"].split()[0]) / 1024, 1))
+
+
+def _gauges(metrics: str) -> float:
+    """Requests queued plus sequences decoding, over every model."""
+    total = 0.0
+    for line in metrics.splitlines():
+        if line.startswith(("serge_queue_length{", "serge_active_sequences{")):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+async def wait_idle(client: httpx.AsyncClient, timeout: float) -> float:
+    """Seconds until the engine has nothing queued or running (twice, a second apart)."""
+    t0 = time.monotonic()
+    quiet = 0
+    while time.monotonic() - t0 < timeout:
+        r = await client.get("/metrics")
+        r.raise_for_status()
+        quiet = quiet + 1 if _gauges(r.text) == 0 else 0
+        if quiet >= 2:
+            return time.monotonic() - t0
+        await asyncio.sleep(1.0)
+    raise TimeoutError(f"the server was still busy {timeout:.0f} s after the load ended")
+
+
+async def quiet_usage(client: httpx.AsyncClient, pid: int, key: str, start: Usage | None = None) -> Usage:
+    """The server's usage once it has been idle past the thread pool's idle time. anyio ends idle workers
+    only when the pool is next used, so one call into it (a sync route) comes first; then, if threads are
+    still above `start`, a few more seconds for replies' threads to end."""
+    await asyncio.sleep(POOL_IDLE_S + 1)
+    (await client.get("/api/chats", headers={"Authorization": f"Bearer {key}"})).raise_for_status()
+    usage = process_usage(pid)
+    for _ in range(10):
+        if start is None or usage.threads <= start.threads:
+            break
+        await asyncio.sleep(1.0)
+        usage = process_usage(pid)
+    return usage
+
+
+def log_problems(log_path: Path) -> list[str]:
+    """Errors the server logged: a traceback or an ERROR line is a failure even when no client saw it."""
+    lines = log_path.read_text(errors="replace").splitlines()
+    flagged = [line.startswith(("Traceback", "ERROR")) or " ERROR " in line[:40] for line in lines]
+    bad = [i for i, f in enumerate(flagged) if f and not (i and flagged[i - 1])]  # an error and its traceback: one
+    return [f"server log line {i + 1}: {lines[i][:200]}" + (f" ... {lines[i + 1][:200]}" if i + 1 < len(lines) else "")
+            for i in bad[:10]] + ([f"... and {len(bad) - 10} more"] if len(bad) > 10 else [])
+
+
+def usage_problems(start: Usage, end: Usage) -> list[str]:
+    problems = []
+    if end.threads > start.threads + THREADS_SLACK:
+        problems.append(f"threads: {end.threads} after the load, {start.threads} after the warm-up")
+    allowed = max(start.rss_mb * RSS_SLACK[0], RSS_SLACK[1])
+    if end.rss_mb > start.rss_mb + allowed:
+        problems.append(f"RSS: {end.rss_mb:.0f} MB after the load, {start.rss_mb:.0f} MB after the warm-up "
+                        f"(allowed +{allowed:.0f} MB)")
+    return problems
+
+
+async def stored(client: httpx.AsyncClient, keys: list[str]) -> dict[str, dict]:
+    """Every chat of every person, as its JSON export (all branches), by chat id."""
+    out: dict[str, dict] = {}
+    for key in keys:
+        auth = {"Authorization": f"Bearer {key}"}
+        r = await client.get("/api/chats", headers=auth)
+        r.raise_for_status()
+        for chat in r.json()["data"]:
+            e = await client.get(f"/api/chats/{chat['id']}/export", params={"format": "json"}, headers=auth)
+            e.raise_for_status()
+            out[chat["id"]] = e.json()
+    return out
+
+
+def streaming(m: dict) -> bool:
+    return m["finish_reason"] is None and not m["complete"]
+
+
+def status(m: dict) -> str:
+    """As the chat API words it (serge/web/chats_api.py `message_status`)."""
+    if m["finish_reason"] is None:
+        return "complete" if m["complete"] else "streaming"
+    return {"stop": "complete", "cancelled": "stopped"}.get(m["finish_reason"], m["finish_reason"])
+
+
+def storage_problems(ledger: Ledger, exports: dict[str, dict]) -> tuple[list[str], dict[str, int]]:
+    problems: list[str] = []
+    counts = {"replies_done": 0, "replies_stored_once": 0, "hung_up_stored": 0, "duplicates": 0, "lost": 0,
+              "stuck_streaming": 0}
+    for chat_id, export in exports.items():
+        stuck = [m["id"] for m in export["messages"] if streaming(m)]
+        counts["stuck_streaming"] += len(stuck)
+        if stuck:
+            problems.append(f"chat {chat_id}: {len(stuck)} message(s) still streaming after the server went idle")
+    for chat in ledger.chats.values():
+        export = exports.get(chat.id)
+        if export is None:
+            problems.append(f"chat {chat.id} was made but is not listed")
+            counts["lost"] += 1
+            continue
+        messages = export["messages"]
+        by_id: dict[str, list[dict]] = {}
+        for m in messages:
+            by_id.setdefault(m["id"], []).append(m)
+        users = sum(m["role"] == "user" for m in messages)
+        replies = sum(m["role"] == "assistant" for m in messages)
+        if users != chat.sent:
+            problems.append(f"chat {chat.id}: {users} user messages stored, {chat.sent} sent")
+        if replies != chat.started:
+            problems.append(f"chat {chat.id}: {replies} replies stored, {chat.started} started")
+            counts["duplicates" if replies > chat.started else "lost"] += abs(replies - chat.started)
+        for seen in chat.replies:
+            rows = by_id.get(seen.message_id, [])
+            if seen.done is not None:
+                counts["replies_done"] += 1
+                if len(rows) != 1:
+                    problems.append(f"reply {seen.message_id}: stored {len(rows)} times")
+                    continue
+                row = rows[0]
+                if row["content"] != seen.done["content"] or status(row) != seen.done["status"]:
+                    problems.append(f"reply {seen.message_id}: stored as {status(row)} {row['content'][:60]!r}, "
+                                    f"read as {seen.done['status']} {seen.done['content'][:60]!r}")
+                    continue
+                counts["replies_stored_once"] += 1
+            elif seen.hung_up:
+                if len(rows) != 1:
+                    problems.append(f"reply {seen.message_id} (hung up on): stored {len(rows)} times")
+                elif not rows[0]["content"].startswith(seen.text) or streaming(rows[0]):
+                    problems.append(f"reply {seen.message_id} (hung up on): stored {status(rows[0])} "
+                                    f"{rows[0]['content'][:60]!r}, read {seen.text[:60]!r}")
+                else:
+                    counts["hung_up_stored"] += 1
+    return problems, counts
