@@ -53,7 +53,7 @@ def build_app(settings: Settings, engine: Engine) -> FastAPI:
     async def lifespan(app: FastAPI):
         app.state.engine = engine
         app.state.load_error = None
-        database = Database(settings.database)
+        database = Database(settings.database, settings.database_busy_timeout_s)
         database.migrate()  # schema changes are applied at start, before any request
         accounts = AccountStore(database)
         app.state.accounts = Accounts(accounts)
