@@ -70,6 +70,10 @@ class Settings(BaseSettings):
 
     host: str = Field("127.0.0.1", description="Address the server listens on.")
     port: int = Field(8008, ge=1, le=65535, description="Port the server listens on.")
+    log_level: Literal["debug", "info", "warning", "error"] = Field(
+        "info", description="info logs one line per request (logfmt, never message text or keys); debug adds "
+        "query strings.",
+    )
     data_dir: Path = Field(default_factory=_default_data_dir, description="Where models, chats and caches live.")
     models_dir: Path | None = Field(None, description="Installed models; defaults to DATA_DIR/models.")
     database_url: str | None = Field(None, description="SQLAlchemy URL; defaults to a SQLite file in DATA_DIR.")

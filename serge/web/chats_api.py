@@ -25,6 +25,7 @@ from serge.store import ChatRecord, MessageRecord
 from serge.web.auth import current_user
 from serge.web.docs import EVENT_STREAM, MARKDOWN
 from serge.web.errors import ApiError
+from serge.web.request_log import note_generation
 
 router = APIRouter(prefix="/api/chats", tags=["chats"])
 
@@ -113,6 +114,8 @@ def _event(kind: str, data: dict) -> str:
 
 
 def reply_events(request: Request, reply: Reply) -> StreamingResponse:
+    note_generation(request, reply.model, reply.stream)
+
     async def events():
         try:
             yield _event("start", {

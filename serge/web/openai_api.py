@@ -22,6 +22,7 @@ from serge.engine import Engine, FinishReason, GenerationRecord, ModelInfo, Stre
 from serge.web.docs import COMPLETION
 from serge.web.errors import ApiError, error_body
 from serge.web.openai_models import HARMLESS, REFUSED, ChatCompletionRequest
+from serge.web.request_log import note_generation
 
 router = APIRouter(prefix="/v1", tags=["OpenAI-compatible"])
 
@@ -95,6 +96,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
     engine = _engine(request)
     name = engine.check_model(body.model)
     stream = await run_in_threadpool(engine.chat, name, messages, params, tools)
+    note_generation(request, name, stream)
     completion_id = f"chatcmpl-{uuid.uuid4().hex}"
     created = int(time.time())
     wants_logprobs = params.logprobs is not None
