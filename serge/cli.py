@@ -95,8 +95,8 @@ def parser() -> argparse.ArgumentParser:
     return root
 
 
-_SETTING_FLAGS = ("host", "port", "log_level", "data_dir", "models_dir", "device", "dtype", "default_model", "torch_threads",
-                  "engine")
+_SETTING_FLAGS = ("host", "port", "log_level", "data_dir", "models_dir", "device", "dtype", "default_model",
+                  "torch_threads", "engine")
 
 
 def _settings(args: argparse.Namespace) -> Settings:

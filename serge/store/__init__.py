@@ -10,7 +10,8 @@ from serge.store.chats import ChatNotFound, ChatRecord, ChatStore, MessageNotFou
 from serge.store.db import Database, DatabaseUnavailable
 
 __all__ = [
-    "LOCAL_OWNER", "AccountStore", "ChatNotFound", "ChatRecord", "ChatStore", "Database", "DatabaseUnavailable", "KeyNotFound",
+    "LOCAL_OWNER", "AccountStore", "ChatNotFound", "ChatRecord", "ChatStore", "Database", "DatabaseUnavailable",
+    "KeyNotFound",
     "KeyRecord", "LastAdmin", "MessageNotFound", "MessageRecord", "NameTaken", "NewMessage", "UserNotFound",
     "UserRecord",
 ]

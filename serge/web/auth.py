@@ -93,7 +93,8 @@ class Authenticate:
         request = Request(scope)
         path = scope["path"]
         state = request.app.state
-        user, key_id, bad_key, accounts_exist = await run_in_threadpool(_resolve, state.accounts, state.sessions, request)
+        user, key_id, bad_key, accounts_exist = await run_in_threadpool(_resolve, state.accounts, state.sessions,
+                                                                         request)
         if bad_key:
             return await self._refuse(scope, receive, send, 401, "the API key is not valid (revoked or mistyped); "
                                       "create one on the settings page or with `serge keys create`", "invalid_api_key")

@@ -26,7 +26,10 @@ TEMPLATES = Path(__file__).parent / "templates"
 DOCS_POLICY = POLICY.replace("style-src 'self'", "style-src 'self' 'unsafe-inline'")
 
 _ERROR = {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}}
-BUSY = {"description": "Every slot and the queue are full; retry after Retry-After seconds.", "content": _ERROR}
+BUSY = {"description": "Unavailable for now, with the reason in error.code: engine_busy (every slot and the queue "
+                       "are full; retry after Retry-After seconds), model_load_failed (the model would not load; "
+                       "reinstall it or choose another), database_unavailable (the database is locked or the disk "
+                       "full; nothing of the request was saved).", "content": _ERROR}
 # Open API 3.1 describes an event stream by the schema of one event; `data` holds JSON text.
 _JSON_TEXT = {"type": "string", "contentMediaType": "application/json"}
 _REPLY_EVENT = {"type": "object", "required": ["event", "data"],

@@ -1,7 +1,7 @@
 """One structured line per HTTP request, in logfmt, on the `serge.requests` logger.
 
     request id=3f9c0a1b2c4d5e6f method=POST path=/v1/chat/completions status=200 user=alice key=1a2b3c
-      model=smollm2-135m-instruct prompt_tokens=31 completion_tokens=12 ttft_s=0.041 gen_s=0.210 total_s=0.233
+      model=smollm2-135m-instruct prompt_tokens=31 completion_tokens=12 ttft_s=0.041 gen_s=0.210 finish=stop total_s=0.233
 
 The id is also the response's `X-Request-ID` header (a caller's own id of up to 64
 letters, digits, `-`, `_` and `.` is kept, so a proxy's id follows the request).
