@@ -280,6 +280,16 @@ def test_a_remote_server_that_never_answers_ends_the_reply_with_a_timeout(faulty
     still_serves_the_good_model(faulty)
 
 
+def test_the_api_answers_502_with_the_reason_when_a_remote_server_never_answers(faulty):
+    started = time.monotonic()
+    response = faulty.post("/v1/chat/completions", json={"model": "far-hang",
+                                                         "messages": [{"role": "user", "content": "Hello?"}]})
+    assert time.monotonic() - started < REMOTE_TIMEOUT_S + 10
+    assert response.status_code == 502, response.text
+    error = response.json()["error"]
+    assert error["code"] == "remote_model_failed" and f"no answer for {REMOTE_TIMEOUT_S:g} s" in error["message"]
+
+
 def test_a_remote_server_that_hangs_up_mid_reply_leaves_the_partial_reply_marked_error(faulty):
     chat = new_chat(faulty, model="far-drop")
     status, error, deltas, done = stream_reply(faulty, f"/api/chats/{chat}/messages", {"content": "Hello?"})

@@ -155,6 +155,7 @@ class RemoteModels:
             ttft_s=None if state["first"] is None else state["first"] - started,
             duration_s=now - started,
             error=error,
+            remote_error=error is not None,
             tool_calls=tuple(ToolCall(c["id"], c["name"], c["arguments"]) for _, c in sorted(state["calls"].items())),
         ))
 

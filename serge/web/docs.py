@@ -44,7 +44,10 @@ EVENT_STREAM = {200: {"description": "Server-sent events: start, queued while wa
                       "content": {"text/event-stream": {"schema": _REPLY_EVENT}}}, 503: BUSY}
 # For /v1/chat/completions: JSON, or server-sent events with "stream": true.
 COMPLETION = {200: {"description": "A chat.completion, or chat.completion.chunk events when streamed.",
-                    "content": {"text/event-stream": {"schema": _CHUNK_EVENT}}}, 503: BUSY}
+                    "content": {"text/event-stream": {"schema": _CHUNK_EVENT}}}, 503: BUSY,
+              502: {"description": "A remote model's server failed: silent past SERGE_REMOTE_TIMEOUT_S, hung up "
+                                   "mid-reply, or answered an error (error.code remote_model_failed).",
+                    "content": _ERROR}}
 MARKDOWN = {200: {"description": "The chat as JSON or Markdown.",
                   "content": {"text/markdown": {"schema": {"type": "string"}}}}}
 

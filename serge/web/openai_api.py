@@ -110,8 +110,9 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
         finally:
             watcher.cancel()
         record = stream.record
-        if record.finish_reason is FinishReason.ERROR:
-            raise ApiError(500, f"generation failed: {record.error}", code="generation_failed")
+        if record.finish_reason is FinishReason.ERROR:  # 502: the remote model's server failed, not Serge
+            raise ApiError(502 if record.remote_error else 500, f"generation failed: {record.error}",
+                           code="remote_model_failed" if record.remote_error else "generation_failed")
         message = {"role": "assistant", "content": record.text if record.text or not record.tool_calls else None,
                    "refusal": None}
         if record.tool_calls:
