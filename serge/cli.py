@@ -55,6 +55,9 @@ def parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", help="address to listen on (SERGE_HOST; default 127.0.0.1); any other than "
                                       "this machine's needs an account first (`serge users add NAME`)")
     serve.add_argument("--port", type=int, help="port to listen on (SERGE_PORT; default 8008)")
+    serve.add_argument("--log-level", choices=["debug", "info", "warning", "error"],
+                       help="what the server logs (SERGE_LOG_LEVEL; default info: one line per request, never "
+                            "message text or keys; debug adds query strings)")
     _runtime(serve)
 
     chat = sub.add_parser("chat", help="chat in the terminal (no server needed); Ctrl-C stops a reply")
@@ -92,8 +95,8 @@ def parser() -> argparse.ArgumentParser:
     return root
 
 
-_SETTING_FLAGS = ("host", "port", "data_dir", "models_dir", "device", "dtype", "default_model", "torch_threads",
-                  "engine")
+_SETTING_FLAGS = ("host", "port", "log_level", "data_dir", "models_dir", "device", "dtype", "default_model",
+                  "torch_threads", "engine")
 
 
 def _settings(args: argparse.Namespace) -> Settings:
@@ -176,7 +179,9 @@ def _serve(settings: Settings) -> None:
 
         print(f"Serge {__version__} on {engine.plan.device} ({engine.plan.dtype_name}): "
               f"http://{settings.host}:{settings.port}", flush=True)
-        uvicorn.run(build_app(settings, engine), host=settings.host, port=settings.port, log_level="info",
+        logging.getLogger().setLevel(settings.log_level.upper())  # main() set up the handler
+        uvicorn.run(build_app(settings, engine), host=settings.host, port=settings.port, log_level=settings.log_level,
+                    access_log=False,  # serge.requests logs each request, without what uvicorn's line shows
                     proxy_headers=True, forwarded_allow_ips=settings.trusted_proxies)
     finally:
         engine.close()

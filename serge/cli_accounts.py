@@ -57,7 +57,7 @@ def open_accounts(settings: Settings) -> Accounts:
     from serge.accounts import Accounts
     from serge.store import AccountStore, Database
 
-    database = Database(settings.database)
+    database = Database(settings.database, settings.database_busy_timeout_s)
     database.migrate()
     return Accounts(AccountStore(database))
 

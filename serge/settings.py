@@ -70,9 +70,17 @@ class Settings(BaseSettings):
 
     host: str = Field("127.0.0.1", description="Address the server listens on.")
     port: int = Field(8008, ge=1, le=65535, description="Port the server listens on.")
+    log_level: Literal["debug", "info", "warning", "error"] = Field(
+        "info", description="info logs one line per request (logfmt, never message text or keys); debug adds "
+        "query strings.",
+    )
     data_dir: Path = Field(default_factory=_default_data_dir, description="Where models, chats and caches live.")
     models_dir: Path | None = Field(None, description="Installed models; defaults to DATA_DIR/models.")
     database_url: str | None = Field(None, description="SQLAlchemy URL; defaults to a SQLite file in DATA_DIR.")
+    database_busy_timeout_s: float = Field(
+        10.0, gt=0, le=600, description="How long a write waits while another program holds the SQLite database "
+        "locked; past it the request is answered 503 (database_unavailable) and nothing of it is saved.",
+    )
     device: str = Field("auto", description="auto, cpu, cuda, cuda:N or mps.")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto", description="auto: bfloat16 on CUDA, float16 on MPS, float32 on CPU."
@@ -111,6 +119,10 @@ class Settings(BaseSettings):
     remote_models: dict[str, RemoteModel] = Field(
         default_factory=dict,
         description='Models on OpenAI-compatible servers, as JSON: {"name": {"url": "http://host:8000/v1"}}.',
+    )
+    remote_timeout_s: float = Field(
+        120.0, gt=0, le=3600, description="Longest a remote model's server may stay silent (before the first token "
+        "or between two) before its reply ends with a timeout error.",
     )
     max_request_bytes: int = Field(1_000_000, ge=1024, description="Largest request body accepted.")
     max_running: int | None = Field(

@@ -149,8 +149,8 @@ class Accounts:
         """Revoke one of `user`'s keys by its id or its visible prefix."""
         return self.store.revoke_key(user.id, ref.strip())
 
-    def user_for_key(self, key: str) -> UserRecord | None:
-        """The owner of an active key, or None for a revoked, unknown or malformed one."""
+    def user_for_key(self, key: str) -> tuple[UserRecord, str] | None:
+        """The owner of an active key and the key's id (for logs), or None for a revoked, unknown or malformed one."""
         if not key.startswith(KEY_PREFIX) or len(key) > 200 or not key.isascii():
             return None
         return self.store.user_for_key(digest(key))

@@ -5,6 +5,10 @@ listening: the text is written to the database about once a second, and the
 final text, token counts, timings and finish reason when the stream ends. So a
 page that closes, a `/stop`, or an engine error all leave a saved (incomplete)
 reply, and a server killed mid-reply leaves at most a second of text unsaved.
+When the database refuses a write (locked by another program, a full disk), the
+text stays in memory and generation goes on; if the end cannot be saved, the
+listeners are told so (an `error` reply), and a thread keeps trying to save it
+for a while, so a fault that clears loses nothing.
 
 Listeners read through `events()`, on their own event loop: the reply's thread
 (for text and the end) and the stream (for a new place in the queue) wake that
@@ -22,11 +26,13 @@ from collections.abc import AsyncIterator, Callable
 from functools import partial
 
 from serge.engine import FinishReason, GenerationRecord, Stream
-from serge.store import ChatStore, MessageRecord
+from serge.store import ChatStore, DatabaseUnavailable, MessageRecord
 
 log = logging.getLogger(__name__)
 
 FLUSH_EVERY_S = 1.0
+SAVE_RETRY_EVERY_S = 2.0  # while the database refuses the end of a reply
+SAVE_RETRY_FOR_S = 600.0  # then the next start marks it interrupted
 COMPLETE = {FinishReason.STOP, FinishReason.LENGTH}
 
 
@@ -36,6 +42,7 @@ class Reply:
                  on_done: Callable[[Reply], None], dropped_messages: int = 0) -> None:
         self.owner, self.chat_id = owner, chat_id
         self.message_id = message.id
+        self.model = message.model
         self.user_message = user_message
         self.stream = stream
         # Messages of the chat, oldest first, that the model did not see for this reply.
@@ -117,10 +124,13 @@ class Reply:
                 parts.append(delta)
                 self._tell_listeners()
                 if time.monotonic() - flushed >= FLUSH_EVERY_S:
-                    self._store.save_text(self.owner, self.message_id, "".join(parts))
                     flushed = time.monotonic()
-        except Exception:  # a failed flush: stop generating, keep what we have
-            log.exception("saving reply %s failed", self.message_id)
+                    try:
+                        self._store.save_text(self.owner, self.message_id, "".join(parts))
+                    except DatabaseUnavailable as exc:  # kept in memory; the next flush or the end saves it
+                        log.warning("reply %s: could not save its text so far: %s", self.message_id, exc.reason)
+        except Exception:
+            log.exception("reply %s failed", self.message_id)
             self.stream.cancel()
         finally:
             try:
@@ -156,6 +166,28 @@ class Reply:
             )
         try:
             return self._store.finish_message(self.owner, self.message_id, **values)
-        except Exception:  # deleted chat, or the database is gone: report what we know
+        except DatabaseUnavailable as exc:  # tell the listeners, and keep trying behind them
+            log.error("reply %s: could not save its end: %s; retrying", self.message_id, exc.reason)
+            threading.Thread(target=self._retry_save, args=(values,), name=f"serge-save-{self.chat_id[:8]}",
+                             daemon=True).start()
+            values = {**values, "finish_reason": "error", "complete": False,
+                      "error": f"the reply could not be saved: {exc.reason}; Serge keeps trying, and it appears "
+                               f"in the chat once saved"}
+        except Exception:  # the chat was deleted while the reply streamed: report what we know
             log.exception("could not save the end of reply %s", self.message_id)
-            return MessageRecord(**{**self._placeholder.__dict__, **values})
+        return MessageRecord(**{**self._placeholder.__dict__, **values})
+
+    def _retry_save(self, values: dict) -> None:
+        deadline = time.monotonic() + SAVE_RETRY_FOR_S
+        while time.monotonic() < deadline:
+            time.sleep(SAVE_RETRY_EVERY_S)
+            try:
+                self._store.finish_message(self.owner, self.message_id, **values)
+            except DatabaseUnavailable:
+                continue
+            except Exception:
+                log.exception("could not save the end of reply %s", self.message_id)
+                return
+            log.info("reply %s: saved after the database came back", self.message_id)
+            return
+        log.error("reply %s: gave up saving its end; the next start marks it interrupted", self.message_id)

@@ -18,7 +18,7 @@ from pydantic import ValidationError
 from serge.chats.replies import Reply
 from serge.chats.transfer import ChatExport, export_json
 from serge.engine import Engine, Message, ModelNotFound, SamplingParams
-from serge.store import ChatRecord, ChatStore, MessageRecord, NewMessage
+from serge.store import ChatRecord, ChatStore, DatabaseUnavailable, MessageRecord, NewMessage
 
 log = logging.getLogger(__name__)
 
@@ -259,9 +259,15 @@ class ChatService:
     def _start(self, owner: str, chat_id: str, question: MessageRecord, user: MessageRecord | None) -> Reply:
         chat, history, places = self._conversation(owner, chat_id, question)
         model = chat.model or self.engine.default_model
-        placeholder = self.store.add_message(owner, chat_id, NewMessage(
-            "assistant", "", parent_id=question.id, after_current=False, model=model, settings=chat.settings,
-            complete=False))
+        try:
+            placeholder = self.store.add_message(owner, chat_id, NewMessage(
+                "assistant", "", parent_id=question.id, after_current=False, model=model, settings=chat.settings,
+                complete=False))
+        except DatabaseUnavailable as exc:
+            if user is None:
+                raise
+            raise DatabaseUnavailable(exc.reason, "your message is saved, but no reply was started; press "
+                                                  "Regenerate once that is fixed") from exc
         try:
             stream = self.engine.chat(model, history, SamplingParams(**chat.settings))
         except Exception as exc:

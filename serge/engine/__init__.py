@@ -10,6 +10,7 @@ from serge.engine.metrics import EngineMetrics, ModelSnapshot
 from serge.engine.grammar import GrammarError, InvalidRequest, ResponseFormat
 from serge.engine.prompts import ContextTooLong, Message, ToolCall
 from serge.engine.pulls import PullNotFound, PullRefused, PullStatus
+from serge.engine.local import ModelLoadFailed
 from serge.engine.registry import ModelInUse, ModelTooLarge
 from serge.engine.sampling import MAX_TOP_LOGPROBS, SamplingParams
 from serge.engine.scheduler import EngineBusy, SchedulerLimits
@@ -39,6 +40,7 @@ __all__ = [
     "Message",
     "ModelFacts",
     "ModelInUse",
+    "ModelLoadFailed",
     "ModelInfo",
     "ModelLibrary",
     "ModelNotFound",

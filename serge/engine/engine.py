@@ -103,7 +103,7 @@ class Engine:
                               self.metrics, settings.llama_kv_cache_mb)
         self._registry = ModelRegistry(self._library, options, settings.engine, settings.model_engines,
                                        self._budget(), self._estimate)
-        self._remote = RemoteModels(settings.remote_models)
+        self._remote = RemoteModels(settings.remote_models, settings.remote_timeout_s)
         self._pulls = Pulls(self._library, self.prefers_gguf)
         self._warm = False
 

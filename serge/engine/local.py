@@ -98,9 +98,23 @@ def sampling_defaults(generation_config, installed: InstalledModel) -> SamplingP
     return SamplingParams(**own).over(installed.defaults)
 
 
+class ModelLoadFailed(RuntimeError):
+    """An installed model that would not load (damaged or incomplete files, no chat template).
+
+    The message names the model and what to do, and leaves out paths; the registry logs the cause.
+    """
+
+    def __init__(self, name: str, message: str | None = None) -> None:
+        super().__init__(message or (
+            f"model {name!r} could not be loaded: its files may be damaged or incomplete (the server log has the "
+            f"details); install it again (`serge models rm {name}`, then pull or import it) or choose another model"))
+        self.name = name
+
+
 def check_chat_template(name: str, tokenizer) -> None:
     if not getattr(tokenizer, "chat_template", None):
-        raise ValueError(f"model {name!r} has no chat template in its tokenizer; Serge needs one to build prompts")
+        raise ModelLoadFailed(name, f"model {name!r} has no chat template in its tokenizer; Serge needs one to "
+                                    f"build prompts")
 
 
 def load_tokenizer(installed: InstalledModel):

@@ -27,7 +27,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from serge.engine.library import InstalledModel, ModelLibrary
-from serge.engine.local import EngineKind, LoadOptions, LocalModel, load_transformers
+from serge.engine.local import EngineKind, LoadOptions, LocalModel, ModelLoadFailed, load_transformers
 from serge.engine.scheduler import EngineBusy
 
 log = logging.getLogger(__name__)
@@ -252,9 +252,12 @@ class ModelRegistry:
                 loaded = load_transformers(installed, self.options)
             self.loads += 1
             return loaded
-        except BaseException:
+        except BaseException as exc:
             with self._guard:
                 self._reserved.pop(installed.name, None)
+            if isinstance(exc, Exception) and not isinstance(exc, ModelLoadFailed):
+                log.error("Could not load %s: %s", installed.name, exc)
+                raise ModelLoadFailed(installed.name) from exc
             raise
         finally:
             self.loading.discard(installed.name)

@@ -7,7 +7,10 @@ every field on (tools, response_format, logit_bias, logprobs included) and strea
 the reply, its tool calls and logprobs through the same `Stream` as a local
 model's, so a chat does not care where tokens come from.
 All remote requests share one event-loop thread and one HTTP client: no thread
-per request.
+per request. A server that stays silent longer than the timeout (before the
+first token or between two), or that drops the connection before saying the
+reply is done, ends that reply with an error naming what happened; the text so
+far is kept in the record, as a local reply cut short keeps it.
 """
 
 from __future__ import annotations
@@ -79,7 +82,7 @@ class RemoteBackend:
 class RemoteModels:
     """Remote models by Serge's name for them."""
 
-    def __init__(self, models: dict[str, RemoteModel], timeout_s: float = 600.0) -> None:
+    def __init__(self, models: dict[str, RemoteModel], timeout_s: float = 120.0) -> None:
         self.models = dict(models)
         self._timeout = timeout_s
         self._loop = asyncio.new_event_loop()
@@ -125,7 +128,7 @@ class RemoteModels:
         if self._client is None:
             self._client = httpx.AsyncClient(timeout=httpx.Timeout(self._timeout, connect=10))
         started = time.monotonic()
-        state = {"text": "", "usage": {}, "finish": None, "first": None, "calls": {}}
+        state = {"text": "", "usage": {}, "finish": None, "first": None, "calls": {}, "done": False}
         reading = asyncio.ensure_future(self._read(url, headers, body, stream, state))
         reason, error = FinishReason.STOP, None
         try:
@@ -140,7 +143,7 @@ class RemoteModels:
         except asyncio.CancelledError:
             reason = FinishReason.CANCELLED
         except Exception as exc:
-            reason, error = FinishReason.ERROR, f"remote model at {url}: {_describe(exc)}"
+            reason, error = FinishReason.ERROR, f"remote model at {url}: {_describe(exc, self._timeout)}"
         now = time.monotonic()
         stream.finish(GenerationRecord(
             text=state["text"],
@@ -152,6 +155,7 @@ class RemoteModels:
             ttft_s=None if state["first"] is None else state["first"] - started,
             duration_s=now - started,
             error=error,
+            remote_error=error is not None,
             tool_calls=tuple(ToolCall(c["id"], c["name"], c["arguments"]) for _, c in sorted(state["calls"].items())),
         ))
 
@@ -161,6 +165,8 @@ class RemoteModels:
                 await reply.aread()
                 raise RemoteError(reply.status_code, reply.text)
             async for line in reply.aiter_lines():
+                if line == "data: [DONE]":
+                    state["done"] = True
                 if not line.startswith("data: ") or line == "data: [DONE]":
                     continue
                 chunk = json.loads(line[6:])
@@ -177,6 +183,8 @@ class RemoteModels:
                     state["text"] += text
                     stream.push(text, tokens, calls)
                     state["finish"] = choice.get("finish_reason") or state["finish"]
+        if not state["done"] and state["finish"] is None:
+            raise RemoteDropped("the server closed the connection before the reply was done")
 
 
 def _call_delta(piece: dict, calls: dict) -> ToolCallDelta:
@@ -207,7 +215,18 @@ class RemoteError(RuntimeError):
         super().__init__(f"HTTP {status}: {message}")
 
 
-def _describe(exc: Exception) -> str:
+class RemoteDropped(RuntimeError):
+    """The stream ended without its end: no finish reason, no [DONE]."""
+
+
+def _describe(exc: Exception, timeout_s: float) -> str:
     if isinstance(exc, httpx.ConnectError):
         return "could not connect; is the server running?"
+    if isinstance(exc, httpx.ReadTimeout):
+        return (f"no answer for {timeout_s:g} s (SERGE_REMOTE_TIMEOUT_S); the server may be stuck or overloaded, "
+                f"try again or use another model")
+    if isinstance(exc, (httpx.RemoteProtocolError, httpx.ReadError)):
+        return f"the server closed the connection mid-reply ({type(exc).__name__}); the text so far is kept, try again"
+    if isinstance(exc, RemoteDropped):
+        return f"{exc}; the text so far is kept, try again"
     return str(exc) or type(exc).__name__

@@ -89,6 +89,7 @@ class GenerationRecord:
     duration_s: float
     error: str | None = None
     tool_calls: tuple[ToolCall, ...] = ()
+    remote_error: bool = False  # the error was a remote model's server's (silent, hung up, refused), not Serge's
 
     @property
     def tokens_per_s(self) -> float:

@@ -7,10 +7,11 @@ from serge.store.accounts import (
     LOCAL_OWNER, AccountStore, KeyNotFound, KeyRecord, LastAdmin, NameTaken, UserNotFound, UserRecord,
 )
 from serge.store.chats import ChatNotFound, ChatRecord, ChatStore, MessageNotFound, MessageRecord, NewMessage
-from serge.store.db import Database
+from serge.store.db import Database, DatabaseUnavailable
 
 __all__ = [
-    "LOCAL_OWNER", "AccountStore", "ChatNotFound", "ChatRecord", "ChatStore", "Database", "KeyNotFound",
+    "LOCAL_OWNER", "AccountStore", "ChatNotFound", "ChatRecord", "ChatStore", "Database", "DatabaseUnavailable",
+    "KeyNotFound",
     "KeyRecord", "LastAdmin", "MessageNotFound", "MessageRecord", "NameTaken", "NewMessage", "UserNotFound",
     "UserRecord",
 ]

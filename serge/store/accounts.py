@@ -164,8 +164,8 @@ class AccountStore:
             row.revoked_at = row.revoked_at or now()
         return KeyRecord.of(row)
 
-    def user_for_key(self, key_hash: str) -> UserRecord | None:
-        """The owner of an active key, noting when it was last used."""
+    def user_for_key(self, key_hash: str) -> tuple[UserRecord, str] | None:
+        """The owner of an active key and the key's id, noting when it was last used."""
         with self.db.session() as session:
             found = session.execute(select(ApiKey, User).join(User, User.id == ApiKey.user_id)
                                     .where(ApiKey.key_hash == key_hash, ApiKey.revoked_at.is_(None))).first()
@@ -177,7 +177,7 @@ class AccountStore:
         if last_used is None or stamp - last_used > KEY_TOUCH_EVERY:  # written apart from the read: no lock upgrade
             with self.db.session() as session, session.begin():
                 session.execute(update(ApiKey).where(ApiKey.id == key_id).values(last_used_at=stamp))
-        return record
+        return record, key_id
 
     # --- login sessions -------------------------------------------------------
     def add_session(self, token_hash: str, user_id: str, lifetime: timedelta) -> None:

@@ -33,6 +33,7 @@ from serge.web.guard import protect
 from serge.web.models_api import router as models_router
 from serge.web.openai_api import router as openai_router
 from serge.web.pages import STATIC, build_pages
+from serge.web.request_log import RequestLog
 from serge.web.throttle import UserLimits
 
 log = logging.getLogger(__name__)
@@ -53,7 +54,7 @@ def build_app(settings: Settings, engine: Engine) -> FastAPI:
     async def lifespan(app: FastAPI):
         app.state.engine = engine
         app.state.load_error = None
-        database = Database(settings.database)
+        database = Database(settings.database, settings.database_busy_timeout_s)
         database.migrate()  # schema changes are applied at start, before any request
         accounts = AccountStore(database)
         app.state.accounts = Accounts(accounts)
@@ -84,6 +85,7 @@ def build_app(settings: Settings, engine: Engine) -> FastAPI:
     # after the Host, Origin and body checks (outer) have let it through.
     app.add_middleware(Authenticate, limits=limits)
     protect(app, settings)  # security headers, Host and Origin checks, body limits
+    app.add_middleware(RequestLog)  # outermost: one line for every answer, refusals included
     install_docs(app)
     install_error_handlers(app)
     app.include_router(openai_router)

@@ -61,22 +61,23 @@ def may_see_details(request: Request) -> bool:
     return bool(user and user.admin) or is_local(request.scope)
 
 
-def _resolve(accounts: Accounts, sessions: LoginSessions, request: Request) -> tuple[UserRecord | None, bool, bool]:
-    """(the user or None, whether a key was sent and refused, whether accounts exist)."""
+def _resolve(accounts: Accounts, sessions: LoginSessions, request: Request
+             ) -> tuple[UserRecord | None, str | None, bool, bool]:
+    """(the user or None, the id of the key used, whether a key was sent and refused, whether accounts exist)."""
     accounts_exist = accounts.has_users()
     scheme, _, credential = request.headers.get("authorization", "").partition(" ")
     credential = credential.strip()
     if scheme.lower() == "bearer" and credential and request.scope["path"].startswith(API_PREFIXES):
-        if user := accounts.user_for_key(credential):
-            return user, False, True
+        if found := accounts.user_for_key(credential):
+            return found[0], found[1], False, True
         if accounts_exist:  # with no accounts, clients may send anything ("unused")
-            return None, True, True
+            return None, None, True, True
     cookie = request.cookies.get(SESSION_COOKIE)
     if cookie and (user := sessions.user(cookie)):
-        return user, False, True
+        return user, None, False, True
     if not accounts_exist and is_local(request.scope):
-        return LOCAL_USER, False, False
-    return None, False, accounts_exist
+        return LOCAL_USER, None, False, False
+    return None, None, False, accounts_exist
 
 
 class Authenticate:
@@ -92,7 +93,8 @@ class Authenticate:
         request = Request(scope)
         path = scope["path"]
         state = request.app.state
-        user, bad_key, accounts_exist = await run_in_threadpool(_resolve, state.accounts, state.sessions, request)
+        user, key_id, bad_key, accounts_exist = await run_in_threadpool(_resolve, state.accounts, state.sessions,
+                                                                         request)
         if bad_key:
             return await self._refuse(scope, receive, send, 401, "the API key is not valid (revoked or mistyped); "
                                       "create one on the settings page or with `serge keys create`", "invalid_api_key")
@@ -110,6 +112,7 @@ class Authenticate:
                                       "program with an API key as `Authorization: Bearer sk-serge-...`",
                                       "unauthorized", {"WWW-Authenticate": 'Bearer realm="serge"'})
         scope.setdefault("state", {})["user"] = user
+        scope["state"]["key_id"] = key_id  # for the request log
         if user is None or user is LOCAL_USER or path in OPEN_PATHS:
             return await self.app(scope, receive, send)
         return await self._metered(user, scope, receive, send)

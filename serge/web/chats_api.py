@@ -20,11 +20,12 @@ from starlette.concurrency import run_in_threadpool
 
 from serge.chats import ChatBusy, ChatExport, ChatNotFound, ChatService, InvalidChatInput, MessageNotFound, Reply
 from serge.chats import export_markdown
-from serge.engine import EngineBusy, SamplingParams
+from serge.engine import EngineBusy, ModelLoadFailed, SamplingParams
 from serge.store import ChatRecord, MessageRecord
 from serge.web.auth import current_user
 from serge.web.docs import EVENT_STREAM, MARKDOWN
 from serge.web.errors import ApiError
+from serge.web.request_log import note_generation
 
 router = APIRouter(prefix="/api/chats", tags=["chats"])
 
@@ -69,6 +70,9 @@ def api_errors() -> Iterator[None]:
         raise ApiError(400, str(exc), code="invalid_value", param=exc.param) from None
     except ChatBusy as exc:
         raise ApiError(409, str(exc), code="chat_busy") from None
+    except ModelLoadFailed as exc:  # the user's message is kept, as for a busy engine
+        raise ApiError(503, f"{exc}; your message is saved: pick another model in the chat's settings and press "
+                            f"Regenerate", code="model_load_failed", param="model") from None
     except EngineBusy as exc:  # the user's message is kept; Regenerate answers it later
         retry = max(1, round(exc.retry_after_s))
         raise ApiError(503, f"{exc}; your message is saved, try Regenerate in {retry} s", code="engine_busy",
@@ -109,7 +113,9 @@ def _event(kind: str, data: dict) -> str:
     return f"event: {kind}\ndata: {json.dumps(data)}\n\n"
 
 
-def reply_events(reply: Reply) -> StreamingResponse:
+def reply_events(request: Request, reply: Reply) -> StreamingResponse:
+    note_generation(request, reply.model, reply.stream)
+
     async def events():
         try:
             yield _event("start", {
@@ -189,7 +195,7 @@ def export_chat(chat_id: str, request: Request, format: Literal["md", "json"] = 
 async def send_message(chat_id: str, body: MessageIn, request: Request):
     with api_errors():
         reply = await run_in_threadpool(service(request).reply, owner(request), chat_id, body.content)
-    return reply_events(reply)
+    return reply_events(request, reply)
 
 
 @router.post("/{chat_id}/regenerate", response_class=StreamingResponse, responses=EVENT_STREAM,
@@ -197,7 +203,7 @@ async def send_message(chat_id: str, body: MessageIn, request: Request):
 async def regenerate(chat_id: str, request: Request):
     with api_errors():
         reply = await run_in_threadpool(service(request).regenerate, owner(request), chat_id)
-    return reply_events(reply)
+    return reply_events(request, reply)
 
 
 @router.post("/{chat_id}/messages/{message_id}/edit", response_class=StreamingResponse, responses=EVENT_STREAM,
@@ -206,7 +212,7 @@ async def edit_and_resend(chat_id: str, message_id: str, body: MessageIn, reques
     with api_errors():
         reply = await run_in_threadpool(service(request).edit_and_resend, owner(request), chat_id, message_id,
                                         body.content)
-    return reply_events(reply)
+    return reply_events(request, reply)
 
 
 @router.post("/{chat_id}/messages/{message_id}/select", summary="Show another version of a message")

@@ -26,7 +26,10 @@ TEMPLATES = Path(__file__).parent / "templates"
 DOCS_POLICY = POLICY.replace("style-src 'self'", "style-src 'self' 'unsafe-inline'")
 
 _ERROR = {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}}
-BUSY = {"description": "Every slot and the queue are full; retry after Retry-After seconds.", "content": _ERROR}
+BUSY = {"description": "Unavailable for now, with the reason in error.code: engine_busy (every slot and the queue "
+                       "are full; retry after Retry-After seconds), model_load_failed (the model would not load; "
+                       "reinstall it or choose another), database_unavailable (the database is locked or the disk "
+                       "full; nothing of the request was saved).", "content": _ERROR}
 # Open API 3.1 describes an event stream by the schema of one event; `data` holds JSON text.
 _JSON_TEXT = {"type": "string", "contentMediaType": "application/json"}
 _REPLY_EVENT = {"type": "object", "required": ["event", "data"],
@@ -41,7 +44,10 @@ EVENT_STREAM = {200: {"description": "Server-sent events: start, queued while wa
                       "content": {"text/event-stream": {"schema": _REPLY_EVENT}}}, 503: BUSY}
 # For /v1/chat/completions: JSON, or server-sent events with "stream": true.
 COMPLETION = {200: {"description": "A chat.completion, or chat.completion.chunk events when streamed.",
-                    "content": {"text/event-stream": {"schema": _CHUNK_EVENT}}}, 503: BUSY}
+                    "content": {"text/event-stream": {"schema": _CHUNK_EVENT}}}, 503: BUSY,
+              502: {"description": "A remote model's server failed: silent past SERGE_REMOTE_TIMEOUT_S, hung up "
+                                   "mid-reply, or answered an error (error.code remote_model_failed).",
+                    "content": _ERROR}}
 MARKDOWN = {200: {"description": "The chat as JSON or Markdown.",
                   "content": {"text/markdown": {"schema": {"type": "string"}}}}}
 

@@ -14,7 +14,11 @@ from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from serge.engine import (ContextTooLong, EngineBusy, InvalidModelName, InvalidRequest, InvalidSource, ModelInUse,
-                          ModelNotFound, ModelTooLarge, PullNotFound, PullRefused)
+                          ModelLoadFailed, ModelNotFound, ModelTooLarge, PullNotFound, PullRefused)
+from serge.store import DatabaseUnavailable
+
+
+DATABASE_RETRY_S = 5
 
 
 class ApiError(Exception):
@@ -89,6 +93,15 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ModelTooLarge)
     async def _too_large(_: Request, exc: ModelTooLarge):
         return _response(503, str(exc), "model_too_large", "model")
+
+    @app.exception_handler(ModelLoadFailed)
+    async def _load_failed(_: Request, exc: ModelLoadFailed):
+        return _response(503, str(exc), "model_load_failed", "model")
+
+    @app.exception_handler(DatabaseUnavailable)
+    async def _no_database(_: Request, exc: DatabaseUnavailable):
+        return _response(503, f"Serge could not use its database: {exc}", "database_unavailable", None,
+                         {"Retry-After": str(DATABASE_RETRY_S)})
 
     @app.exception_handler(PullNotFound)
     async def _no_pull(_: Request, exc: PullNotFound):

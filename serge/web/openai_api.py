@@ -22,6 +22,7 @@ from serge.engine import Engine, FinishReason, GenerationRecord, ModelInfo, Stre
 from serge.web.docs import COMPLETION
 from serge.web.errors import ApiError, error_body
 from serge.web.openai_models import HARMLESS, REFUSED, ChatCompletionRequest
+from serge.web.request_log import note_generation
 
 router = APIRouter(prefix="/v1", tags=["OpenAI-compatible"])
 
@@ -95,6 +96,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
     engine = _engine(request)
     name = engine.check_model(body.model)
     stream = await run_in_threadpool(engine.chat, name, messages, params, tools)
+    note_generation(request, name, stream)
     completion_id = f"chatcmpl-{uuid.uuid4().hex}"
     created = int(time.time())
     wants_logprobs = params.logprobs is not None
@@ -108,8 +110,9 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
         finally:
             watcher.cancel()
         record = stream.record
-        if record.finish_reason is FinishReason.ERROR:
-            raise ApiError(500, f"generation failed: {record.error}", code="generation_failed")
+        if record.finish_reason is FinishReason.ERROR:  # 502: the remote model's server failed, not Serge
+            raise ApiError(502 if record.remote_error else 500, f"generation failed: {record.error}",
+                           code="remote_model_failed" if record.remote_error else "generation_failed")
         message = {"role": "assistant", "content": record.text if record.text or not record.tool_calls else None,
                    "refusal": None}
         if record.tool_calls:

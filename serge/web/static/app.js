@@ -1,7 +1,7 @@
 // The chat page's behaviour. The server renders every message; this module only
 // streams a reply's text (as plain text) and swaps in server-rendered fragments.
 
-import { readEvents, errorText } from "./sse.js";
+import { readEvents, errorOf, errorText } from "./sse.js";
 
 const $ = (selector, root = document) => root.querySelector(selector);
 const JSON_HEADERS = { "Content-Type": "application/json" };
@@ -194,8 +194,9 @@ async function streamReply(url, body) {
       method: "POST", headers: JSON_HEADERS, body: body ? JSON.stringify(body) : undefined,
     });
     if (!response.ok) {
-      const reason = await errorText(response);
-      const busy = response.status === 503 || response.status === 429 || response.status === 409;
+      const { message: reason, code } = await errorOf(response);
+      // a 503 is "busy" only for a full queue: a model that will not load or a database fault says so itself
+      const busy = code === "engine_busy" || response.status === 429 || response.status === 409;
       showStatus(busy ? `The model is busy: ${reason}` : `Error: ${reason}`, "error");
       return;
     }

@@ -24,11 +24,15 @@ export async function* readEvents(response) {
   }
 }
 
-// The error text of a failed API call: the server's message, never a blank.
-export async function errorText(response) {
+// The error of a failed API call: the server's message (never a blank) and its code, if any.
+export async function errorOf(response) {
   try {
     const body = await response.json();
-    if (body && body.error && body.error.message) return body.error.message;
+    if (body && body.error && body.error.message) return { message: body.error.message, code: body.error.code };
   } catch (_) { /* not JSON */ }
-  return `the server answered ${response.status} ${response.statusText || ""}`.trim();
+  return { message: `the server answered ${response.status} ${response.statusText || ""}`.trim(), code: null };
+}
+
+export async function errorText(response) {
+  return (await errorOf(response)).message;
 }

@@ -1,0 +1,94 @@
+"""One structured line per HTTP request, in logfmt, on the `serge.requests` logger.
+
+    request id=3f9c0a1b2c4d5e6f method=POST path=/v1/chat/completions status=200 user=alice key=1a2b3c
+      model=smollm2-135m-instruct prompt_tokens=31 completion_tokens=12 ttft_s=0.041 gen_s=0.210 finish=stop total_s=0.233
+
+The id is also the response's `X-Request-ID` header (a caller's own id of up to 64
+letters, digits, `-`, `_` and `.` is kept, so a proxy's id follows the request).
+`user` is the account's name or `local`; `key` is the id of the API key used,
+never the key. Routes that generate text name the model and hand over the
+engine's `Stream` (`note_generation`); its record gives the tokens and timings
+once the response has been sent, so the engine never learns about HTTP.
+
+Deliberately never logged: message text, the query string, cookies, headers,
+keys or passwords. At debug level (`serge serve --log-level debug`) the query
+string is added, for a developer on their own machine.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+import uuid
+
+from fastapi import Request
+
+from serge.engine import Stream
+
+log = logging.getLogger("serge.requests")
+
+HEADER = b"x-request-id"
+_CALLER_ID = re.compile(rb"[A-Za-z0-9._-]{1,64}")
+_BARE = re.compile(r"[A-Za-z0-9._:/@+-]+")
+
+
+def note_generation(request: Request, model: str, stream: Stream) -> None:
+    """Tell the request log which model answered and where its tokens and timings will be."""
+    request.state.log_model = model
+    request.state.log_stream = stream
+
+
+def _value(value: object) -> str:
+    text = f"{value:.3f}" if isinstance(value, float) else str(value)
+    return text if _BARE.fullmatch(text) else '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def logfmt(fields: dict[str, object]) -> str:
+    return " ".join(f"{k}={_value(v)}" for k, v in fields.items() if v is not None)
+
+
+class RequestLog:
+    """Pure ASGI, outermost: it sees every answer, refusals by the guard and the throttle included."""
+
+    def __init__(self, app) -> None:
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        given = dict(scope["headers"]).get(HEADER, b"")
+        request_id = given.decode() if _CALLER_ID.fullmatch(given) else uuid.uuid4().hex[:16]
+        started = time.monotonic()
+        status = 500  # what the client gets when the app fails before answering
+
+        async def send_with_id(message):
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                message = {**message, "headers": [*message.get("headers", []), (HEADER, request_id.encode())]}
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_id)
+        finally:
+            self._write(scope, request_id, status, time.monotonic() - started)
+
+    @staticmethod
+    def _write(scope, request_id: str, status: int, total_s: float) -> None:
+        state = scope.get("state") or {}
+        user = state.get("user")
+        fields: dict[str, object] = {
+            "id": request_id, "method": scope["method"], "path": scope["path"], "status": status,
+            "user": user.name if user is not None else "-", "key": state.get("key_id"),
+            "model": state.get("log_model"),
+        }
+        stream: Stream | None = state.get("log_stream")
+        record = stream.record if stream is not None and stream.done else None  # not done: the client left
+        if record is not None:
+            fields.update(prompt_tokens=record.prompt_tokens, completion_tokens=record.completion_tokens,
+                          ttft_s=record.ttft_s, gen_s=record.duration_s, finish=record.finish_reason.value)
+        fields["total_s"] = total_s
+        if log.isEnabledFor(logging.DEBUG) and scope.get("query_string"):
+            fields["query"] = scope["query_string"].decode("latin-1")
+        log.info("request %s", logfmt(fields))
