@@ -97,6 +97,10 @@ class Settings(BaseSettings):
         None, ge=16, description="llama.cpp's key/value cache per model, shared by running replies and the prefix "
         "cache; default: room for a full-length conversation or MAX_RUNNING replies of 512 tokens, whichever is more."
     )
+    llama_batch_invariant: bool = Field(
+        False, description="llama.cpp: a greedy reply is the same text alone or beside others (finished replies' "
+        "cells stay in the cache while others run, so every pass attends over them: ~10% slower at 8 streams here)."
+    )
     max_loaded_models: int = Field(
         2, ge=1, description="Local models kept loaded at once; loading one more unloads the least recently used idle one."
     )

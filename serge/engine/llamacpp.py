@@ -4,17 +4,22 @@
 transformers, through llama-cpp-python's bindings to llama.cpp's C API: one
 context per model whose KV cache is shared by every sequence (one sequence id
 each), one `llama_decode` per step for every sequence being decoded, a prompt
-chunk per call. So continuous batching, prefix reuse (a cached prefix is shared
-by sequence id, `llama_memory_seq_cp`, no copy), sampling, stop strings and
+chunk per call. So continuous batching, prefix reuse, sampling, stop strings and
 metrics are Serge's own, the same as for transformers.
 
+A finished conversation kept for prefix reuse leaves the cache for host memory
+(`llama_state_seq_get_data`) and comes back when its next turn starts: llama.cpp
+attends over every used cell of its one pool, masked or not, so cells kept for later
+made every pass slower (8 streams: 48 -> 43 tok/s after two rounds here).
+
 llama.cpp's KV cache has a fixed size: a pass that finds no room raises `OutOfKV`
-and the scheduler gives back cached prefixes. Every call happens on the
+and the scheduler gives back cached prefixes, then preempts. Every call happens on the
 scheduler's worker thread. It knows nothing of prompts, streams or HTTP.
 """
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import time
 
@@ -32,27 +37,38 @@ _KV_BYTES = 2  # float16 keys and values, llama.cpp's default
 
 
 class LlamaKV:
-    """One sequence's cells in the shared KV cache, known by its sequence id."""
+    """One sequence's cells in the shared KV cache, known by its sequence id; or, once the
+    prefix cache keeps it, its keys and values parked in host memory and no cells at all."""
 
     def __init__(self, forward: LlamaForward, seq: int) -> None:
         self._forward = forward
         self.seq: int | None = seq
         self.length = 0
+        self._parked: ctypes.Array | None = None
 
     def copy(self, length: int) -> LlamaKV:
-        """A new sequence sharing this one's first `length` cells (llama.cpp shares, it does not copy)."""
+        """A new sequence holding this one's first `length` cells."""
         other = self._forward.new_kv()
-        self._forward.share(self, other, length)
+        if self._parked is not None:
+            self._forward.restore(self._parked, other, length)
+        else:
+            self._forward.share(self, other, length)
         return other
 
     def shrink(self) -> None:
-        """Nothing reserved past `length`."""
+        """Out of llama.cpp's cache into host memory, for the prefix cache: every pass attends
+        over every used cell (masked or not), so cells kept for later slow down all replies."""
+        if self.seq is not None:
+            self._parked = self._forward.park(self)
+            self._forward.retire(self.seq)
+            self.seq = None
 
     @property
     def nbytes(self) -> int:
-        return self.length * self._forward.bytes_per_token
+        return len(self._parked) if self._parked is not None else self.length * self._forward.bytes_per_token
 
     def release(self) -> None:
+        self._parked = None
         if self.seq is not None:
             self._forward.free(self)
             self.seq = None
@@ -63,7 +79,7 @@ class LlamaForward:
 
     device = torch.device("cpu")  # the logits come back to the host; sampling runs there
 
-    def __init__(self, path: str, threads: int, cells: int, max_batch: int) -> None:
+    def __init__(self, path: str, threads: int, cells: int, max_batch: int, batch_invariant: bool = False) -> None:
         import llama_cpp as lc
 
         self._lc = lc
@@ -87,6 +103,13 @@ class LlamaForward:
         self._ctx = None
         self._batch = None
         self._free_ids = list(range(_MAX_SEQUENCES - 1, -1, -1))
+        # Batch invariance: llama.cpp sums attention over cells in cache order, so a reply's
+        # cells must stay in position order. Freeing a finished reply's cells while others
+        # run leaves holes that their next tokens fill, below their earlier ones; so in this
+        # mode those cells (`_retired`) are freed only once nothing runs, or room runs out.
+        self._invariant = batch_invariant
+        self._live = 0
+        self._retired: list[int] = []
 
     @property
     def weights_bytes(self) -> int:
@@ -129,18 +152,57 @@ class LlamaForward:
     # --- sequences ---------------------------------------------------------------
     def new_kv(self) -> LlamaKV:
         self.prepare()
+        if not self._live or not self._free_ids:
+            self._free_retired()
         if not self._free_ids:
             raise OutOfKV("every llama.cpp sequence id is in use")
+        self._live += 1
         return LlamaKV(self, self._free_ids.pop())
 
     def share(self, source: LlamaKV, target: LlamaKV, length: int) -> None:
         self._lc.llama_memory_seq_cp(self._mem, source.seq, target.seq, 0, length)
         target.length = length
 
+    def park(self, kv: LlamaKV) -> ctypes.Array:
+        lc = self._lc
+        size = lc.llama_state_seq_get_size(self._ctx, kv.seq)
+        buffer = (ctypes.c_uint8 * size)()
+        if lc.llama_state_seq_get_data(self._ctx, buffer, size, kv.seq) != size:
+            raise RuntimeError("llama.cpp could not copy a sequence out of its KV cache")
+        return buffer
+
+    def restore(self, parked: ctypes.Array, target: LlamaKV, length: int) -> None:
+        """Parked cells back into the cache as `target`, cut to their first `length`."""
+        lc = self._lc
+        if lc.llama_state_seq_set_data(self._ctx, parked, len(parked), target.seq) == 0 and (
+                not self._free_retired() or lc.llama_state_seq_set_data(self._ctx, parked, len(parked), target.seq) == 0):
+            target.release()
+            raise OutOfKV(f"llama.cpp's KV cache ({self.cells} cells) has no room for a cached conversation")
+        lc.llama_memory_seq_rm(self._mem, target.seq, length, -1)
+        target.length = length
+
     def free(self, kv: LlamaKV) -> None:
+        self._live -= 1
+        self._drop(kv.seq)
+
+    def retire(self, seq: int) -> None:
+        """A reply's cells are no longer needed (its keys and values are parked)."""
+        self._live -= 1
+        if self._invariant:
+            self._retired.append(seq)
+        else:
+            self._drop(seq)
+
+    def _free_retired(self) -> bool:
+        for seq in self._retired:
+            self._drop(seq)
+        freed, self._retired = bool(self._retired), []
+        return freed
+
+    def _drop(self, seq: int) -> None:
         if self._ctx is not None:
-            self._lc.llama_memory_seq_rm(self._mem, kv.seq, -1, -1)
-        self._free_ids.append(kv.seq)
+            self._lc.llama_memory_seq_rm(self._mem, seq, -1, -1)
+        self._free_ids.append(seq)
 
     # --- passes ------------------------------------------------------------------
     def decode(self, kvs: list[LlamaKV], tokens: list[int]) -> torch.Tensor:
@@ -168,6 +230,8 @@ class LlamaForward:
             raise ValueError(f"a pass of {n} tokens is over llama.cpp's batch of {self.max_batch}")
         batch.n_tokens = n
         status = self._lc.llama_decode(self._ctx, batch)
+        if status == 1 and self._free_retired():
+            status = self._lc.llama_decode(self._ctx, batch)
         if status == 1:
             raise OutOfKV(f"llama.cpp's KV cache ({self.cells} cells) is full")
         if status != 0:
@@ -190,6 +254,11 @@ def kv_cells(options: LoadOptions, bytes_per_token: int, window: int, max_runnin
     return max(min(window, 4096), max_running * 512)
 
 
+def footprint(weights_bytes: int, kv_bytes: int, options: LoadOptions) -> int:
+    """Memory a loaded model takes: weights, its KV cache, and the conversations parked beside it."""
+    return weights_bytes + kv_bytes + min(kv_bytes, options.limits.prefix_cache_mb * 2**20)
+
+
 def load_llamacpp(installed: InstalledModel, options: LoadOptions) -> LocalModel:
     """Load a GGUF model on llama.cpp (CPU), with its Hugging Face tokenizer for prompts and text."""
     from serge.engine.scheduler import Scheduler
@@ -202,7 +271,8 @@ def load_llamacpp(installed: InstalledModel, options: LoadOptions) -> LocalModel
     check_chat_template(installed.name, tokenizer)
     max_running = options.limits.running_for(LlamaForward.device)
     max_batch = max(options.limits.prefill_chunk, max_running)
-    forward = LlamaForward(str(installed.gguf_path), options.threads, cells=0, max_batch=max_batch)
+    forward = LlamaForward(str(installed.gguf_path), options.threads, cells=0, max_batch=max_batch,
+                           batch_invariant=options.batch_invariant)
     window = forward.n_ctx_train or 2048
     if options.context_cap:
         window = min(window, options.context_cap)
@@ -211,7 +281,7 @@ def load_llamacpp(installed: InstalledModel, options: LoadOptions) -> LocalModel
     kv_bytes = forward.cells * forward.bytes_per_token
     eos = eos_ids(tokenizer) | forward.eog_ids()
     scheduler = Scheduler(forward, tokenizer, frozenset(eos), options.threads, installed.name, options.limits,
-                          options.metrics, prefix_cache_bytes=kv_bytes // 2)
+                          options.metrics, prefix_cache_bytes=kv_bytes)  # parked in host memory
     seconds = time.monotonic() - started
     log.info("Loaded %s in %.1f s (%d KV cells, %.0f MB)", installed.name, seconds, forward.cells, kv_bytes / 2**20)
     return LocalModel(
@@ -222,5 +292,5 @@ def load_llamacpp(installed: InstalledModel, options: LoadOptions) -> LocalModel
         defaults=sampling_defaults(None, installed),
         scheduler=scheduler,
         load_seconds=seconds,
-        memory_bytes=forward.weights_bytes + kv_bytes,
+        memory_bytes=footprint(forward.weights_bytes, kv_bytes, options),
     )
