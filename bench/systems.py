@@ -299,6 +299,10 @@ class Serge(System):
         env = thread_env(self.cfg.threads)
         threads = self.compute_threads or self.cfg.threads
         self.info["compute_threads"] = threads
+        # One server at a time: let it use most of the memory (a float32 1.7B model with its
+        # oneDNN-packed copy is over Serge's default budget of half the RAM).
+        ram_mb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2**20
+        env.update(SERGE_MODELS_MEMORY_MB=str(int(ram_mb * 0.85)))
         env.update(SERGE_MODELS_DIR=str(models_dir), SERGE_TORCH_THREADS=str(threads),
                    SERGE_DEVICE="cpu", SERGE_DTYPE="float32", SERGE_DEFAULT_MODEL=self.cfg.model_name, SERGE_ENGINE=self.engine)
         self.info["data_dir"] = str(data_dir)
