@@ -36,11 +36,11 @@ $(VENV)/.torch:
 	$(BIN)/python -m pip install "$(TORCH)"
 	touch $@
 
-# llama-cpp-python compiles llama.cpp from source the first time (10-30 min on 2 cores);
+# llama-cpp-python compiles llama.cpp from source the first time (~5 min on 2 idle cores);
 # pip keeps the built wheel in its cache, so later installs take seconds. Its multimodal
 # library (mtmd, ~10% of the C++) is left out: Serge serves text models only.
 $(VENV)/.llama: $(VENV)/.torch
-	@$(BIN)/python -c "import llama_cpp" 2>/dev/null || echo "Compiling llama.cpp for the llama.cpp engine (once; 10-30 minutes on 2 cores) ..."
+	@$(BIN)/python -c "import llama_cpp" 2>/dev/null || echo "Compiling llama.cpp for the llama.cpp engine (once; about 5 minutes on 2 idle cores) ..."
 	CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) CMAKE_ARGS="-DLLAVA_BUILD=OFF $$CMAKE_ARGS" $(BIN)/python -m pip install --progress-bar on "$$(grep -o 'llama-cpp-python==[0-9.]*' pyproject.toml)"
 	touch $@
 
