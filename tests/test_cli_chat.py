@@ -33,7 +33,7 @@ def test_terminal_chat_streams_and_ctrl_c_stops_only_the_reply(tmp_path):
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     chat = subprocess.Popen(
         [sys.executable, "-m", "serge", "chat", "--data-dir", str(tmp_path), "--models-dir", str(models_dir()),
-         "--temperature", "0", "--max-tokens", "300"],
+         "--temperature", "0", "--max-tokens", "2000"],  # long: Ctrl-C must land mid-reply on a loaded machine
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
     )
     out: queue.Queue = queue.Queue()
