@@ -173,12 +173,13 @@ class LlamaForward:
 
     def restore(self, parked: ctypes.Array, target: LlamaKV, length: int) -> None:
         """Parked cells back into the cache as `target`, cut to their first `length`."""
-        lc = self._lc
-        if lc.llama_state_seq_set_data(self._ctx, parked, len(parked), target.seq) == 0 and (
-                not self._free_retired() or lc.llama_state_seq_set_data(self._ctx, parked, len(parked), target.seq) == 0):
+        def fits() -> bool:
+            return self._lc.llama_state_seq_set_data(self._ctx, parked, len(parked), target.seq) != 0
+
+        if not fits() and not (self._free_retired() and fits()):  # as `_run` does when out of room
             target.release()
             raise OutOfKV(f"llama.cpp's KV cache ({self.cells} cells) has no room for a cached conversation")
-        lc.llama_memory_seq_rm(self._mem, target.seq, length, -1)
+        self._lc.llama_memory_seq_rm(self._mem, target.seq, length, -1)
         target.length = length
 
     def free(self, kv: LlamaKV) -> None:
