@@ -7,7 +7,8 @@ message and reads the stream until the first text arrives. `ttft_row()` is the s
 measurement against a Serge that is already running; `python -m bench` calls it.
 
 Every message is about 60 tokens, so a 1,000-message chat is several times the
-bundled model's 8,192-token window and most of it has to be left out.
+bundled model's window (8,192 tokens; 4,096 on llama.cpp by default) and most of it
+has to be left out.
 """
 
 from __future__ import annotations

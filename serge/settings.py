@@ -94,12 +94,9 @@ class Settings(BaseSettings):
         default_factory=dict, description='The engine per model, over `engine`, as JSON: {"name": "transformers"}.'
     )
     llama_kv_cache_mb: int | None = Field(
-        None, ge=16, description="llama.cpp's key/value cache per model, shared by running replies and the prefix "
-        "cache; default: room for a full-length conversation or MAX_RUNNING replies of 512 tokens, whichever is more."
-    )
-    llama_batch_invariant: bool = Field(
-        False, description="llama.cpp: a greedy reply is the same text alone or beside others (finished replies' "
-        "cells stay in the cache while others run, so every pass attends over them: ~10% slower at 8 streams here)."
+        None, ge=16, description="llama.cpp's key/value cache per model, one slice per running reply; default: "
+        "MAX_RUNNING (8 on llama.cpp) slices of the context window, within half of what the models' memory budget "
+        "leaves beside the weights.",
     )
     max_loaded_models: int = Field(
         2, ge=1, description="Local models kept loaded at once; loading one more unloads the least recently used idle one."
@@ -130,7 +127,8 @@ class Settings(BaseSettings):
     )
     max_request_bytes: int = Field(1_000_000, ge=1024, description="Largest request body accepted.")
     max_running: int | None = Field(
-        None, ge=1, description="Most generations decoded together per model; defaults to 16 on CPU, 64 on CUDA."
+        None, ge=1, description="Most generations decoded together per model; defaults to 16 on CPU (8 on "
+        "llama.cpp, fewer when its KV cache does not fit), 64 on CUDA."
     )
     max_queue: int = Field(64, ge=0, description="Requests that may wait for a free slot; past that, the server is busy.")
     queue_timeout_s: float = Field(120.0, gt=0, description="Longest a request waits for a free slot before it fails.")

@@ -81,7 +81,7 @@ def load_options(engine: Engine, **limits) -> LoadOptions:
     s = engine.settings
     return LoadOptions(engine.plan, s.torch_threads, s.context_window,
                        SchedulerLimits.from_settings(s).__class__(**{**vars(SchedulerLimits.from_settings(s)), **limits}),
-                       engine.metrics, s.llama_kv_cache_mb, s.llama_batch_invariant)
+                       engine.metrics, s.llama_kv_cache_mb, engine._budget().memory_bytes)
 
 
 def registry_for(engine: Engine, kind: str | None = None, **limits) -> ModelRegistry:

@@ -11,7 +11,7 @@ import time
 import pytest
 import torch
 
-from serge.engine import Engine, EngineBusy, FinishReason, Message, SamplingParams
+from serge.engine import EngineBusy, FinishReason, Message, SamplingParams
 from serge.engine.prompts import build_prompt
 
 from conftest import MODEL, registry_for
@@ -30,15 +30,8 @@ QUESTIONS = [
 
 
 @pytest.fixture(scope="module")
-def engine(both_engines, settings):
-    """Each engine; llama.cpp with `llama_batch_invariant`, the setting that makes its greedy
-    text the same alone and batched (without it, it is not: README, "Two local engines")."""
-    if both_engines.model(MODEL).engine != "llama.cpp":
-        yield both_engines
-        return
-    with Engine(settings.model_copy(update={"engine": "llama.cpp", "llama_batch_invariant": True})) as own:
-        own.model(MODEL)
-        yield own
+def engine(both_engines):
+    return both_engines
 
 
 @pytest.fixture(scope="module")

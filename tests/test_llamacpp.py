@@ -9,6 +9,9 @@ import httpx
 import pytest
 
 from serge.engine import FinishReason, Message, SamplingParams
+from serge.engine.llamacpp import kv_layout
+from serge.engine.local import LoadOptions
+from serge.engine.scheduler import SchedulerLimits
 
 from conftest import MODEL, registry_for
 
@@ -54,30 +57,39 @@ def test_a_failing_forward_pass_ends_that_reply_with_a_clear_error_and_the_next_
     assert llama.chat(MODEL, QUESTION, GREEDY).text()
 
 
-def test_a_full_kv_cache_gives_back_cached_conversations_then_makes_replies_take_turns(llama):
+def test_a_kv_cache_too_small_for_every_reply_means_fewer_at_once_and_the_rest_wait_their_turn(llama):
     registry = registry_for(llama, "llama.cpp")
     registry.options = registry.options.__class__(**{**vars(registry.options), "kv_cache_mb": 16})  # ~700 cells
     try:
         small = registry.get(MODEL)
-        cells = small.scheduler.forward.cells
-        params = SamplingParams(temperature=0, max_new_tokens=48, ignore_eos=True)
-        for i in range(8):  # finished conversations fill the prefix cache (up to half the cells)
-            small.submit([Message("user", f"Question {i}: name an animal.")], params).text()
-        prefixes = small.scheduler._prefixes
-        evicted = []
-        original = prefixes.evict_oldest
-        prefixes.evict_oldest = lambda: evicted.append(1) or original()
-        longer = SamplingParams(temperature=0, max_new_tokens=72, ignore_eos=True)
-        together = [small.submit([Message("user", f"Other question {i}: name a colour.")], longer) for i in range(10)]
+        forward = small.scheduler.forward
+        assert (forward.slices, small.scheduler.max_running) == (1, 1)
+        assert small.context_window == forward.cells < 4096, "one shorter slice, and the window says so"
+        params = SamplingParams(temperature=0, max_new_tokens=72, ignore_eos=True)
+        together = [small.submit([Message("user", f"Question {i}: name a colour.")], params) for i in range(6)]
         for stream in together:
             stream.text()
-        assert [s.record.error for s in together] == [None] * 10
-        assert all(s.record.text for s in together)
-        assert all(s.record.finish_reason is FinishReason.LENGTH for s in together)
-        assert evicted, f"the running replies never ran out of the {cells} cells: the test did not test"
-        assert all(s.record.completion_tokens == 72 for s in together), "a reply that waited went on, not over"
+        assert [s.record.error for s in together] == [None] * 6
+        assert all(s.record.finish_reason is FinishReason.LENGTH and s.record.completion_tokens == 72 for s in together)
+        runs = sorted((s.created + s.record.queued_s, s.created + s.record.queued_s + s.record.duration_s)
+                      for s in together)
+        assert all(later[0] >= earlier[1] - 0.01 for earlier, later in zip(runs, runs[1:])), "one at a time"
+        assert small.scheduler.pending == 0
     finally:
         registry.close()
+
+
+def test_the_default_kv_cache_is_a_window_per_reply_within_the_memory_budget(llama):
+    """8 slices of the window (at most 4096), fewer when memory is short, then shorter ones."""
+    per_token, window, weights = 23_040, 8192, 100 * 2**20
+    roomy = LoadOptions(llama.plan, 1, None, SchedulerLimits(), llama.metrics, memory_bytes=16 * 2**30)
+    assert kv_layout(roomy, per_token, window, weights) == (8, 4096)
+    tight = LoadOptions(**{**vars(roomy), "memory_bytes": weights + 2 * 3 * 4096 * per_token})
+    assert kv_layout(tight, per_token, window, weights) == (3, 4096), "fewer replies at once, each a whole window"
+    tiny = LoadOptions(**{**vars(roomy), "memory_bytes": weights + 2 * 1000 * per_token})
+    assert kv_layout(tiny, per_token, window, weights) == (1, 1000), "then a shorter window"
+    asked = LoadOptions(**{**vars(roomy), "context_cap": 8192})
+    assert kv_layout(asked, per_token, window, weights) == (8, 8192), "SERGE_CONTEXT_WINDOW can ask for more"
 
 
 def test_many_streams_at_once_leave_no_thread_behind(llama):

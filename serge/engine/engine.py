@@ -99,10 +99,11 @@ class Engine:
         self.metrics = EngineMetrics()
         self._library = ModelLibrary(settings.models_path, settings.hf_endpoint)
         self._limits = SchedulerLimits.from_settings(settings)
+        budget = self._budget()
         options = LoadOptions(self.plan, settings.torch_threads, settings.context_window, self._limits,
-                              self.metrics, settings.llama_kv_cache_mb, settings.llama_batch_invariant)
+                              self.metrics, settings.llama_kv_cache_mb, budget.memory_bytes)
         self._registry = ModelRegistry(self._library, options, settings.engine, settings.model_engines,
-                                       self._budget(), self._estimate)
+                                       budget, self._estimate)
         self._remote = RemoteModels(settings.remote_models, settings.remote_timeout_s)
         self._pulls = Pulls(self._library, self.prefers_gguf)
         self._warm = False
@@ -226,15 +227,12 @@ class Engine:
         """Memory a model takes once loaded on `engine`, from its facts (before it is loaded)."""
         facts = m.facts
         if engine == "llama.cpp":
-            import torch
-
-            from serge.engine.llamacpp import footprint, kv_cells  # the same room llama.cpp's loader makes
+            from serge.engine.llamacpp import footprint, kv_layout  # the same room llama.cpp's loader makes
 
             window = min(facts.context_length or 2048, self.settings.context_window or 1 << 30)
             per_token = facts.kv_bytes_per_token or 0
-            cells = kv_cells(self._registry.options, max(1, per_token), window,
-                           self._limits.running_for(torch.device("cpu")))
-            return footprint(facts.weights_bytes, cells * per_token, self._registry.options)
+            slices, cells = kv_layout(self._registry.options, max(1, per_token), window, facts.weights_bytes)
+            return footprint(facts.weights_bytes, slices * cells * per_token, self._registry.options)
         if not facts.parameters:
             return facts.weights_bytes * 2
         bytes_per_parameter = {"8bit": 1.0, "4bit": 0.5}.get(self.plan.quantization, self.plan.dtype.itemsize)

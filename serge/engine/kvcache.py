@@ -18,10 +18,6 @@ import torch
 _ROUND = 64  # capacity grows in steps of this many positions
 
 
-class OutOfKV(RuntimeError):
-    """A forward pass found no room for its keys and values (a fixed-size KV cache is full)."""
-
-
 class SequenceKV:
     """Keys and values of one sequence, per layer, as [kv_heads, positions, head_dim]."""
 
@@ -176,13 +172,6 @@ class PrefixCache:
     def clear(self) -> None:
         for key in list(self._entries):
             self._drop(key)
-
-    def evict_oldest(self) -> bool:
-        """Drop the least recently used entry; False when there was none."""
-        if not self._entries:
-            return False
-        self._drop(next(iter(self._entries)))
-        return True
 
     def _drop(self, key: int) -> None:
         entry = self._entries.pop(key)

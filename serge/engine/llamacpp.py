@@ -2,24 +2,28 @@
 
 `LlamaForward` gives the `Scheduler` what `forward.BatchForward` gives it for
 transformers, through llama-cpp-python's bindings to llama.cpp's C API: one
-context per model whose KV cache is shared by every sequence (one sequence id
-each), one `llama_decode` per step for every sequence being decoded, a prompt
-chunk per call. So continuous batching, prefix reuse, sampling, stop strings and
-metrics are Serge's own, the same as for transformers.
+context per model, one `llama_decode` per step for every sequence being decoded,
+a prompt chunk per call. So continuous batching, prefix reuse, sampling, stop
+strings and metrics are Serge's own, the same as for transformers.
 
-A finished conversation kept for prefix reuse leaves the cache for host memory
-(`llama_state_seq_get_data`) and comes back when its next turn starts: llama.cpp
-attends over every used cell of its one pool, masked or not, so cells kept for later
-made every pass slower (8 streams: 48 -> 43 tok/s after two rounds here).
+The KV cache is cut into slices, one per running reply (llama.cpp's
+per-sequence streams, as `llama-server --parallel` has), each the model's whole
+context window. One pool shared by every reply would hold more replies in the same
+memory, but llama.cpp attends over every used cell of a pool, masked or not: 8
+streams decoded ~20% slower from one pool here. In its own slice a reply's cells also
+stay in position order whatever the others do, so a greedy reply is the same text
+alone or batched. A finished conversation kept for prefix reuse leaves its slice for
+host memory (`llama_state_seq_get_data`) and is copied into a free slice when its
+next turn starts.
 
-llama.cpp's KV cache has a fixed size: a pass that finds no room raises `OutOfKV`
-and the scheduler gives back cached prefixes, then preempts. Every call happens on the
-scheduler's worker thread. It knows nothing of prompts, streams or HTTP.
+Every call happens on the scheduler's worker thread. It knows nothing of prompts,
+streams or HTTP.
 """
 
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import logging
 import time
 
@@ -27,18 +31,23 @@ import numpy as np
 import torch
 
 from serge.engine.library import InstalledModel
-from serge.engine.kvcache import OutOfKV
 from serge.engine.local import LoadOptions, LocalModel, check_chat_template, eos_ids, load_tokenizer, sampling_defaults
 
 log = logging.getLogger(__name__)
 
-_MAX_SEQUENCES = 256  # llama.cpp's own limit on sequence ids in one context
+_MAX_SLICES = 256  # llama.cpp's own limit on sequences in one context
 _KV_BYTES = 2  # float16 keys and values, llama.cpp's default
+_RUNNING = 8  # replies at once when SERGE_MAX_RUNNING is not set: a CPU's throughput has levelled off by then
+_WINDOW_CAP = 4096  # default cells per slice (a reply's context window), as Ollama's default context
+# Off: llama.cpp's CPU flash attention walks the cache one query row at a time, so a chat's
+# next turn (26 new tokens over a 1,400-token history) took 0.28-0.38 s with it and 0.16-0.23 s
+# without (matrix products); with a slice per reply, decoding 8 streams cost the same either way.
+_FLASH_ATTENTION = 0
 
 
 class LlamaKV:
-    """One sequence's cells in the shared KV cache, known by its sequence id; or, once the
-    prefix cache keeps it, its keys and values parked in host memory and no cells at all."""
+    """One sequence's cells, in the KV cache slice its sequence id names; or, once the
+    prefix cache keeps it, its keys and values parked in host memory and no slice at all."""
 
     def __init__(self, forward: LlamaForward, seq: int) -> None:
         self._forward = forward
@@ -47,20 +56,18 @@ class LlamaKV:
         self._parked: ctypes.Array | None = None
 
     def copy(self, length: int) -> LlamaKV:
-        """A new sequence holding this one's first `length` cells."""
+        """A new sequence holding this one's first `length` cells (only a parked one is copied)."""
+        if self._parked is None:
+            raise RuntimeError("only a parked llama.cpp sequence is copied")
         other = self._forward.new_kv()
-        if self._parked is not None:
-            self._forward.restore(self._parked, other, length)
-        else:
-            self._forward.share(self, other, length)
+        self._forward.restore(self._parked, other, length)
         return other
 
     def shrink(self) -> None:
-        """Out of llama.cpp's cache into host memory, for the prefix cache: every pass attends
-        over every used cell (masked or not), so cells kept for later slow down all replies."""
+        """Out of its slice into host memory, for the prefix cache: the slice is free for the next reply."""
         if self.seq is not None:
             self._parked = self._forward.park(self)
-            self._forward.retire(self.seq)
+            self._forward.free(self)
             self.seq = None
 
     @property
@@ -79,7 +86,7 @@ class LlamaForward:
 
     device = torch.device("cpu")  # the logits come back to the host; sampling runs there
 
-    def __init__(self, path: str, threads: int, cells: int, max_batch: int, batch_invariant: bool = False) -> None:
+    def __init__(self, path: str, threads: int, max_batch: int) -> None:
         import llama_cpp as lc
 
         self._lc = lc
@@ -97,19 +104,13 @@ class LlamaForward:
         head_dim = lc.llama_model_n_embd(self._model) // max(1, heads)
         kv_heads = lc.llama_model_n_head_kv(self._model)
         self.bytes_per_token = 2 * lc.llama_model_n_layer(self._model) * kv_heads * head_dim * _KV_BYTES
-        self.cells = cells
+        self.slices = 1  # set by the loader before `prepare`
+        self.cells = 0  # per slice
         self.max_batch = max_batch
         self._threads = threads
         self._ctx = None
         self._batch = None
-        self._free_ids = list(range(_MAX_SEQUENCES - 1, -1, -1))
-        # Batch invariance: llama.cpp sums attention over cells in cache order, so a reply's
-        # cells must stay in position order. Freeing a finished reply's cells while others
-        # run leaves holes that their next tokens fill, below their earlier ones; so in this
-        # mode those cells (`_retired`) are freed only once nothing runs, or room runs out.
-        self._invariant = batch_invariant
-        self._live = 0
-        self._retired: list[int] = []
+        self._free_ids: list[int] = []
 
     @property
     def weights_bytes(self) -> int:
@@ -125,17 +126,19 @@ class LlamaForward:
             return
         lc = self._lc
         params = lc.llama_context_default_params()
-        params.n_ctx = self.cells
+        params.n_ctx = self.slices * self.cells
         params.n_batch = params.n_ubatch = self.max_batch
-        params.n_seq_max = _MAX_SEQUENCES
+        params.n_seq_max = self.slices
         params.n_threads = params.n_threads_batch = self._threads
-        params.kv_unified = True  # every sequence may use any cell: one pool for all of them
+        params.kv_unified = False  # a slice of the cache per sequence id
         params.no_perf = True
+        params.flash_attn_type = _FLASH_ATTENTION
         self._ctx = lc.llama_init_from_model(self._model, params)
         if not self._ctx:
-            raise RuntimeError(f"llama.cpp could not make a context of {self.cells} cells")
+            raise RuntimeError(f"llama.cpp could not make a context of {self.slices} x {self.cells} cells")
         self._mem = lc.llama_get_memory(self._ctx)
         self._batch = lc.llama_batch_init(self.max_batch, 0, 1)
+        self._free_ids = list(range(self.slices - 1, -1, -1))  # lowest first: a pass's slices stay together
 
     def close(self) -> None:
         lc = self._lc
@@ -152,16 +155,9 @@ class LlamaForward:
     # --- sequences ---------------------------------------------------------------
     def new_kv(self) -> LlamaKV:
         self.prepare()
-        if not self._live or not self._free_ids:
-            self._free_retired()
         if not self._free_ids:
-            raise OutOfKV("every llama.cpp sequence id is in use")
-        self._live += 1
+            raise RuntimeError(f"all {self.slices} slices of llama.cpp's KV cache are in use")
         return LlamaKV(self, self._free_ids.pop())
-
-    def share(self, source: LlamaKV, target: LlamaKV, length: int) -> None:
-        self._lc.llama_memory_seq_cp(self._mem, source.seq, target.seq, 0, length)
-        target.length = length
 
     def park(self, kv: LlamaKV) -> ctypes.Array:
         lc = self._lc
@@ -173,43 +169,28 @@ class LlamaForward:
 
     def restore(self, parked: ctypes.Array, target: LlamaKV, length: int) -> None:
         """Parked cells back into the cache as `target`, cut to their first `length`."""
-        def fits() -> bool:
-            return self._lc.llama_state_seq_set_data(self._ctx, parked, len(parked), target.seq) != 0
-
-        if not fits() and not (self._free_retired() and fits()):  # as `_run` does when out of room
+        if self._lc.llama_state_seq_set_data(self._ctx, parked, len(parked), target.seq) == 0:
             target.release()
-            raise OutOfKV(f"llama.cpp's KV cache ({self.cells} cells) has no room for a cached conversation")
+            raise RuntimeError("llama.cpp could not copy a cached conversation back into its KV cache")
         self._lc.llama_memory_seq_rm(self._mem, target.seq, length, -1)
         target.length = length
 
     def free(self, kv: LlamaKV) -> None:
-        self._live -= 1
-        self._drop(kv.seq)
-
-    def retire(self, seq: int) -> None:
-        """A reply's cells are no longer needed (its keys and values are parked)."""
-        self._live -= 1
-        if self._invariant:
-            self._retired.append(seq)
-        else:
-            self._drop(seq)
-
-    def _free_retired(self) -> bool:
-        for seq in self._retired:
-            self._drop(seq)
-        freed, self._retired = bool(self._retired), []
-        return freed
-
-    def _drop(self, seq: int) -> None:
         if self._ctx is not None:
-            self._lc.llama_memory_seq_rm(self._mem, seq, -1, -1)
-        self._free_ids.append(seq)
+            self._lc.llama_memory_seq_rm(self._mem, kv.seq, -1, -1)
+        self._free_ids.append(kv.seq)
 
     # --- passes ------------------------------------------------------------------
     def decode(self, kvs: list[LlamaKV], tokens: list[int]) -> torch.Tensor:
-        """Feed one token to each sequence; next-token logits, one row per sequence."""
-        self._run([(kv, [token], True) for kv, token in zip(kvs, tokens)])
-        return self._logits(len(kvs))
+        """Feed one token to each sequence; next-token logits, one row per sequence.
+
+        The pass lists them in slice order: out of order, llama.cpp decoded 8 streams
+        ~30% slower here."""
+        order = sorted(range(len(kvs)), key=lambda i: kvs[i].seq)
+        self._run([(kvs[i], [tokens[i]], True) for i in order])
+        rows = torch.empty(len(order), dtype=torch.long)
+        rows[torch.tensor(order)] = torch.arange(len(order))
+        return self._logits(len(kvs))[rows]
 
     def prefill(self, kv: LlamaKV, tokens: list[int]) -> torch.Tensor:
         """Feed a chunk of one sequence's prompt; the logits after its last token."""
@@ -231,10 +212,8 @@ class LlamaForward:
             raise ValueError(f"a pass of {n} tokens is over llama.cpp's batch of {self.max_batch}")
         batch.n_tokens = n
         status = self._lc.llama_decode(self._ctx, batch)
-        if status == 1 and self._free_retired():
-            status = self._lc.llama_decode(self._ctx, batch)
         if status == 1:
-            raise OutOfKV(f"llama.cpp's KV cache ({self.cells} cells) is full")
+            raise RuntimeError(f"a slice of llama.cpp's KV cache ({self.cells} cells) is full")
         if status != 0:
             for kv, _, _ in work:  # what a failed pass left behind is part of no sequence
                 self._lc.llama_memory_seq_rm(self._mem, kv.seq, kv.length, -1)
@@ -247,12 +226,23 @@ class LlamaForward:
         return torch.from_numpy(np.ctypeslib.as_array(pointer, shape=(rows, self.n_vocab)).copy())
 
 
-def kv_cells(options: LoadOptions, bytes_per_token: int, window: int, max_running: int) -> int:
-    """KV cells for the whole model: the setting's megabytes, else room for a full-length
-    conversation or `max_running` replies of 512 tokens, whichever is more."""
+def kv_layout(options: LoadOptions, bytes_per_token: int, window: int, weights_bytes: int) -> tuple[int, int]:
+    """Slices of the KV cache (replies at once) and cells per slice (their context window).
+
+    `SERGE_MAX_RUNNING` (default 8) slices of the model's window (at most 4096 cells unless
+    `SERGE_CONTEXT_WINDOW` says more), within `SERGE_LLAMA_KV_CACHE_MB`, by default within
+    half of what the models' memory budget leaves beside the weights: fewer slices first,
+    then shorter ones, so a big model on a small machine still loads.
+    """
+    cells = window if options.context_cap else min(window, _WINDOW_CAP)
+    running = min(options.limits.max_running or _RUNNING, _MAX_SLICES)
     if options.kv_cache_mb:
-        return max(256, options.kv_cache_mb * 2**20 // bytes_per_token)
-    return max(min(window, 4096), max_running * 512)
+        room = options.kv_cache_mb * 2**20
+    else:
+        room = min(running * cells * bytes_per_token, max(0, options.memory_bytes - weights_bytes) // 2)
+    room //= bytes_per_token  # cells in all
+    slices = max(1, min(running, room // cells))
+    return slices, max(256, min(cells, room // slices))
 
 
 def footprint(weights_bytes: int, kv_bytes: int, options: LoadOptions) -> int:
@@ -270,26 +260,25 @@ def load_llamacpp(installed: InstalledModel, options: LoadOptions) -> LocalModel
     log.info("Loading %s with llama.cpp (%d threads) ...", installed.name, options.threads)
     tokenizer = load_tokenizer(installed)
     check_chat_template(installed.name, tokenizer)
-    max_running = options.limits.running_for(LlamaForward.device)
-    max_batch = max(options.limits.prefill_chunk, max_running)
-    forward = LlamaForward(str(installed.gguf_path), options.threads, cells=0, max_batch=max_batch,
-                           batch_invariant=options.batch_invariant)
+    forward = LlamaForward(str(installed.gguf_path), options.threads, max_batch=options.limits.prefill_chunk)
     window = forward.n_ctx_train or 2048
     if options.context_cap:
         window = min(window, options.context_cap)
-    forward.cells = kv_cells(options, forward.bytes_per_token, window, max_running)
-    window = min(window, forward.cells)
-    kv_bytes = forward.cells * forward.bytes_per_token
+    forward.slices, forward.cells = kv_layout(options, forward.bytes_per_token, window, forward.weights_bytes)
+    forward.max_batch = max(forward.max_batch, forward.slices)
+    kv_bytes = forward.slices * forward.cells * forward.bytes_per_token
     eos = eos_ids(tokenizer) | forward.eog_ids()
-    scheduler = Scheduler(forward, tokenizer, frozenset(eos), options.threads, installed.name, options.limits,
+    limits = dataclasses.replace(options.limits, max_running=forward.slices)
+    scheduler = Scheduler(forward, tokenizer, frozenset(eos), options.threads, installed.name, limits,
                           options.metrics, prefix_cache_bytes=kv_bytes)  # parked in host memory
     seconds = time.monotonic() - started
-    log.info("Loaded %s in %.1f s (%d KV cells, %.0f MB)", installed.name, seconds, forward.cells, kv_bytes / 2**20)
+    log.info("Loaded %s in %.1f s (%d replies at once, %d tokens each; KV cache %.0f MB)", installed.name, seconds,
+             forward.slices, forward.cells, kv_bytes / 2**20)
     return LocalModel(
         name=installed.name,
         engine="llama.cpp",
         tokenizer=tokenizer,
-        context_window=window,
+        context_window=forward.cells,
         defaults=sampling_defaults(None, installed),
         scheduler=scheduler,
         load_seconds=seconds,

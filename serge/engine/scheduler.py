@@ -18,9 +18,9 @@ logits per sequence), `prefill(kv, tokens)` (the logits after the chunk) and
 transformers, `llamacpp.LlamaForward` for llama.cpp. So sampling, stop strings,
 prefix reuse, admission, metrics, constrained decoding (`grammar`) and logprobs are
 one piece of code for every local engine; what one sequence does with its logits
-is `sequence.Sequence`'s.
-A forward that runs out of KV memory raises `OutOfKV`; the prefix cache then gives
-back its oldest entries until the pass fits.
+is `sequence.Sequence`'s. Neither forward runs out of KV memory mid-reply: the
+transformers engine's grows, and llama.cpp gives each running reply a slice that
+holds the model's whole window (`max_running` is the number of slices).
 
 Every sequence ends with `stream.finish()`, on every path.
 """
@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import torch
 
 from serge.engine.grammar import Vocabulary
-from serge.engine.kvcache import OutOfKV, PrefixCache
+from serge.engine.kvcache import PrefixCache
 from serge.engine.metrics import EngineMetrics
 from serge.engine.sampling import ResolvedSampling
 from serge.engine.sequence import ReplyReader, Sequence
@@ -116,7 +116,6 @@ class Scheduler:
         self._forget = False  # drop the prefix cache before the next admission
         self._running: list[Sequence] = []  # the worker's alone
         self._mean_duration = 10.0  # seconds per generation, for Retry-After
-        self._fits = self.max_running  # running sequences the KV memory held last time it ran out
         self._worker = threading.Thread(target=self._run, name=f"serge-worker-{name}", daemon=True)
         self._worker.start()
 
@@ -208,16 +207,6 @@ class Scheduler:
         self._prefixes.clear()
         self.forward.close()  # on this thread, like every pass before it
 
-    def _roomy(self, run):
-        """Run a forward call; when its KV memory is full, drop cached prefixes until it fits."""
-        while True:
-            try:
-                return run()
-            except OutOfKV:
-                if not self._prefixes.evict_oldest():
-                    raise
-                self._m.prefix_cache_bytes.set(self._prefixes.nbytes)
-
     def _admit(self) -> tuple[list[Sequence], list[tuple[Sequence, FinishReason, str | None]]]:
         """Under the lock: move waiting requests into free slots; drop cancelled and timed-out ones."""
         now = time.monotonic()
@@ -226,7 +215,7 @@ class Scheduler:
             waited = now - seq.stream.created
             if seq.stream.cancelled:
                 expired.append((seq, FinishReason.CANCELLED, None))
-            elif len(self._running) + len(admitted) < min(self.max_running, self._fits):
+            elif len(self._running) + len(admitted) < self.max_running:
                 admitted.append(seq)
             elif waited > self._queue_timeout:
                 error = f"timed out after {waited:.0f} s waiting for a free slot; the server is busy"
@@ -244,21 +233,15 @@ class Scheduler:
     def _start(self, seq: Sequence) -> None:
         """A slot is free: take what the prefix cache has of this prompt."""
         seq.stream.queue_position = None
-        if seq.started is None:  # not when it comes back after a preemption
-            seq.started = time.monotonic()
-            self._m.queue_wait.observe(seq.started - seq.stream.created)
-            self._m.prompt_tokens.inc(len(seq.prompt))
-        if not seq.params.greedy and seq.generator is None:
+        seq.started = time.monotonic()
+        self._m.queue_wait.observe(seq.started - seq.stream.created)
+        self._m.prompt_tokens.inc(len(seq.prompt))
+        if not seq.params.greedy:
             seq.generator = seq.params.generator(self._device)
-        try:
-            hit = self._roomy(lambda: self._prefixes.find(seq.prompt)) if self._prefixes.budget_bytes else None
-            if hit is None:
-                seq.kv = self._roomy(self.forward.new_kv)
-                return
-        except OutOfKV:
-            if len(self._running) <= 1:
-                raise
-            return self._preempt(seq)
+        hit = self._prefixes.find(seq.prompt) if self._prefixes.budget_bytes else None
+        if hit is None:
+            seq.kv = self.forward.new_kv()
+            return
         seq.kv, seq.prefilled = hit.kv, hit.length
         seq.logits = seq.prompt_logits = hit.logits
         self._m.reused_tokens.inc(hit.length)
@@ -282,33 +265,8 @@ class Scheduler:
             self._sample(seq)
 
     def _decode(self, decoding: list[Sequence]) -> torch.Tensor:
-        """One token for each of `decoding`; when the KV memory cannot hold them all even
-        without cached prefixes, the youngest go back to the queue until the rest fit."""
-        while True:
-            try:
-                return self._roomy(lambda: self.forward.decode([s.kv for s in decoding], [s.feed for s in decoding]))
-            except OutOfKV:
-                if len(decoding) <= 1:
-                    raise
-                youngest = max(decoding, key=lambda s: s.started)
-                decoding.remove(youngest)
-                self._preempt(youngest)
-
-    def _preempt(self, seq: Sequence) -> None:
-        """Out of KV memory: free this sequence's cells and queue it first in line; it comes
-        back by prefilling its prompt and its reply so far, and goes on where it stopped."""
-        self._running.remove(seq)
-        if seq.kv is not None:
-            seq.kv.release()
-        seq.kv, seq.prefilled, seq.feed, seq.logits, seq.prompt_logits = None, 0, None, None, None
-        seq.prompt = seq.prompt[: seq.prompt_tokens] + seq.generated
-        with self._lock:
-            self._fits = max(1, len(self._running))
-            self._active -= 1
-            seq.stream.queue_position = 0
-            self._waiting.appendleft(seq)
-            self._m.queued.set(len(self._waiting))
-        log.info("KV memory full: %d replies run, one more waits for room", len(self._running))
+        """One token for each of `decoding`."""
+        return self.forward.decode([s.kv for s in decoding], [s.feed for s in decoding])
 
     def _prefill(self, stall_guard: bool) -> None:
         """Run prompt chunks, oldest request first: about `prefill_chunk` tokens in all while
@@ -325,15 +283,7 @@ class Scheduler:
             if budget is not None and n > budget and budget < self._chunk:
                 break
             try:
-                chunk = seq.prompt[seq.prefilled : seq.prefilled + n]
-                logits = self._roomy(lambda: self.forward.prefill(seq.kv, chunk))
-            except OutOfKV:
-                if len(self._running) > 1:
-                    self._preempt(seq)
-                    continue
-                log.exception("prefill failed")
-                self._leave(seq, FinishReason.ERROR, "the model's KV cache is full")
-                continue
+                logits = self.forward.prefill(seq.kv, seq.prompt[seq.prefilled : seq.prefilled + n])
             except Exception as exc:
                 log.exception("prefill failed")
                 self._leave(seq, FinishReason.ERROR, _message(exc))
@@ -381,7 +331,6 @@ class Scheduler:
             kv.release()
         with self._lock:
             self._active -= 1
-            self._fits = min(self.max_running, self._fits + 1)
             self._m.running.set(self._active)
         self._finish(seq, reason, error)
 

@@ -41,7 +41,7 @@ class ReplyReader(Protocol):
 
 @dataclass(eq=False)
 class Sequence:
-    prompt: list[int]  # what to prefill: the prompt, and after a preemption the reply so far too
+    prompt: list[int]
     params: ResolvedSampling
     stream: Stream
     assembler: TextAssembler
@@ -59,13 +59,8 @@ class Sequence:
     started: float | None = None
     first_token: float | None = None
     last_token: float | None = None
-    prompt_tokens: int = -1  # the request's own prompt (`prompt` grows when preempted)
     _prompt_ids: torch.Tensor | None = None  # the prompt as a tensor, for the repetition penalty
     _bias: torch.Tensor | None = None  # logit_bias as a row of the logits' width
-
-    def __post_init__(self) -> None:
-        if self.prompt_tokens < 0:
-            self.prompt_tokens = len(self.prompt)
 
     def choose(self, logits: torch.Tensor) -> tuple[int, torch.Tensor | None]:
         """The next token, and the log-probabilities it was drawn from when the request asked for them."""
@@ -74,7 +69,7 @@ class Sequence:
         if params.repetition_penalty != 1.0 or params.frequency_penalty or params.presence_penalty:
             generated = torch.tensor(self.generated, dtype=torch.long, device=device)
             if self._prompt_ids is None:  # once per sequence, not once per token
-                self._prompt_ids = torch.tensor(self.prompt[: self.prompt_tokens], dtype=torch.long, device=device)
+                self._prompt_ids = torch.tensor(self.prompt, dtype=torch.long, device=device)
             seen = torch.cat([self._prompt_ids, generated])
         else:
             generated = seen = torch.empty(0, dtype=torch.long, device=device)
@@ -141,7 +136,7 @@ class Sequence:
         return GenerationRecord(
             text=reader.content if reader is not None else self.assembler.text,
             finish_reason=reason,
-            prompt_tokens=self.prompt_tokens,
+            prompt_tokens=len(self.prompt),
             completion_tokens=len(self.generated),
             seed=self.params.seed,
             queued_s=started - self.stream.created,
