@@ -236,10 +236,11 @@ def kv_layout(options: LoadOptions, bytes_per_token: int, window: int, weights_b
     """
     cells = window if options.context_cap else min(window, _WINDOW_CAP)
     running = min(options.limits.max_running or _RUNNING, _MAX_SLICES)
+    room = running * cells * bytes_per_token
     if options.kv_cache_mb:
         room = options.kv_cache_mb * 2**20
-    else:
-        room = min(running * cells * bytes_per_token, max(0, options.memory_bytes - weights_bytes) // 2)
+    elif options.memory_bytes is not None:
+        room = min(room, max(0, options.memory_bytes - weights_bytes) // 2)
     room //= bytes_per_token  # cells in all
     slices = max(1, min(running, room // cells))
     return slices, max(256, min(cells, room // slices))

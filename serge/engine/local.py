@@ -42,7 +42,7 @@ class LoadOptions:
     limits: SchedulerLimits
     metrics: EngineMetrics
     kv_cache_mb: int | None = None  # llama.cpp's fixed KV cache (the transformers engine grows its own)
-    memory_bytes: int = 0  # the models' memory budget: llama.cpp sizes its default KV cache within it
+    memory_bytes: int | None = None  # the models' memory budget: llama.cpp sizes its default KV cache within it
 
 
 @dataclass(frozen=True)
