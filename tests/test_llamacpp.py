@@ -57,6 +57,28 @@ def test_a_failing_forward_pass_ends_that_reply_with_a_clear_error_and_the_next_
     assert llama.chat(MODEL, QUESTION, GREEDY).text()
 
 
+def test_a_cached_conversation_that_cannot_come_back_fails_that_reply_alone(llama):
+    forward = llama.model(MODEL).scheduler.forward
+    cached = [Message("user", "Name three rivers.")]
+    llama.chat(MODEL, cached, GREEDY).text()  # parked for its next turn
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("llama.cpp could not copy a cached conversation back into its KV cache")
+
+    running = llama.chat(MODEL, QUESTION, SamplingParams(temperature=0, max_new_tokens=48, ignore_eos=True))
+    reading = iter(running)
+    next(reading)  # it is decoding
+    forward.restore = broken
+    try:
+        failed = llama.chat(MODEL, cached, GREEDY)
+        failed.text()
+    finally:
+        del forward.restore
+    "".join(reading)
+    assert failed.record.finish_reason is FinishReason.ERROR and "copy a cached" in failed.record.error
+    assert running.record.finish_reason is FinishReason.LENGTH and running.record.completion_tokens == 48
+
+
 def test_a_kv_cache_too_small_for_every_reply_means_fewer_at_once_and_the_rest_wait_their_turn(llama):
     registry = registry_for(llama, "llama.cpp")
     registry.options = registry.options.__class__(**{**vars(registry.options), "kv_cache_mb": 16})  # ~700 cells
@@ -90,6 +112,8 @@ def test_the_default_kv_cache_is_a_window_per_reply_within_the_memory_budget(lla
     assert kv_layout(tiny, per_token, window, weights) == (1, 1000), "then a shorter window"
     asked = LoadOptions(**{**vars(roomy), "context_cap": 8192})
     assert kv_layout(asked, per_token, window, weights) == (8, 8192), "SERGE_CONTEXT_WINDOW can ask for more"
+    short = LoadOptions(**{**vars(roomy), "context_cap": 128})
+    assert kv_layout(short, per_token, window, weights) == (8, 128), "or for less, under the 256-cell floor"
 
 
 def test_many_streams_at_once_leave_no_thread_behind(llama):

@@ -229,9 +229,9 @@ class Engine:
         if engine == "llama.cpp":
             from serge.engine.llamacpp import footprint, kv_layout  # the same room llama.cpp's loader makes
 
-            window = min(facts.context_length or 2048, self.settings.context_window or 1 << 30)
             per_token = facts.kv_bytes_per_token or 0
-            slices, cells = kv_layout(self._registry.options, max(1, per_token), window, facts.weights_bytes)
+            slices, cells = kv_layout(self._registry.options, max(1, per_token), facts.context_length or 2048,
+                                      facts.weights_bytes)
             return footprint(facts.weights_bytes, slices * cells * per_token, self._registry.options)
         if not facts.parameters:
             return facts.weights_bytes * 2

@@ -104,7 +104,7 @@ class LlamaForward:
         head_dim = lc.llama_model_n_embd(self._model) // max(1, heads)
         kv_heads = lc.llama_model_n_head_kv(self._model)
         self.bytes_per_token = 2 * lc.llama_model_n_layer(self._model) * kv_heads * head_dim * _KV_BYTES
-        self.slices = 1  # set by the loader before `prepare`
+        self.slices = 1  # `size` sets these before `prepare`
         self.cells = 0  # per slice
         self.max_batch = max_batch
         self._threads = threads
@@ -119,6 +119,15 @@ class LlamaForward:
     def eog_ids(self) -> set[int]:
         lc = self._lc
         return {t for t in (lc.llama_vocab_eos(self.vocab), lc.llama_vocab_eot(self.vocab)) if t >= 0}
+
+    def size(self, slices: int, cells: int) -> None:
+        """The KV cache's layout (see `kv_layout`), before the context exists."""
+        self.slices, self.cells = slices, cells
+        self.max_batch = max(self.max_batch, slices)  # a decode pass holds one token per slice
+
+    @property
+    def kv_bytes(self) -> int:
+        return self.slices * self.cells * self.bytes_per_token
 
     def prepare(self) -> None:
         """Create the context on the worker thread: llama.cpp's thread pool belongs to it."""
@@ -188,9 +197,7 @@ class LlamaForward:
         ~30% slower here."""
         order = sorted(range(len(kvs)), key=lambda i: kvs[i].seq)
         self._run([(kvs[i], [tokens[i]], True) for i in order])
-        rows = torch.empty(len(order), dtype=torch.long)
-        rows[torch.tensor(order)] = torch.arange(len(order))
-        return self._logits(len(kvs))[rows]
+        return self._logits(len(kvs))[torch.tensor(order).argsort()]  # back in the callers' order
 
     def prefill(self, kv: LlamaKV, tokens: list[int]) -> torch.Tensor:
         """Feed a chunk of one sequence's prompt; the logits after its last token."""
@@ -226,15 +233,16 @@ class LlamaForward:
         return torch.from_numpy(np.ctypeslib.as_array(pointer, shape=(rows, self.n_vocab)).copy())
 
 
-def kv_layout(options: LoadOptions, bytes_per_token: int, window: int, weights_bytes: int) -> tuple[int, int]:
-    """Slices of the KV cache (replies at once) and cells per slice (their context window).
+def kv_layout(options: LoadOptions, bytes_per_token: int, trained: int, weights_bytes: int) -> tuple[int, int]:
+    """Slices of the KV cache (replies at once) and cells per slice (their context window),
+    for a model trained on `trained` tokens of context.
 
     `SERGE_MAX_RUNNING` (default 8) slices of the model's window (at most 4096 cells unless
-    `SERGE_CONTEXT_WINDOW` says more), within `SERGE_LLAMA_KV_CACHE_MB`, by default within
+    `SERGE_CONTEXT_WINDOW` says otherwise), within `SERGE_LLAMA_KV_CACHE_MB`, by default within
     half of what the models' memory budget leaves beside the weights: fewer slices first,
     then shorter ones, so a big model on a small machine still loads.
     """
-    cells = window if options.context_cap else min(window, _WINDOW_CAP)
+    cells = min(trained, options.context_cap or _WINDOW_CAP)
     running = min(options.limits.max_running or _RUNNING, _MAX_SLICES)
     room = running * cells * bytes_per_token
     if options.kv_cache_mb:
@@ -243,7 +251,7 @@ def kv_layout(options: LoadOptions, bytes_per_token: int, window: int, weights_b
         room = min(room, max(0, options.memory_bytes - weights_bytes) // 2)
     room //= bytes_per_token  # cells in all
     slices = max(1, min(running, room // cells))
-    return slices, max(256, min(cells, room // slices))
+    return slices, min(cells, max(256, room // slices))
 
 
 def footprint(weights_bytes: int, kv_bytes: int, options: LoadOptions) -> int:
@@ -262,12 +270,8 @@ def load_llamacpp(installed: InstalledModel, options: LoadOptions) -> LocalModel
     tokenizer = load_tokenizer(installed)
     check_chat_template(installed.name, tokenizer)
     forward = LlamaForward(str(installed.gguf_path), options.threads, max_batch=options.limits.prefill_chunk)
-    window = forward.n_ctx_train or 2048
-    if options.context_cap:
-        window = min(window, options.context_cap)
-    forward.slices, forward.cells = kv_layout(options, forward.bytes_per_token, window, forward.weights_bytes)
-    forward.max_batch = max(forward.max_batch, forward.slices)
-    kv_bytes = forward.slices * forward.cells * forward.bytes_per_token
+    forward.size(*kv_layout(options, forward.bytes_per_token, forward.n_ctx_train or 2048, forward.weights_bytes))
+    kv_bytes = forward.kv_bytes
     eos = eos_ids(tokenizer) | forward.eog_ids()
     limits = dataclasses.replace(options.limits, max_running=forward.slices)
     scheduler = Scheduler(forward, tokenizer, frozenset(eos), options.threads, installed.name, limits,

@@ -188,9 +188,9 @@ class Scheduler:
             for seq, reason, error in expired:
                 self._finish(seq, reason, error)
             self._running.extend(admitted)
+            for seq in admitted:
+                self._start(seq)
             try:
-                for seq in admitted:
-                    self._start(seq)
                 self._step()
             except Exception as exc:  # a bug, not a bad request: fail what runs, keep serving
                 log.exception("scheduler step failed")
@@ -231,16 +231,22 @@ class Scheduler:
         return admitted, expired
 
     def _start(self, seq: Sequence) -> None:
-        """A slot is free: take what the prefix cache has of this prompt."""
+        """A slot is free: take what the prefix cache has of this prompt. A failure here
+        (llama.cpp refusing a cached conversation back) ends this reply alone."""
         seq.stream.queue_position = None
         seq.started = time.monotonic()
         self._m.queue_wait.observe(seq.started - seq.stream.created)
         self._m.prompt_tokens.inc(len(seq.prompt))
         if not seq.params.greedy:
             seq.generator = seq.params.generator(self._device)
-        hit = self._prefixes.find(seq.prompt) if self._prefixes.budget_bytes else None
-        if hit is None:
-            seq.kv = self.forward.new_kv()
+        try:
+            hit = self._prefixes.find(seq.prompt) if self._prefixes.budget_bytes else None
+            if hit is None:
+                seq.kv = self.forward.new_kv()
+                return
+        except Exception as exc:
+            log.exception("could not start a reply")
+            self._leave(seq, FinishReason.ERROR, _message(exc))
             return
         seq.kv, seq.prefilled = hit.kv, hit.length
         seq.logits = seq.prompt_logits = hit.logits
@@ -252,7 +258,7 @@ class Scheduler:
         decoding = [s for s in self._running if s.feed is not None]
         if decoding:
             try:
-                rows = self._decode(decoding)
+                rows = self.forward.decode([s.kv for s in decoding], [s.feed for s in decoding])
             except Exception as exc:
                 log.exception("decode step failed")
                 for seq in decoding:
@@ -263,10 +269,6 @@ class Scheduler:
         self._prefill(stall_guard=bool(decoding))
         for seq in [s for s in self._running if s.logits is not None]:
             self._sample(seq)
-
-    def _decode(self, decoding: list[Sequence]) -> torch.Tensor:
-        """One token for each of `decoding`."""
-        return self.forward.decode([s.kv for s in decoding], [s.feed for s in decoding])
 
     def _prefill(self, stall_guard: bool) -> None:
         """Run prompt chunks, oldest request first: about `prefill_chunk` tokens in all while
