@@ -51,10 +51,10 @@ def _grammar_us_per_token(engine, vocabulary, grammar: str, text: str) -> float:
     return (time.perf_counter() - started) / len(tokens) * 1e6
 
 
-def _level(engine, streams: int, params, tag: int) -> tuple[dict, str]:
+def _level(engine, streams: int, params, fmt, tag: int) -> tuple[dict, str]:
     """`streams` replies started together: aggregate tokens/s over the level's wall time, and one reply."""
     started = time.perf_counter()
-    running = [engine.chat(None, _messages(tag + i), params) for i in range(streams)]
+    running = [engine.chat(None, _messages(tag + i), params, response_format=fmt) for i in range(streams)]
     records = []
     for stream in running:
         stream.text()
@@ -74,7 +74,7 @@ def measure(kind: str, models_dir: Path, threads: int, max_tokens: int, levels: 
                         engine=kind, torch_threads=threads, device="cpu", dtype="float32")
     fmt = ResponseFormat.model_validate(SCHEMA)
     free = SamplingParams(temperature=0, max_new_tokens=max_tokens, ignore_eos=True)
-    constrained = SamplingParams(temperature=0, max_new_tokens=max_tokens, response_format=fmt)
+    constrained = SamplingParams(temperature=0, max_new_tokens=max_tokens)
     out: dict = {"engine": kind, "levels": []}
     with Engine(settings) as engine:
         vocabulary = engine.model().scheduler.vocabulary
@@ -88,9 +88,9 @@ def measure(kind: str, models_dir: Path, threads: int, max_tokens: int, levels: 
         engine.chat(None, _messages(9002), free).text()  # warm-up at full length
         tag = 0
         for streams in levels:
-            for label, params in (("free", free), ("schema", constrained)):
+            for label, params, shape in (("free", free, None), ("schema", constrained, fmt)):
                 tag += 100
-                row, text = _level(engine, streams, params, tag)
+                row, text = _level(engine, streams, params, shape, tag)
                 row["mode"] = label
                 out["levels"].append(row)
                 print(f"[schema-cost] {kind}: {streams} streams, {label}: {row['tok_s']} tok/s "

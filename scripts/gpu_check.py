@@ -42,7 +42,7 @@ sys.path.insert(0, str(REPO))
 from bench.real_size import CONFIG as REAL_SIZE  # noqa: E402
 from bench.workload import single_prompt_messages  # noqa: E402
 from serge.engine import Engine, Message, SamplingParams, resolve_device  # noqa: E402
-from serge.engine.library import ModelLibrary  # noqa: E402
+from serge.engine.models.library import ModelLibrary  # noqa: E402
 from serge.settings import Settings  # noqa: E402
 
 SMALL, LARGE = "check-135m", "bench-1.7b"

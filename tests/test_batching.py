@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from serge.engine import EngineBusy, FinishReason, Message, SamplingParams
-from serge.engine.prompts import build_prompt
+from serge.engine.generation.prompts import build_prompt
 
 from conftest import MODEL, registry_for
 
@@ -175,7 +175,7 @@ def test_the_tenth_turn_of_a_chat_prefills_about_as_much_as_the_first(engine):
 
 
 def test_a_rows_logits_have_the_same_bits_whatever_runs_beside_it(engine):
-    from serge.engine.forward import BatchForward
+    from serge.engine.transformers import BatchForward
 
     loaded = engine.model()
     if loaded.engine != "transformers":

@@ -11,8 +11,8 @@ from transformers import AutoModelForCausalLM
 
 from serge.engine import DeviceUnavailable, resolve_device
 from serge.engine.devices import DevicePlan
-from serge.engine.forward import BatchForward
-from serge.engine.library import ModelLibrary
+from serge.engine.transformers import BatchForward
+from serge.engine.models.library import ModelLibrary
 
 from conftest import MODEL, registry_for
 

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from serge.engine import FinishReason, Message, SamplingParams
-from serge.engine.stream import TextAssembler
+from serge.engine.generation.stream import TextAssembler
 
 from conftest import MODEL
 

@@ -82,7 +82,7 @@ def test_one_quantization_is_picked_out_of_a_repo_of_many_by_its_name_in_any_cas
     (["a-IQ4_XS.gguf", "a-Q4_K_M.gguf"], "org/a:iq4_xs", "a-IQ4_XS.gguf"),
 ])
 def test_a_gguf_is_chosen_as_ollama_and_llama_cpp_choose(files, spec, chosen):
-    from serge.engine.hub import HubSource, _choose
+    from serge.engine.models.hub import HubSource, _choose
 
     assert _choose(HubSource.parse(spec), {f: 1 for f in ["README.md", *files]}) == ([chosen], chosen)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from serge.engine import CATALOG, InvalidModelName, InvalidSource, ModelLibrary, ModelNotFound, PullFailed
-from serge.engine.library import check_name, folder_name, name_for
+from serge.engine.models.library import check_name, folder_name, name_for
 
 from conftest import MODEL
 

@@ -11,7 +11,7 @@ import pytest
 from serge.engine import FinishReason, Message, SamplingParams
 from serge.engine.llamacpp import kv_layout
 from serge.engine.local import LoadOptions
-from serge.engine.scheduler import SchedulerLimits
+from serge.engine.generation.scheduler import SchedulerLimits
 
 from conftest import MODEL, registry_for
 

@@ -123,8 +123,8 @@ def test_a_constrained_and_a_free_reply_share_a_batch_and_the_free_one_is_unchan
         fmt = ResponseFormat.model_validate({"type": "json_schema", "json_schema": {"name": "moon", "schema": {
             "type": "object", "properties": {"facts": {"type": "array", "items": {"type": "string", "maxLength": 40},
                                                        "minItems": 2, "maxItems": 3}}, "required": ["facts"]}}})
-        constrained = engine.chat(MODEL, question, SamplingParams(temperature=0, max_new_tokens=120,
-                                                                  response_format=fmt))  # room for 3 x 40 characters
+        constrained = engine.chat(MODEL, question, SamplingParams(temperature=0, max_new_tokens=120),
+                                  response_format=fmt)  # room for 3 x 40 characters
         free = engine.chat(MODEL, question, greedy)
         results = {}
         reader = threading.Thread(target=lambda: results.update(json=constrained.text()))

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from serge.engine import ContextTooLong, Message
-from serge.engine.prompts import DEFAULT_REPLY_ROOM, build_prompt
+from serge.engine.generation.prompts import DEFAULT_REPLY_ROOM, build_prompt
 
 PROPERTY = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                                            HealthCheck.function_scoped_fixture])

@@ -73,8 +73,8 @@ def test_an_unreachable_server_gives_a_clear_error(front):
 def test_structured_output_tools_and_logprobs_pass_through(front):
     fmt = ResponseFormat.model_validate({"type": "json_schema", "json_schema": {"name": "answer", "schema": {
         "type": "object", "properties": {"city": {"type": "string", "maxLength": 30}}, "required": ["city"]}}})
-    stream = front.chat(None, QUESTION, SamplingParams(temperature=0, max_new_tokens=40, response_format=fmt,
-                                                       logprobs=2))
+    stream = front.chat(None, QUESTION, SamplingParams(temperature=0, max_new_tokens=40, logprobs=2),
+                        response_format=fmt)
     tokens = [t for delta in stream.deltas() for t in delta.tokens]
     assert isinstance(json.loads(stream.record.text)["city"], str)
     assert tokens and all(len(t.top) == 2 for t in tokens)

@@ -14,7 +14,7 @@ from conftest import MODEL, SMALL_WINDOW, ServerThread, free_port
 
 from serge.chats import ChatService
 from serge.engine import Engine, Message, SamplingParams
-from serge.engine.prompts import build_prompt
+from serge.engine.generation.prompts import build_prompt
 from serge.settings import Settings
 from serge.store import ChatStore, Database
 from serge.web.app import build_app

@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from serge.engine.sampling import IMPOSSIBLE_LOGPROB, SamplingParams, choose_next, top_logprobs
+from serge.engine.generation.sampling import IMPOSSIBLE_LOGPROB, SamplingParams, choose_next, top_logprobs
 
 LOGITS = torch.tensor([2.0, 1.0, 0.0, -1.0, -2.0])
 NOTHING = torch.empty(0, dtype=torch.long)

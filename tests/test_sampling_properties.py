@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from serge.engine.sampling import MAX_STOP_LENGTH, MAX_STOP_STRINGS, SamplingParams, choose_next
+from serge.engine.generation.sampling import MAX_STOP_LENGTH, MAX_STOP_STRINGS, SamplingParams, choose_next
 
 FIELDS = sorted(SamplingParams.model_fields)
 

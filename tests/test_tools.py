@@ -9,10 +9,10 @@ import pytest
 from transformers import AutoTokenizer
 
 from serge.engine import GrammarError, Message, Tool, ToolCall, Tools
-from serge.engine.grammar import Vocabulary
-from serge.engine.jsonspans import JsonSpans
-from serge.engine.prompts import build_prompt
-from serge.engine.tools import CallReader, ToolFormat, find_tool_format, plan_reply
+from serge.engine.generation.grammar import Vocabulary
+from serge.engine.generation.jsonspans import JsonSpans
+from serge.engine.generation.prompts import build_prompt
+from serge.engine.generation.tools import CallReader, ToolFormat, find_tool_format, plan_reply
 
 from conftest import MODEL, models_dir
 

@@ -1,21 +1,23 @@
 """Generation: devices, models, sampling, prompts and streams. No HTTP, no SQL; `Engine` is the one door."""
 
-from serge.engine.catalog import CATALOG
+from serge.engine.models.catalog import CATALOG
 from serge.engine.devices import DevicePlan, DeviceUnavailable, resolve_device
 from serge.engine.engine import Backend, Engine, EngineStatus, LoadedInfo, ModelInfo
-from serge.engine.facts import ModelFacts
-from serge.engine.hub import InvalidSource, PullCancelled, PullFailed, PullProgress
-from serge.engine.library import InvalidModelName, ModelLibrary, ModelNotFound
+from serge.engine.models.facts import ModelFacts
+from serge.engine.models.errors import (InvalidModelName, InvalidSource, ModelNotFound, PullCancelled, PullFailed,
+                                        PullNotFound, PullRefused)
+from serge.engine.models.hub import PullProgress
+from serge.engine.models.library import ModelLibrary
 from serge.engine.metrics import EngineMetrics, ModelSnapshot
-from serge.engine.grammar import GrammarError, InvalidRequest, ResponseFormat
-from serge.engine.prompts import ContextTooLong, Message, ToolCall
-from serge.engine.pulls import PullNotFound, PullRefused, PullStatus
+from serge.engine.generation.grammar import GrammarError, InvalidRequest, ResponseFormat
+from serge.engine.generation.prompts import ContextTooLong, Message, ToolCall
+from serge.engine.models.pulls import PullStatus
 from serge.engine.local import ModelLoadFailed
 from serge.engine.registry import ModelInUse, ModelTooLarge
-from serge.engine.sampling import MAX_TOP_LOGPROBS, SamplingParams
-from serge.engine.scheduler import EngineBusy, SchedulerLimits
-from serge.engine.stream import Delta, FinishReason, GenerationError, GenerationRecord, Stream, TokenLogprob
-from serge.engine.tools import Tool, Tools
+from serge.engine.generation.sampling import MAX_TOP_LOGPROBS, OPENAI_NAMES, SamplingParams
+from serge.engine.generation.scheduler import EngineBusy, SchedulerLimits
+from serge.engine.generation.stream import Delta, FinishReason, GenerationError, GenerationRecord, Stream, TokenLogprob
+from serge.engine.generation.tools import Tool, Tools
 
 __all__ = [
     "Backend",
@@ -37,6 +39,7 @@ __all__ = [
     "InvalidSource",
     "LoadedInfo",
     "MAX_TOP_LOGPROBS",
+    "OPENAI_NAMES",
     "Message",
     "ModelFacts",
     "ModelInUse",

@@ -1,8 +1,9 @@
 """The engine's front door: messages in, a `Stream` of reply text out; and the model library's operations.
 
-Every kind of model (transformers, llama.cpp, a remote OpenAI-compatible server)
-is a `Backend` with one method that matters, `submit(messages, params)`; the
-layers above call only `Engine`'s own methods and never reach into its library,
+Every kind of model (transformers, llama.cpp, a remote OpenAI-compatible server,
+a stand-in in tests) is a `Backend` with one method that matters, `submit`; a
+request's model name becomes a backend in one place (`_backend`), and the layers
+above call only `Engine`'s own methods and never reach into its library,
 registry, pulls or backends. It knows nothing of HTTP, SQL or who is asking
 (whether a caller may pull or delete models is the web layer's to decide).
 From a script:
@@ -15,7 +16,8 @@ From a script:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -23,30 +25,33 @@ from typing import Protocol
 from prometheus_client import generate_latest
 
 from serge.engine.devices import DevicePlan, resolve_device
-from serge.engine.facts import ModelFacts
-from serge.engine.hub import PullProgress
-from serge.engine.library import InstalledModel, ModelLibrary, ModelNotFound
+from serge.engine.models.facts import ModelFacts
+from serge.engine.models.hub import PullProgress
+from serge.engine.models.errors import ModelNotFound
+from serge.engine.models.library import InstalledModel, ModelLibrary
 from serge.engine.local import EngineKind, LoadOptions
 from serge.engine.metrics import EngineMetrics, ModelSnapshot
-from serge.engine.prompts import Message
-from serge.engine.pulls import Pulls, PullStatus
+from serge.engine.generation.prompts import Message
+from serge.engine.models.pulls import Pulls, PullStatus
 from serge.engine.registry import Budget, ModelInUse, ModelRegistry, machine_memory_bytes, resident_bytes
-from serge.engine.remote import RemoteModels
-from serge.engine.sampling import SamplingParams
-from serge.engine.scheduler import SchedulerLimits
-from serge.engine.stream import Stream
-from serge.engine.tools import Tools
+from serge.engine.remote import RemoteClient
+from serge.engine.generation.grammar import ResponseFormat
+from serge.engine.generation.sampling import SamplingParams
+from serge.engine.generation.scheduler import SchedulerLimits
+from serge.engine.generation.stream import Stream
+from serge.engine.generation.tools import Tools
 from serge.settings import Settings
 
 
 class Backend(Protocol):
-    """What the engine asks of every kind of model."""
+    """What the engine asks of every kind of model: a loaded local one, a remote server's, a stand-in."""
 
     name: str
     engine: EngineKind
+    source: str  # where it came from: the library's source, a remote server's URL
 
     def submit(self, messages: Sequence[Message], params: SamplingParams | None = None,
-               tools: Tools | None = None) -> Stream: ...
+               tools: Tools | None = None, response_format: ResponseFormat | None = None) -> Stream: ...
 
 
 @dataclass(frozen=True)
@@ -65,6 +70,7 @@ class ModelInfo:
     memory_bytes: int | None = None  # as loaded, else the estimate for its engine
     busy: bool = False  # answering or queued for now
     defaults: SamplingParams | None = None  # the generation settings it starts from
+    context_window: int | None = None  # tokens of prompt and reply, once loaded (the engine decides it)
 
 
 @dataclass(frozen=True)
@@ -93,7 +99,9 @@ class EngineStatus:
 
 
 class Engine:
-    def __init__(self, settings: Settings) -> None:
+    """`backends`: models served by a backend made in code (a stand-in model in tests), beside the library's."""
+
+    def __init__(self, settings: Settings, backends: Mapping[str, Backend] | None = None) -> None:
         self.settings = settings
         self.plan: DevicePlan = resolve_device(settings.device, settings.dtype, settings.quantization)
         self.metrics = EngineMetrics()
@@ -102,9 +110,10 @@ class Engine:
         budget = self._budget()
         options = LoadOptions(self.plan, settings.torch_threads, settings.context_window, self._limits,
                               self.metrics, settings.llama_kv_cache_mb, budget.memory_bytes)
-        self._registry = ModelRegistry(self._library, options, settings.engine, settings.model_engines,
-                                       budget, self._estimate)
-        self._remote = RemoteModels(settings.remote_models, settings.remote_timeout_s)
+        self._registry = ModelRegistry(self._library, options, settings.engine, settings.model_engines, budget)
+        self._remote = RemoteClient(settings.remote_timeout_s)
+        # Models that are not in the library: remote servers' and those given in code. Fixed at start.
+        self._fixed: dict[str, Backend] = {**self._remote.backends(settings.remote_models), **(backends or {})}
         self._pulls = Pulls(self._library, self.prefers_gguf)
         self._warm = False
 
@@ -114,54 +123,64 @@ class Engine:
         return self.settings.default_model
 
     def check_model(self, name: str | None) -> str:
-        """The model a request means, as the library spells it (the default for None); ModelNotFound otherwise."""
+        """The model a name means, as the library spells it (the default for None); ModelNotFound otherwise."""
         name = name or self.default_model
-        if name in self._remote:
-            return name
-        return self._library.find(name).name
+        return name if name in self._fixed else self._library.find(name).name
 
     def models(self) -> list[ModelInfo]:
-        """Every model a request may name: the installed ones, then the remote ones, each once."""
-        found = [self._local_info(m) for m in self._library.installed() if m.name not in self._remote]
-        return found + [self._remote_info(name) for name in sorted(self._remote.models)]
+        """Every model a request may name: the installed ones, then the others, each once."""
+        found = [self._local_info(m) for m in self._library.installed() if m.name not in self._fixed]
+        return found + [self._fixed_info(name) for name in sorted(self._fixed)]
 
     def info(self, name: str) -> ModelInfo:
         """One model's facts; raises ModelNotFound."""
-        name = self.check_model(name)
-        return self._remote_info(name) if name in self._remote else self._local_info(self._library.find(name))
+        if name in self._fixed:
+            return self._fixed_info(name)
+        return self._local_info(self._library.find(name))
 
     def model(self, name: str | None = None) -> Backend:
         """The model by name (the default for None), loading a local one on first use."""
-        name = self.check_model(name)
-        if name in self._remote:
-            return self._remote.get(name)
-        return self._registry.get(name)
+        with self._backend(name) as backend:
+            return backend
+
+    @contextmanager
+    def _backend(self, name: str | None) -> Iterator[Backend]:
+        """The one place a name becomes a backend: a fixed one, or the library's, loaded and leased (not
+        unloaded while the caller holds it) by the registry, which resolves the name once, on first load."""
+        name = name or self.default_model
+        if (fixed := self._fixed.get(name)) is not None:
+            yield fixed
+            return
+        with self._registry.lease(name) as local:
+            yield local
 
     def _local_info(self, m: InstalledModel) -> ModelInfo:
         loaded = self._registry.loaded().get(m.name)
         try:
             engine = loaded.engine if loaded else self._registry.engine_for(m)
-            memory = loaded.memory_bytes if loaded else self._estimate(m, engine)
+            memory = loaded.memory_bytes if loaded else self._registry.estimate(m, engine)
         except ValueError:  # SERGE_MODEL_ENGINES asks for an engine that cannot run it
             engine, memory = None, None
         return ModelInfo(m.name, engine, m.source, m.size_bytes, m.created, m.name == self.default_model,
                          loaded is not None, remote=False, facts=m.facts, memory_bytes=memory,
-                         busy=self._registry.in_use(m.name), defaults=loaded.defaults if loaded else m.defaults)
+                         busy=self._registry.in_use(m.name), defaults=loaded.defaults if loaded else m.defaults,
+                         context_window=loaded.context_window if loaded else None)
 
-    def _remote_info(self, name: str) -> ModelInfo:
-        return ModelInfo(name, "remote", self._remote.models[name].url, None, 0.0, name == self.default_model,
-                         True, remote=True)
+    def _fixed_info(self, name: str) -> ModelInfo:
+        backend = self._fixed[name]
+        return ModelInfo(name, backend.engine, backend.source, None, 0.0, name == self.default_model, True,
+                         remote=backend.engine == "remote")
 
     # --- generation ----------------------------------------------------------------
     def chat(self, model: str | None, messages: Sequence[Message], params: SamplingParams | None = None,
-             tools: Tools | None = None) -> Stream:
-        """Start a reply to `messages`, offering `tools`; raises ModelNotFound, ContextTooLong,
-        InvalidRequest (a bad schema, tool_choice or logit_bias) or EngineBusy before anything runs."""
-        name = self.check_model(model)
-        if name in self._remote:
-            return self._remote.get(name).submit(messages, params, tools)
-        with self._registry.lease(name) as local:  # not unloaded between loading and queueing the request
-            return local.submit(messages, params, tools)
+             tools: Tools | None = None, response_format: ResponseFormat | None = None) -> Stream:
+        """Start a reply to `messages`, offering `tools`, shaped by `response_format`; the stream says which
+        model (`stream.model`). Raises ModelNotFound, ContextTooLong, InvalidRequest (a bad schema,
+        tool_choice or logit_bias) or EngineBusy before anything runs."""
+        with self._backend(model) as backend:  # not unloaded between loading and queueing the request
+            stream = backend.submit(messages, params, tools, response_format)
+        stream.model = backend.name
+        return stream
 
     # --- the library ------------------------------------------------------------------
     @property
@@ -194,8 +213,9 @@ class Engine:
 
     def remove(self, name: str) -> None:
         """Unload (if idle) and delete an installed model; ModelInUse while it answers, ModelNotFound if absent."""
-        if name in self._remote:
-            raise ModelInUse(f"{name!r} is a remote model; it is configured in SERGE_REMOTE_MODELS, not installed")
+        if name in self._fixed:
+            raise ModelInUse(f"{name!r} is not installed here (a remote model is configured in "
+                             f"SERGE_REMOTE_MODELS); there is nothing to remove")
         name = self._library.find(name).name
         if name == self.default_model:
             raise ModelInUse(f"{name!r} is the default model; choose another default (SERGE_DEFAULT_MODEL) first")
@@ -205,10 +225,6 @@ class Engine:
             self._registry.unload(name)  # a request that loaded it again in the meantime
         except ModelInUse:
             pass
-
-    def unload(self, name: str) -> bool:
-        """Unload an idle model now; False if it was not loaded. Raises ModelInUse while it answers."""
-        return self._registry.unload(self.check_model(name))
 
     # --- memory -------------------------------------------------------------------------
     def _budget(self) -> Budget:
@@ -223,31 +239,15 @@ class Engine:
             memory = machine_memory_bytes() // 2
         return Budget(s.max_loaded_models, memory)
 
-    def _estimate(self, m: InstalledModel, engine: EngineKind) -> int:
-        """Memory a model takes once loaded on `engine`, from its facts (before it is loaded)."""
-        facts = m.facts
-        if engine == "llama.cpp":
-            from serge.engine.llamacpp import footprint, kv_layout  # the same room llama.cpp's loader makes
-
-            per_token = facts.kv_bytes_per_token or 0
-            slices, cells = kv_layout(self._registry.options, max(1, per_token), facts.context_length or 2048,
-                                      facts.weights_bytes)
-            return footprint(facts.weights_bytes, slices * cells * per_token, self._registry.options)
-        if not facts.parameters:
-            return facts.weights_bytes * 2
-        bytes_per_parameter = {"8bit": 1.0, "4bit": 0.5}.get(self.plan.quantization, self.plan.dtype.itemsize)
-        packed = 2 if self.plan.device_type == "cpu" and self.plan.dtype_name == "float32" else 1  # oneDNN copy
-        return int(facts.parameters * bytes_per_parameter * packed)
-
     # --- the server's view -----------------------------------------------------------
     @property
     def ready(self) -> bool:
-        """Can the default model answer now (served remotely, loaded, or loaded once and loadable again)?"""
+        """Can the default model answer now (served by a fixed backend, loaded, or loaded once and loadable again)?"""
         name = self.default_model
-        return name in self._remote or self._warm or name in self._registry.loaded()
+        return name in self._fixed or self._warm or name in self._registry.loaded()
 
     def warm_up(self) -> None:
-        """Load the default model, unless a remote server holds it."""
+        """Load the default model, unless a fixed backend serves it."""
         self.model()
         self._warm = True
 
@@ -259,9 +259,9 @@ class Engine:
         return EngineStatus(
             device=self.plan.device, dtype=self.plan.dtype_name, default_model=self.default_model, ready=self.ready,
             loaded=loaded, loading=sorted(self._registry.loading),
-            remote={name: r.url for name, r in self._remote.models.items()}, models=self.metrics.snapshot(),
-            max_loaded_models=budget.max_models, memory_budget_bytes=budget.memory_bytes,
-            resident_bytes=resident_bytes(),
+            remote={name: b.source for name, b in self._fixed.items() if b.engine == "remote"},
+            models=self.metrics.snapshot(), max_loaded_models=budget.max_models,
+            memory_budget_bytes=budget.memory_bytes, resident_bytes=resident_bytes(),
         )
 
     def prometheus(self) -> bytes:

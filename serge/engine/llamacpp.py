@@ -30,8 +30,11 @@ import time
 import numpy as np
 import torch
 
-from serge.engine.library import InstalledModel
-from serge.engine.local import LoadOptions, LocalModel, check_chat_template, eos_ids, load_tokenizer, sampling_defaults
+from serge.engine.models.library import InstalledModel
+from serge.engine.generation.sampling import SamplingParams
+from serge.engine.generation.scheduler import Scheduler
+from serge.engine.local import LoadOptions, LocalModel, check_chat_template, eos_ids, load_tokenizer
+from serge.engine.models.facts import ModelFacts
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +97,10 @@ class LlamaForward:
         lc.llama_backend_init()
         params = lc.llama_model_default_params()
         params.n_gpu_layers = 0
+        # llama.cpp's AMX kernels (Intel Sapphire Rapids and later) crashed in their first matrix product
+        # on Q4_1 weights here (a segfault in ggml_backend_amx_mul_mat): keep its other repacked layouts
+        # only where the CPU has no AMX.
+        params.use_extra_bufts = b"AMX_INT8 = 1" not in lc.llama_print_system_info()
         self._model = lc.llama_model_load_from_file(path.encode(), params)
         if not self._model:
             raise ValueError(f"llama.cpp could not load {path}")
@@ -254,6 +261,13 @@ def kv_layout(options: LoadOptions, bytes_per_token: int, trained: int, weights_
     return slices, min(cells, max(256, room // slices))
 
 
+def estimate(facts: ModelFacts, options: LoadOptions) -> int:
+    """Memory the model takes once loaded, from its facts (before it is loaded): the loader's own layout."""
+    per_token = max(1, facts.kv_bytes_per_token or 0)
+    slices, cells = kv_layout(options, per_token, facts.context_length or 2048, facts.weights_bytes)
+    return footprint(facts.weights_bytes, slices * cells * (facts.kv_bytes_per_token or 0), options)
+
+
 def footprint(weights_bytes: int, kv_bytes: int, options: LoadOptions) -> int:
     """Memory a loaded model takes: weights, its KV cache, and the conversations parked beside it."""
     return weights_bytes + kv_bytes + min(kv_bytes, options.limits.prefix_cache_mb * 2**20)
@@ -261,8 +275,6 @@ def footprint(weights_bytes: int, kv_bytes: int, options: LoadOptions) -> int:
 
 def load_llamacpp(installed: InstalledModel, options: LoadOptions) -> LocalModel:
     """Load a GGUF model on llama.cpp (CPU), with its Hugging Face tokenizer for prompts and text."""
-    from serge.engine.scheduler import Scheduler
-
     if installed.gguf_path is None:
         raise ValueError(f"model {installed.name!r} has no GGUF file; llama.cpp cannot run it")
     started = time.monotonic()
@@ -284,7 +296,8 @@ def load_llamacpp(installed: InstalledModel, options: LoadOptions) -> LocalModel
         engine="llama.cpp",
         tokenizer=tokenizer,
         context_window=forward.cells,
-        defaults=sampling_defaults(None, installed),
+        defaults=installed.defaults or SamplingParams(),
+        source=installed.source,
         scheduler=scheduler,
         load_seconds=seconds,
         memory_bytes=footprint(forward.weights_bytes, kv_bytes, options),

@@ -11,25 +11,23 @@ This module does not decide which engine serves a model: the registry does.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from serge.engine.library import InstalledModel
+from serge.engine.models.library import InstalledModel
 from serge.engine.devices import DevicePlan
-from serge.engine.grammar import InvalidRequest
+from serge.engine.generation.grammar import InvalidRequest, ResponseFormat
 from serge.engine.metrics import EngineMetrics
-from serge.engine.prompts import Message, build_prompt
-from serge.engine.sampling import SamplingParams
-from serge.engine.scheduler import Scheduler, SchedulerLimits
-from serge.engine.stream import Stream
-from serge.engine.tools import ToolFormat, Tools, find_tool_format, plan_reply
+from serge.engine.generation.prompts import Message, build_prompt
+from serge.engine.generation.sampling import SamplingParams
+from serge.engine.generation.scheduler import Scheduler, SchedulerLimits
+from serge.engine.generation.stream import Stream
+from serge.engine.generation.tools import ToolFormat, Tools, find_tool_format, plan_reply
 
 log = logging.getLogger(__name__)
 
 EngineKind = Literal["transformers", "llama.cpp", "remote"]
-_SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "repetition_penalty")
 
 
 @dataclass(frozen=True)
@@ -57,19 +55,20 @@ class LocalModel:
     memory_bytes: int  # weights (and for llama.cpp its KV cache) as loaded
     model: object | None = None  # the transformers model (never written to after load); None on llama.cpp
     tool_format: ToolFormat = field(default=None)  # how its template offers tools; found at load
+    source: str = ""  # where it came from, as the library says
 
     def __post_init__(self) -> None:
         if self.tool_format is None:
             object.__setattr__(self, "tool_format", find_tool_format(self.tokenizer))
 
     def submit(self, messages: Sequence[Message], params: SamplingParams | None = None,
-               tools: Tools | None = None) -> Stream:
+               tools: Tools | None = None, response_format: ResponseFormat | None = None) -> Stream:
         """Start a reply; raises ContextTooLong, InvalidRequest or EngineBusy before anything runs."""
         params = (params or SamplingParams()).over(self.defaults)
         if params.logit_bias and max(params.logit_bias) >= len(self.tokenizer):
             raise InvalidRequest(f"logit_bias names token {max(params.logit_bias)}, but this model's vocabulary "
                                  f"has {len(self.tokenizer)} tokens", "logit_bias")
-        rule = params.response_format.rule() if params.response_format is not None else None
+        rule = response_format.rule() if response_format is not None else None
         plan = plan_reply(self.tool_format, messages, tools, rule)
         prompt = build_prompt(self.tokenizer, plan.messages, self.context_window, params.max_new_tokens,
                               plan.template_tools)
@@ -89,14 +88,6 @@ def eos_ids(tokenizer, generation_config=None) -> frozenset[int]:
     if tokenizer.eos_token_id is not None:
         ids.add(tokenizer.eos_token_id)
     return frozenset(ids)
-
-
-def sampling_defaults(generation_config, installed: InstalledModel) -> SamplingParams:
-    """Sampling settings the model's own files recommend, over its library entry's."""
-    own = {}
-    if getattr(generation_config, "do_sample", False):
-        own = {k: v for k in _SAMPLING_FIELDS if (v := getattr(generation_config, k, None)) is not None}
-    return SamplingParams(**own).over(installed.defaults)
 
 
 class ModelLoadFailed(RuntimeError):
@@ -126,38 +117,3 @@ def load_tokenizer(installed: InstalledModel):
     if (folder / "tokenizer_config.json").is_file():
         return AutoTokenizer.from_pretrained(folder)
     return AutoTokenizer.from_pretrained(installed.path.parent, gguf_file=installed.path.name)
-
-
-def load_transformers(installed: InstalledModel, options: LoadOptions) -> LocalModel:
-    """Load a checkpoint folder with transformers (a GGUF is converted once to safetensors first)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from serge.engine.forward import BatchForward
-
-    plan = options.plan
-    started = time.monotonic()
-    source = installed.transformers_folder()
-    log.info("Loading %s with transformers on %s (%s) ...", installed.name, plan.device, plan.dtype_name)
-    tokenizer = AutoTokenizer.from_pretrained(source)
-    check_chat_template(installed.name, tokenizer)
-    model = AutoModelForCausalLM.from_pretrained(source, **plan.load_kwargs())
-    model.eval().requires_grad_(False)
-    window = getattr(model.config, "max_position_embeddings", None) or 2048
-    if options.context_cap:
-        window = min(window, options.context_cap)
-    max_running = options.limits.running_for(model.device)
-    scheduler = Scheduler(BatchForward(model, max_running), tokenizer, eos_ids(tokenizer, model.generation_config),
-                          options.threads, installed.name, options.limits, options.metrics)
-    seconds = time.monotonic() - started
-    log.info("Loaded %s in %.1f s", installed.name, seconds)
-    return LocalModel(
-        name=installed.name,
-        engine="transformers",
-        tokenizer=tokenizer,
-        context_window=window,
-        defaults=sampling_defaults(model.generation_config, installed),
-        scheduler=scheduler,
-        load_seconds=seconds,
-        memory_bytes=model.get_memory_footprint(),
-        model=model,
-    )

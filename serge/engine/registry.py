@@ -22,13 +22,13 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from serge.engine.library import InstalledModel, ModelLibrary
-from serge.engine.local import EngineKind, LoadOptions, LocalModel, ModelLoadFailed, load_transformers
-from serge.engine.scheduler import EngineBusy
+from serge.engine.models.library import InstalledModel, ModelLibrary
+from serge.engine.local import EngineKind, LoadOptions, LocalModel, ModelLoadFailed
+from serge.engine.generation.scheduler import EngineBusy
 
 log = logging.getLogger(__name__)
 
@@ -98,12 +98,10 @@ class _Loaded:
 
 class ModelRegistry:
     def __init__(self, library: ModelLibrary, options: LoadOptions, engine: str = "auto",
-                 model_engines: dict[str, str] | None = None, budget: Budget | None = None,
-                 estimate: Callable[[InstalledModel, EngineKind], int] | None = None) -> None:
+                 model_engines: dict[str, str] | None = None, budget: Budget | None = None) -> None:
         self.library = library
         self.options = options
         self.budget = budget or Budget(max_models=2, memory_bytes=machine_memory_bytes() // 2)
-        self._estimate = estimate or (lambda installed, engine: installed.facts.weights_bytes)
         self._engine = engine
         self._model_engines = dict(model_engines or {})
         self._models: dict[str, _Loaded] = {}
@@ -126,8 +124,16 @@ class ModelRegistry:
                              f"(use the transformers engine for it)")
         return wanted
 
-    def estimate(self, installed: InstalledModel) -> int:
-        return self._estimate(installed, self.engine_for(installed))
+    def estimate(self, installed: InstalledModel, engine: EngineKind | None = None) -> int:
+        """Memory `installed` takes once loaded on `engine` (its own engine by default), before it is loaded."""
+        engine = engine or self.engine_for(installed)
+        if engine == "llama.cpp":
+            from serge.engine import llamacpp
+
+            return llamacpp.estimate(installed.facts, self.options)
+        from serge.engine import transformers
+
+        return transformers.estimate(installed.facts, self.options.plan)
 
     # --- handing models out ----------------------------------------------------------
     def get(self, name: str) -> LocalModel:
@@ -244,11 +250,13 @@ class ModelRegistry:
             if victims:
                 log.info("Unloading %s to make room for %s", ", ".join(v.model.name for v in victims), installed.name)
                 self._close(victims)
-            if engine == "llama.cpp":
+            if engine == "llama.cpp":  # each engine's module is imported only when it loads a model
                 from serge.engine.llamacpp import load_llamacpp
 
                 loaded = load_llamacpp(installed, self.options)
             else:
+                from serge.engine.transformers import load_transformers
+
                 loaded = load_transformers(installed, self.options)
             self.loads += 1
             return loaded

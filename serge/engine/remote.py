@@ -23,23 +23,16 @@ from collections.abc import Sequence
 
 import httpx
 
-from serge.engine.prompts import Message, ToolCall
-from serge.engine.sampling import SamplingParams
-from serge.engine.stream import FinishReason, GenerationRecord, Stream, TokenLogprob, ToolCallDelta, TopLogprob
-from serge.engine.tools import Tools
+from serge.engine.generation.prompts import Message, ToolCall
+from serge.engine.generation.grammar import ResponseFormat
+from serge.engine.generation.sampling import OPENAI_NAMES, SamplingParams
+from serge.engine.generation.stream import FinishReason, GenerationRecord, Stream, TokenLogprob, ToolCallDelta, TopLogprob
+from serge.engine.generation.tools import Tools
 from serge.settings import RemoteModel
-
-_FIELDS = {  # SamplingParams field -> request field; the non-OpenAI ones are understood by vLLM and Serge
-    "temperature": "temperature", "top_p": "top_p", "max_new_tokens": "max_tokens", "stop": "stop",
-    "seed": "seed", "frequency_penalty": "frequency_penalty", "presence_penalty": "presence_penalty",
-    "top_k": "top_k", "min_p": "min_p", "repetition_penalty": "repetition_penalty", "ignore_eos": "ignore_eos",
-    "logit_bias": "logit_bias", "response_format": "response_format", "logprobs": "top_logprobs",
-}
-
 
 def request_fields(params: SamplingParams) -> dict:
     """The settings as an OpenAI-compatible request carries them."""
-    out = {_FIELDS[k]: v for k, v in params.model_dump(mode="json", exclude_none=True).items()}
+    out = {OPENAI_NAMES[k]: v for k, v in params.model_dump(mode="json", exclude_none=True).items()}
     if "top_logprobs" in out:
         out["logprobs"] = True
     return out
@@ -66,52 +59,50 @@ def openai_message(m: Message) -> dict:
 
 
 class RemoteBackend:
-    """One remote model behind the engine's interface (see `engine.Backend`)."""
+    """One remote model behind the engine's interface (see `engine.Backend`): a request body for its server."""
 
     engine = "remote"
 
-    def __init__(self, models: RemoteModels, name: str) -> None:
+    def __init__(self, client: RemoteClient, name: str, remote: RemoteModel) -> None:
         self.name = name
-        self._models = models
+        self.source = remote.url
+        self._client = client
+        self._remote = remote
 
     def submit(self, messages: Sequence[Message], params: SamplingParams | None = None,
-               tools: Tools | None = None) -> Stream:
-        return self._models.submit(self.name, messages, params or SamplingParams(), tools)
-
-
-class RemoteModels:
-    """Remote models by Serge's name for them."""
-
-    def __init__(self, models: dict[str, RemoteModel], timeout_s: float = 120.0) -> None:
-        self.models = dict(models)
-        self._timeout = timeout_s
-        self._loop = asyncio.new_event_loop()
-        self._thread: threading.Thread | None = None
-        self._client: httpx.AsyncClient | None = None
-
-    def __contains__(self, name: str) -> bool:
-        return name in self.models
-
-    def get(self, name: str) -> RemoteBackend:
-        return RemoteBackend(self, name)
-
-    def submit(self, name: str, messages: Sequence[Message], params: SamplingParams,
-               tools: Tools | None = None) -> Stream:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._loop.run_forever, name="serge-remote", daemon=True)
-            self._thread.start()
-        stream = Stream()
-        remote = self.models[name]
+               tools: Tools | None = None, response_format: ResponseFormat | None = None) -> Stream:
+        params = params or SamplingParams()
         body = {
-            "model": remote.model or name,
+            "model": self._remote.model or self.name,
             "messages": [openai_message(m) for m in messages],
             "stream": True,
             "stream_options": {"include_usage": True},
             **request_fields(params),
             **tool_fields(tools),
         }
-        headers = {"Authorization": f"Bearer {remote.api_key}"} if remote.api_key else {}
-        url = f"{remote.url.rstrip('/')}/chat/completions"
+        if response_format is not None:
+            body["response_format"] = response_format.model_dump(mode="json", exclude_none=True)
+        headers = {"Authorization": f"Bearer {self._remote.api_key}"} if self._remote.api_key else {}
+        return self._client.start(f"{self._remote.url.rstrip('/')}/chat/completions", headers, body, params)
+
+
+class RemoteClient:
+    """The one event-loop thread and HTTP client every remote model's requests share."""
+
+    def __init__(self, timeout_s: float = 120.0) -> None:
+        self._timeout = timeout_s
+        self._loop = asyncio.new_event_loop()
+        self._thread: threading.Thread | None = None
+        self._client: httpx.AsyncClient | None = None
+
+    def backends(self, models: dict[str, RemoteModel]) -> dict[str, RemoteBackend]:
+        return {name: RemoteBackend(self, name, remote) for name, remote in models.items()}
+
+    def start(self, url: str, headers: dict, body: dict, params: SamplingParams) -> Stream:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop.run_forever, name="serge-remote", daemon=True)
+            self._thread.start()
+        stream = Stream()
         asyncio.run_coroutine_threadsafe(self._run(url, headers, body, stream, params), self._loop)
         return stream
 

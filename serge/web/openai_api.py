@@ -93,9 +93,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
     params = body.sampling()
     messages = body.conversation()
     tools = body.tool_offer()
-    engine = _engine(request)
-    name = engine.check_model(body.model)
-    stream = await run_in_threadpool(engine.chat, name, messages, params, tools)
+    stream = await run_in_threadpool(_engine(request).chat, body.model, messages, params, tools, body.response_format)
+    name = stream.model
     note_generation(request, name, stream)
     completion_id = f"chatcmpl-{uuid.uuid4().hex}"
     created = int(time.time())

@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from serge.engine import MAX_TOP_LOGPROBS, Message, ResponseFormat, SamplingParams, Tool, ToolCall, Tools
+from serge.engine import MAX_TOP_LOGPROBS, OPENAI_NAMES, Message, ResponseFormat, SamplingParams, Tool, ToolCall, Tools
 from serge.web.errors import ApiError, describe_validation
 
 MAX_MESSAGES_PER_REQUEST = 500
@@ -136,23 +136,11 @@ class ChatCompletionRequest(_Strict):
     def sampling(self) -> SamplingParams:
         if self.top_logprobs is not None and not self.logprobs:
             raise _bad("top_logprobs needs logprobs: true", "top_logprobs")
+        fields = {ours: getattr(self, theirs) for ours, theirs in OPENAI_NAMES.items() if ours not in ("logprobs",)}
+        fields["max_new_tokens"] = self.max_completion_tokens or self.max_tokens
+        fields["logprobs"] = (self.top_logprobs or 0) if self.logprobs else None
         try:
-            return SamplingParams(
-                temperature=self.temperature,
-                top_p=self.top_p,
-                top_k=self.top_k,
-                min_p=self.min_p,
-                max_new_tokens=self.max_completion_tokens or self.max_tokens,
-                repetition_penalty=self.repetition_penalty,
-                frequency_penalty=self.frequency_penalty,
-                presence_penalty=self.presence_penalty,
-                stop=self.stop,
-                seed=self.seed,
-                ignore_eos=self.ignore_eos,
-                logit_bias=self.logit_bias,
-                logprobs=(self.top_logprobs or 0) if self.logprobs else None,
-                response_format=self.response_format,
-            )
+            return SamplingParams(**fields)
         except ValidationError as exc:
             message, param = describe_validation(exc.errors())
             param = {"max_new_tokens": "max_tokens"}.get(param, param)

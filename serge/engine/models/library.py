@@ -32,11 +32,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from serge.engine.catalog import CATALOG, CatalogEntry, from_pypi
-from serge.engine.facts import ModelFacts, has_chat_template, read_facts
-from serge.engine.ggufs import convert_gguf, save_gguf_tokenizer
-from serge.engine.hub import PullFailed
-from serge.engine.sampling import SamplingParams
+from serge.engine.models.catalog import CATALOG, CatalogEntry, from_pypi
+from serge.engine.models.facts import ModelFacts, has_chat_template, read_facts
+from serge.engine.models.conversions import convert_gguf, save_gguf_tokenizer
+from serge.engine.models.errors import InvalidModelName, InvalidSource, ModelNotFound, PullCancelled, PullFailed
+from serge.engine.models.files import link_or_copy, size_of, write_json
+from serge.engine.models.hub import HubSource, PullProgress, download
+from serge.engine.generation.sampling import SamplingParams
 
 MANIFEST = "serge.json"
 MAX_NAME_CHARS = 96
@@ -44,14 +46,6 @@ _NAME = re.compile(r"[a-z0-9][a-z0-9._-]*(/[a-z0-9][a-z0-9._-]*)?(:[a-z0-9][a-z0
 _RESERVED = {"pulls"}  # /api/models/pulls/... is the pulls' own address
 _IMPORT_FILES = ("*.json", "*.safetensors", "*.jinja", "tokenizer*", "*.txt", "*.model")
 Log = Callable[[str], None]
-
-
-class ModelNotFound(LookupError):
-    pass
-
-
-class InvalidModelName(ValueError):
-    pass
 
 
 def check_name(raw: str) -> str:
@@ -117,29 +111,6 @@ class InstalledModel:
         return converted
 
 
-def _size(path: Path) -> int:
-    if path.is_file():
-        return path.stat().st_size
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
-
-
-def link_or_copy(source: Path, target: Path) -> bool:
-    """A hard link where the file system allows one (no second copy on disk), else a copy; True for a link."""
-    try:
-        os.link(source, target)
-        return True
-    except OSError:  # another file system, or links not permitted
-        shutil.copy2(source, target)
-        return False
-
-
-def _write_json(path: Path, data: dict) -> None:
-    """Written whole or not at all: a reader never sees half a manifest."""
-    partial = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    partial.write_text(json.dumps(data, indent=1))
-    os.replace(partial, path)
-
-
 class ModelLibrary:
     """The models dir: installed models by name, and the operations that change it."""
 
@@ -189,13 +160,13 @@ class ModelLibrary:
             facts = read_facts(folder, file)
             info["facts"] = facts.to_json()
             try:
-                _write_json(folder / MANIFEST, info)
+                write_json(folder / MANIFEST, info)
             except OSError:
                 pass
         entry = CATALOG.get(name)
         own = SamplingParams(**{k: v for k, v in facts.generation.items() if k in SamplingParams.model_fields})
         return InstalledModel(name, folder, folder / file if file else folder, info.get("source", "?"),
-                              _size(folder), own.over(entry.defaults if entry else None),
+                              size_of(folder), own.over(entry.defaults if entry else None),
                               info.get("pulled_at") or folder.stat().st_mtime, facts)
 
     # --- getting models in and out -------------------------------------------------------
@@ -221,7 +192,7 @@ class ModelLibrary:
                 raise PullFailed(f"{source} has no chat template, so Serge cannot format a conversation for it "
                                  f"(a base model rather than an instruct/chat one?); nothing was installed")
             manifest["facts"] = facts.to_json()
-            _write_json(staging / MANIFEST, manifest)
+            write_json(staging / MANIFEST, manifest)
             if target.exists():  # replace: the old one goes in the same instant the new one arrives
                 old = target.with_name(f".replaced-{target.name}-{os.getpid()}")
                 target.rename(old)
@@ -270,8 +241,6 @@ class ModelLibrary:
         `prefer_gguf`: for a catalog model that ships a GGUF, take it (llama.cpp runs it
         directly) rather than the hub's safetensors. `progress`: a `hub.PullProgress`.
         """
-        from serge.engine.hub import PullCancelled, PullProgress
-
         progress = progress or PullProgress()
         entry, source, name = self._target(spec, name)
         try:
@@ -310,8 +279,6 @@ class ModelLibrary:
         return (self.models_dir / folder_name(check_name(name)) / MANIFEST).is_file()
 
     def _target(self, spec: str, name: str | None):
-        from serge.engine.hub import HubSource, InvalidSource
-
         entry = CATALOG.get((spec or "").strip().lower())
         if entry is None and "/" not in (spec or ""):
             raise InvalidSource(f"unknown model {spec!r}: pull a hub repo (org/name, or org/name:QUANT for one GGUF) "
@@ -320,8 +287,6 @@ class ModelLibrary:
         return entry, source, check_name(name or (entry.name if entry else source.default_name))
 
     def _from_hub(self, source, name: str, progress, log: Log) -> None:
-        from serge.engine.hub import download
-
         with self._staging(name, source.label) as (staging, manifest):
             manifest.update(download(source, staging, self.cache_dir, self.hub_endpoint, progress, log))
             progress.stage("installing")

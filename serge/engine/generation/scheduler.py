@@ -35,12 +35,12 @@ from dataclasses import dataclass
 
 import torch
 
-from serge.engine.grammar import Vocabulary
-from serge.engine.kvcache import PrefixCache
+from serge.engine.generation.grammar import Vocabulary
+from serge.engine.generation.kvcache import PrefixCache
 from serge.engine.metrics import EngineMetrics
-from serge.engine.sampling import ResolvedSampling
-from serge.engine.sequence import ReplyReader, Sequence
-from serge.engine.stream import FinishReason, GenerationError, Stream, TextAssembler
+from serge.engine.generation.sampling import SamplingParams
+from serge.engine.generation.sequence import ReplyReader, Sequence
+from serge.engine.generation.stream import FinishReason, GenerationError, Stream, TextAssembler
 
 log = logging.getLogger(__name__)
 
@@ -119,7 +119,7 @@ class Scheduler:
         self._worker = threading.Thread(target=self._run, name=f"serge-worker-{name}", daemon=True)
         self._worker.start()
 
-    def submit(self, prompt: list[int], params: ResolvedSampling, grammar: str | None = None,
+    def submit(self, prompt: list[int], params: SamplingParams, grammar: str | None = None,
                reader: ReplyReader | None = None, grammar_param: str = "response_format") -> Stream:
         """Queue a generation; raises `EngineBusy` when every slot and the queue are full.
 

@@ -2,7 +2,7 @@
 
 Messages go through the tokenizer's own chat template (never a hard-coded
 format), with the tools a request offers when the template knows tools
-(`serge.engine.tools` rewrites the conversation for templates that do not).
+(`serge.engine.generation.tools` rewrites the conversation for templates that do not).
 When the conversation is too long, whole turns are dropped from the oldest end,
 the system prompt is kept, and the reply always has room. Everything is counted
 in tokens.

@@ -18,22 +18,16 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Literal
 
-from serge.engine.hub import InvalidSource, PullCancelled, PullFailed, PullProgress
-from serge.engine.library import InvalidModelName, ModelLibrary
+from serge.engine.models.errors import (InvalidModelName, InvalidSource, PullCancelled, PullFailed, PullNotFound,
+                                        PullRefused)
+from serge.engine.models.hub import PullProgress
+from serge.engine.models.library import ModelLibrary
 
 log = logging.getLogger(__name__)
 
 MAX_RUNNING = 2  # pulls at once; each already uses the whole link
 KEEP_FINISHED = 50
 PullState = Literal["running", "done", "failed", "cancelled"]
-
-
-class PullNotFound(LookupError):
-    pass
-
-
-class PullRefused(RuntimeError):
-    """This pull cannot start now (too many running, or the model is there already)."""
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from functools import partial
 
-from serge.engine.prompts import ToolCall
+from serge.engine.generation.prompts import ToolCall
 
 
 class FinishReason(StrEnum):
@@ -120,6 +120,7 @@ class Stream:
         self._watchers: list[Callable[[], None]] = []  # each wakes a reader's event loop
         # Messages of the conversation left out of the prompt to fit the context (set by the engine).
         self.dropped_messages = 0
+        self.model: str | None = None  # the name of the model that answers, set by the engine
 
     # --- the worker's side -------------------------------------------------
     @property

@@ -14,15 +14,12 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from serge.engine.generation.sampling import GENERATION_CONFIG_KEYS, GGUF_KEYS
+
 VERSION = 1  # of the facts kept in a manifest; another version is read again from the files
 
 _DTYPE_NAMES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "F64": "float64", "I8": "int8",
                 "U8": "uint8", "F8_E4M3": "float8_e4m3", "F8_E5M2": "float8_e5m2"}
-# generation_config.json -> SamplingParams, used when the model's own config asks for sampling
-_GENERATION_FIELDS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
-# GGUF `general.sampling.*` -> SamplingParams
-_GGUF_SAMPLING = {"temp": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p",
-                  "penalty_repeat": "repetition_penalty"}
 
 
 @dataclass(frozen=True)
@@ -108,7 +105,7 @@ def _transformers_facts(folder: Path) -> ModelFacts:
     generation = {}
     own = _json(folder / "generation_config.json")
     if own.get("do_sample"):
-        generation = {k: own[k] for k in _GENERATION_FIELDS if own.get(k) is not None}
+        generation = {k: own[k] for k in GENERATION_CONFIG_KEYS if own.get(k) is not None}
     heads = text.get("num_attention_heads")
     head_dim = text.get("head_dim") or (text.get("hidden_size") // heads if heads and text.get("hidden_size") else None)
     return ModelFacts(
@@ -146,7 +143,7 @@ def _gguf_facts(path: Path) -> ModelFacts:
     except ValueError:
         quantization = f"file type {file_type}"
     generation = {}
-    for key, name in _GGUF_SAMPLING.items():
+    for key, name in GGUF_KEYS.items():
         if (v := value(f"general.sampling.{key}")) is not None:
             generation[name] = v
     heads = value(f"{arch}.attention.head_count")

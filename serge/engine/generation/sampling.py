@@ -1,8 +1,11 @@
 """Sampling parameters, and choosing the next token from logits.
 
-A `SamplingParams` is a frozen, validated value. Layers of defaults (the engine's,
-a model's recommended ones, a chat's, a request's) are merged with `over()`, which
-makes a new value; nothing here ever writes to a model or its generation_config.
+A `SamplingParams` is a frozen, validated value, and the one definition of what a
+sampling setting is: the spellings other formats use (OpenAI's request, a model's
+generation_config.json, GGUF metadata) are the explicit maps below it. Layers of
+defaults (the engine's, a model's recommended ones, a chat's, a request's) are
+merged with `over()`, which makes a new value; `resolved()` decides every field
+for one sequence. Nothing here ever writes to a model or its generation_config.
 `choose_next` is a pure function of logits, the token history, the settings, a
 per-sequence random generator and, for a constrained reply, the grammar's mask,
 so two sequences can never disturb each other. When asked, it also returns the
@@ -17,8 +20,6 @@ import random
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator
-
-from serge.engine.grammar import ResponseFormat
 
 MAX_STOP_STRINGS = 4
 MAX_STOP_LENGTH = 200
@@ -48,7 +49,6 @@ class SamplingParams(BaseModel):
         description="Token id -> a number from -100 to 100 added to its score before sampling.")
     logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS, description=(
         "Report each chosen token's log-probability with this many likeliest alternatives (0 to 20)."))
-    response_format: ResponseFormat | None = Field(None, description="Constrain the reply to JSON (or a schema).")
 
     @field_validator("logit_bias")
     @classmethod
@@ -81,25 +81,23 @@ class SamplingParams(BaseModel):
             return self
         return base.model_copy(update={k: v for k in type(self).model_fields if (v := getattr(self, k)) is not None})
 
-    def resolved(self, room: int) -> ResolvedSampling:
-        """Fill every gap with the engine's defaults, for a reply with `room` tokens of context left."""
+    def resolved(self, room: int) -> SamplingParams:
+        """Every field decided (the engine's defaults fill the gaps), for a reply with `room` tokens of context left."""
         p = self.over(ENGINE_DEFAULTS)
-        wanted = p.max_new_tokens or room
-        return ResolvedSampling(
-            temperature=p.temperature,
-            top_p=p.top_p,
-            top_k=p.top_k,
-            min_p=p.min_p,
-            max_new_tokens=max(1, min(wanted, room)),
-            repetition_penalty=p.repetition_penalty,
-            frequency_penalty=p.frequency_penalty,
-            presence_penalty=p.presence_penalty,
-            stop=p.stop or (),
-            seed=p.seed if p.seed is not None else random.randrange(2**63),
-            ignore_eos=bool(p.ignore_eos),
-            logit_bias=p.logit_bias or {},
-            logprobs=p.logprobs,
-        )
+        return p.model_copy(update={
+            "max_new_tokens": max(1, min(p.max_new_tokens or room, room)),
+            "stop": p.stop or (),
+            "seed": p.seed if p.seed is not None else random.randrange(2**63),
+            "ignore_eos": bool(p.ignore_eos),
+            "logit_bias": p.logit_bias or {},
+        })
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    def generator(self, device: torch.device) -> torch.Generator:
+        return torch.Generator(device=device).manual_seed(self.seed)
 
 
 ENGINE_DEFAULTS = SamplingParams(
@@ -115,36 +113,20 @@ ENGINE_DEFAULTS = SamplingParams(
 )
 
 
-class ResolvedSampling(BaseModel):
-    """Every setting decided; what one sequence actually runs with."""
-
-    model_config = ConfigDict(frozen=True)
-
-    temperature: float
-    top_p: float
-    top_k: int
-    min_p: float
-    max_new_tokens: int
-    repetition_penalty: float
-    frequency_penalty: float
-    presence_penalty: float
-    stop: tuple[str, ...]
-    seed: int
-    ignore_eos: bool
-    logit_bias: dict[int, float] = {}
-    logprobs: int | None = None  # None: not reported; else how many alternatives
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0
-
-    def generator(self, device: torch.device) -> torch.Generator:
-        return torch.Generator(device=device).manual_seed(self.seed)
+# The other spellings of SamplingParams' fields, each an explicit map beside the one definition.
+# An OpenAI-compatible request (Serge's /v1, and a remote server: vLLM and llama.cpp read the extras too):
+OPENAI_NAMES = {name: name for name in SamplingParams.model_fields} | {
+    "max_new_tokens": "max_tokens", "logprobs": "top_logprobs"}
+# A model's generation_config.json, when it asks for sampling (do_sample):
+GENERATION_CONFIG_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+# A GGUF's `general.sampling.*` metadata:
+GGUF_KEYS = {"temp": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p",
+             "penalty_repeat": "repetition_penalty"}
 
 
 def choose_next(
     logits: torch.Tensor,
-    params: ResolvedSampling,
+    params: SamplingParams,
     seen: torch.Tensor,
     generated: torch.Tensor,
     generator: torch.Generator | None,

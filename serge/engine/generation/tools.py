@@ -28,10 +28,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from serge.engine.grammar import InvalidRequest, json_rule
-from serge.engine.jsonspans import JsonSpans
-from serge.engine.prompts import Message, ToolCall
-from serge.engine.stream import ToolCallDelta
+from serge.engine.generation.grammar import InvalidRequest, json_rule
+from serge.engine.generation.jsonspans import JsonSpans
+from serge.engine.generation.prompts import Message, ToolCall
+from serge.engine.generation.stream import ToolCallDelta
 
 FormatKind = Literal["hermes", "json", "generic"]
 _PROBE = "serge_probe_tool"

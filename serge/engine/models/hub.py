@@ -27,23 +27,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from serge.engine.models.errors import InvalidSource, PullCancelled, PullFailed
+from serge.engine.models.facts import has_chat_template
+from serge.engine.models.files import link_or_copy
+
 _REPO = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,95}/[A-Za-z0-9][A-Za-z0-9_.-]{0,95}")
 _QUANT = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,31}")
 _SMALL_FILES = ("*.json", "*.jinja", "tokenizer*", "*.txt", "*.model")
 _SPLIT = re.compile(r"-\d{5}-of-\d{5}$")
 DEFAULT_QUANT = "q4_k_m"  # Ollama's and llama.cpp's choice when a repo of GGUFs is named without one
-
-
-class PullCancelled(Exception):
-    """The pull was cancelled; nothing was installed."""
-
-
-class PullFailed(RuntimeError):
-    """The pull did not succeed; the message says why. Nothing was installed."""
-
-
-class InvalidSource(ValueError):
-    """Not something Serge can pull: says what would be."""
 
 
 @dataclass(frozen=True)
@@ -203,8 +195,6 @@ def download(source: HubSource, staging: Path, cache_dir: Path, endpoint: str | 
     """Fetch the source's files into the cache and link them into `staging`; the manifest fields they make."""
     from huggingface_hub import HfApi, constants, hf_hub_download
 
-    from serge.engine.facts import has_chat_template
-    from serge.engine.library import link_or_copy
 
     endpoint_text = endpoint or constants.ENDPOINT
     try:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from serge.engine.hub import PullFailed
+from serge.engine.models.errors import PullFailed
 
 
 def save_gguf_tokenizer(folder: Path, gguf_file: str) -> None:

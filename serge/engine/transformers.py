@@ -1,4 +1,5 @@
-"""Forward passes over many sequences at once, each getting the numbers it would get alone.
+"""The transformers engine: its loader, its memory estimate, and its forward passes over many sequences
+at once, each getting the numbers it would get alone.
 
 Continuous batching must not change what anyone is answered: greedy decoding of
 a prompt gives the same text whether it runs alone or beside fifteen others. A
@@ -24,18 +25,25 @@ flip. Here, therefore:
 - a prompt chunk runs in a forward pass of its own, whose shape depends only on
   that sequence's prompt.
 
-This module knows nothing of streams, sampling or scheduling.
+This module knows nothing of streams, sampling or scheduling: `LocalModel` and the `Scheduler` do that.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-from serge.engine.kvcache import SequenceKV
+from serge.engine.devices import DevicePlan
+from serge.engine.generation.kvcache import SequenceKV
+from serge.engine.generation.scheduler import Scheduler
+from serge.engine.generation.sampling import SamplingParams
+from serge.engine.local import LoadOptions, LocalModel, check_chat_template, eos_ids
+from serge.engine.models.facts import ModelFacts
+from serge.engine.models.library import InstalledModel
 
 log = logging.getLogger(__name__)
 
@@ -264,3 +272,46 @@ class BatchForward:
             raise
         kv.advance()
         return out.logits[0, -1]
+
+
+def load_transformers(installed: InstalledModel, options: LoadOptions) -> LocalModel:
+    """Load a checkpoint folder with transformers (a GGUF is converted once to safetensors first)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    plan = options.plan
+    started = time.monotonic()
+    source = installed.transformers_folder()
+    log.info("Loading %s with transformers on %s (%s) ...", installed.name, plan.device, plan.dtype_name)
+    tokenizer = AutoTokenizer.from_pretrained(source)
+    check_chat_template(installed.name, tokenizer)
+    model = AutoModelForCausalLM.from_pretrained(source, **plan.load_kwargs())
+    model.eval().requires_grad_(False)
+    window = getattr(model.config, "max_position_embeddings", None) or 2048
+    if options.context_cap:
+        window = min(window, options.context_cap)
+    max_running = options.limits.running_for(model.device)
+    scheduler = Scheduler(BatchForward(model, max_running), tokenizer, eos_ids(tokenizer, model.generation_config),
+                          options.threads, installed.name, options.limits, options.metrics)
+    seconds = time.monotonic() - started
+    log.info("Loaded %s in %.1f s", installed.name, seconds)
+    return LocalModel(
+        name=installed.name,
+        engine="transformers",
+        tokenizer=tokenizer,
+        context_window=window,
+        defaults=installed.defaults or SamplingParams(),
+        source=installed.source,
+        scheduler=scheduler,
+        load_seconds=seconds,
+        memory_bytes=model.get_memory_footprint(),
+        model=model,
+    )
+
+
+def estimate(facts: ModelFacts, plan: DevicePlan) -> int:
+    """Memory the model takes once loaded on `plan`'s device, from its facts (before it is loaded)."""
+    if not facts.parameters:
+        return facts.weights_bytes * 2
+    bytes_per_parameter = {"8bit": 1.0, "4bit": 0.5}.get(plan.quantization, plan.dtype.itemsize)
+    packed = 2 if plan.device_type == "cpu" and plan.dtype_name == "float32" else 1  # the oneDNN copy
+    return int(facts.parameters * bytes_per_parameter * packed)

@@ -16,9 +16,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from serge.engine.ggufs import save_gguf_tokenizer
-from serge.engine.hub import PullFailed
-from serge.engine.sampling import SamplingParams
+from serge.engine.models.conversions import save_gguf_tokenizer
+from serge.engine.models.errors import PullFailed
+from serge.engine.generation.sampling import SamplingParams
 
 
 @dataclass(frozen=True)

@@ -18,15 +18,15 @@ from typing import Protocol
 
 import torch
 
-from serge.engine.grammar import Matcher, Vocabulary
-from serge.engine.prompts import ToolCall
-from serge.engine.sampling import ResolvedSampling, choose_next, top_logprobs
-from serge.engine.stream import (FinishReason, GenerationRecord, Stream, TextAssembler, TokenLogprob,
+from serge.engine.generation.grammar import Matcher, Vocabulary
+from serge.engine.generation.prompts import ToolCall
+from serge.engine.generation.sampling import SamplingParams, choose_next, top_logprobs
+from serge.engine.generation.stream import (FinishReason, GenerationRecord, Stream, TextAssembler, TokenLogprob,
                                  ToolCallDelta, TopLogprob)
 
 
 class ReplyReader(Protocol):
-    """Splits reply text into what the user reads and the tool calls it makes (see `serge.engine.tools`)."""
+    """Splits reply text into what the user reads and the tool calls it makes (see `serge.engine.generation.tools`)."""
 
     def feed(self, text: str) -> tuple[str, list[ToolCallDelta]]: ...
 
@@ -42,7 +42,7 @@ class ReplyReader(Protocol):
 @dataclass(eq=False)
 class Sequence:
     prompt: list[int]
-    params: ResolvedSampling
+    params: SamplingParams
     stream: Stream
     assembler: TextAssembler
     eos: frozenset[int]

@@ -1,0 +1,1 @@
+"""The model library: what is installed, where models come from (hub, PyPI, this machine), their facts, pulls."""
