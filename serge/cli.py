@@ -129,8 +129,8 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _with_engine(settings: Settings, args: argparse.Namespace) -> None:
-    from serge.engine import (ContextTooLong, DeviceUnavailable, InvalidModelName, InvalidSource, ModelInUse,
-                              ModelNotFound, ModelTooLarge, PullCancelled, PullFailed)
+    from serge.engine import PullCancelled
+    from serge.web.errors import problem
 
     try:
         if args.command == "serve":
@@ -139,12 +139,13 @@ def _with_engine(settings: Settings, args: argparse.Namespace) -> None:
             _chat(settings, args)
         else:
             _models(settings, args)
-    except (DeviceUnavailable, ModelNotFound, PullFailed, ContextTooLong, InvalidModelName, InvalidSource,
-            ModelInUse, ModelTooLarge) as exc:
-        raise CliError(str(exc)) from None
     except (KeyboardInterrupt, PullCancelled):
         raise CliError("stopped; nothing was installed (files finished so far are kept in the cache, so pulling "
                        "again fetches only the rest)" if args.command == "models" else "stopped") from None
+    except Exception as exc:  # the web's error table knows what an expected failure says
+        if (answer := problem(exc)) is None:
+            raise
+        raise CliError(answer.message) from None
 
 
 def _fail(message: str) -> None:

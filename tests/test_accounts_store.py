@@ -19,7 +19,7 @@ from serge.accounts import Accounts, LoginSessions, load_secret
 from serge.store import LOCAL_OWNER, AccountStore, ChatStore, Database
 from serge.store.db import MIGRATIONS
 from serge.store.tables import Base
-from serge.web.throttle import UserLimits
+from serge.web.user_limits import UserLimits
 
 POSTGRES_URL = os.environ.get("SERGE_TEST_POSTGRES_URL")
 

@@ -9,13 +9,12 @@ import torch
 from serge.engine.generation.sampling import IMPOSSIBLE_LOGPROB, SamplingParams, choose_next, top_logprobs
 
 LOGITS = torch.tensor([2.0, 1.0, 0.0, -1.0, -2.0])
-NOTHING = torch.empty(0, dtype=torch.long)
 
 
 def draw(seed=0, allowed=None, bias=None, **settings):
     params = SamplingParams(logprobs=5, **settings).resolved(100)
     generator = torch.Generator().manual_seed(seed)
-    return choose_next(LOGITS, params, NOTHING, NOTHING, generator, allowed, bias)
+    return choose_next(LOGITS, params, None, generator, allowed, bias)
 
 
 def test_logprobs_are_those_of_the_distribution_drawn_from():

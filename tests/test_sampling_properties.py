@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from serge.engine.generation.sampling import MAX_STOP_LENGTH, MAX_STOP_STRINGS, SamplingParams, choose_next
+from serge.engine.generation.sampling import MAX_STOP_LENGTH, MAX_STOP_STRINGS, Penalties, SamplingParams, choose_next
 
 FIELDS = sorted(SamplingParams.model_fields)
 
@@ -88,6 +88,7 @@ def test_settings_in_range_are_accepted_and_layer_into_settings_that_are_too(upp
 def test_any_accepted_setting_picks_a_token(raw):
     resolved = SamplingParams(**raw).resolved(16)
     logits = torch.linspace(-5.0, 5.0, 32)
-    token = choose_next(logits, resolved, torch.tensor([1, 2, 3]), torch.tensor([3]),
-                        resolved.generator(torch.device("cpu")))
+    penalties = Penalties([1, 2, 3], 32, torch.device("cpu"))
+    penalties.add(3)
+    token = choose_next(logits, resolved, penalties, resolved.generator(torch.device("cpu")))
     assert 0 <= token < 32

@@ -26,7 +26,7 @@ from collections.abc import AsyncIterator, Callable
 from functools import partial
 
 from serge.engine import FinishReason, GenerationRecord, Stream
-from serge.store import ChatStore, DatabaseUnavailable, MessageRecord
+from serge.store import MESSAGE_FIELDS, ChatStore, DatabaseUnavailable, MessageRecord
 
 log = logging.getLogger(__name__)
 
@@ -150,20 +150,10 @@ class Reply:
             values = dict(content=text, finish_reason="error", complete=False,
                           error="the model worker did not stop in time")
         else:
-            values = dict(
-                content=record.text or text,
-                prompt_tokens=record.prompt_tokens,
-                completion_tokens=record.completion_tokens,
-                seed=str(record.seed),
-                queued_s=record.queued_s,
-                ttft_s=record.ttft_s,
-                duration_s=record.duration_s,
-                tokens_per_s=record.tokens_per_s,
-                finish_reason=record.finish_reason.value,
-                complete=record.finish_reason in COMPLETE,
-                error=record.error,
-                dropped_messages=self.dropped_messages,
-            )
+            stats = {k: getattr(record, k) for k in MESSAGE_FIELDS if hasattr(record, k)}  # the same names
+            values = {**stats, "content": record.text or text, "seed": str(record.seed),
+                      "finish_reason": record.finish_reason.value, "complete": record.finish_reason in COMPLETE,
+                      "dropped_messages": self.dropped_messages}
         try:
             return self._store.finish_message(self.owner, self.message_id, **values)
         except DatabaseUnavailable as exc:  # tell the listeners, and keep trying behind them

@@ -180,9 +180,6 @@ class ChatService:
             elif self._active.get(reply_or_chat.chat_id) is reply_or_chat:
                 del self._active[reply_or_chat.chat_id]
 
-    def active(self, chat_id: str) -> Reply | None:
-        return self._active.get(chat_id)
-
     def reply(self, owner: str, chat_id: str, content: str) -> Reply:
         """Save the user's message, then start the assistant's reply to it."""
         check_text(content, "content", MAX_MESSAGE_CHARS, required=True)

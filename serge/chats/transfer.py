@@ -15,12 +15,6 @@ FORMAT = "serge.chat"
 VERSION = 1
 MAX_IMPORT_MESSAGES = 10_000
 
-_MESSAGE_KEYS = (
-    "id", "parent_id", "role", "content", "model", "settings", "prompt_tokens", "completion_tokens", "seed",
-    "queued_s", "ttft_s", "duration_s", "tokens_per_s", "finish_reason", "complete", "error", "dropped_messages",
-    "created_at", "updated_at",
-)
-
 
 class ExportedChat(BaseModel):
     model_config = ConfigDict(extra="ignore")
@@ -70,6 +64,7 @@ class ChatExport(BaseModel):
 
 
 def export_json(chat: ChatRecord, messages: list[MessageRecord]) -> dict:
+    """What `ChatExport` reads back: each message as `ExportedMessage` has it."""
     return {
         "format": FORMAT,
         "version": VERSION,
@@ -84,7 +79,7 @@ def export_json(chat: ChatRecord, messages: list[MessageRecord]) -> dict:
         },
         "current_id": chat.current_id,
         "messages": [
-            {k: (v.isoformat() if isinstance(v := getattr(m, k), datetime) else v) for k in _MESSAGE_KEYS}
+            {k: (v.isoformat() if isinstance(v := getattr(m, k), datetime) else v) for k in ExportedMessage.model_fields}
             for m in messages
         ],
     }

@@ -6,11 +6,12 @@ Nothing here knows about the engine or HTTP; every chat query is scoped by owner
 from serge.store.accounts import (
     LOCAL_OWNER, AccountStore, KeyNotFound, KeyRecord, LastAdmin, NameTaken, UserNotFound, UserRecord,
 )
-from serge.store.chats import ChatNotFound, ChatRecord, ChatStore, MessageNotFound, MessageRecord, NewMessage
+from serge.store.chats import (MESSAGE_FIELDS, ChatNotFound, ChatRecord, ChatStore, MessageNotFound, MessageRecord,
+                               NewMessage)
 from serge.store.db import Database, DatabaseUnavailable
 
 __all__ = [
-    "LOCAL_OWNER", "AccountStore", "ChatNotFound", "ChatRecord", "ChatStore", "Database", "DatabaseUnavailable",
+    "LOCAL_OWNER", "MESSAGE_FIELDS", "AccountStore", "ChatNotFound", "ChatRecord", "ChatStore", "Database", "DatabaseUnavailable",
     "KeyNotFound",
     "KeyRecord", "LastAdmin", "MessageNotFound", "MessageRecord", "NameTaken", "NewMessage", "UserNotFound",
     "UserRecord",

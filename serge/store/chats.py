@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import datetime
 
 from sqlalchemy import delete, func, or_, select, update
@@ -19,10 +19,6 @@ from serge.store.db import Database
 from serge.store.tables import Chat, Message, now
 
 CHAT_FIELDS = ("title", "model", "system_prompt", "settings")
-MESSAGE_FIELDS = (
-    "role", "content", "model", "settings", "prompt_tokens", "completion_tokens", "seed", "queued_s", "ttft_s",
-    "duration_s", "tokens_per_s", "finish_reason", "complete", "error", "dropped_messages",
-)
 
 
 class ChatNotFound(LookupError):
@@ -39,6 +35,8 @@ def new_id() -> str:
 
 @dataclass(frozen=True)
 class MessageRecord:
+    """A stored message with its reply statistics: the one record the store, the chat API, export and import use."""
+
     id: str
     chat_id: str
     parent_id: str | None
@@ -61,6 +59,13 @@ class MessageRecord:
     updated_at: datetime
     alternatives: tuple[str, ...] = ()  # this message and its siblings, oldest first
 
+    @property
+    def status(self) -> str:
+        """complete, length (cut at max tokens), stopped, error, interrupted, or streaming."""
+        if self.finish_reason is None:
+            return "complete" if self.complete else "streaming"
+        return {"stop": "complete", "cancelled": "stopped"}.get(self.finish_reason, self.finish_reason)
+
     @classmethod
     def of(cls, row: Message, alternatives: tuple[str, ...] = ()) -> MessageRecord:
         return cls(
@@ -68,6 +73,12 @@ class MessageRecord:
             **{k: getattr(row, k) for k in MESSAGE_FIELDS},
             created_at=row.created_at, updated_at=row.updated_at, alternatives=alternatives,
         )
+
+
+# What a message says (as opposed to where it sits in the tree and when it was written): the
+# fields a finished reply writes, an import reads and an export keeps.
+MESSAGE_FIELDS = tuple(f.name for f in fields(MessageRecord)
+                       if f.name not in ("id", "chat_id", "parent_id", "created_at", "updated_at", "alternatives"))
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from serge import __version__
 from serge.accounts import LOCAL_USER, Accounts, InvalidAccountInput, LoginFailed, LoginSessions
 from serge.store import KeyNotFound, LastAdmin, NameTaken, UserNotFound
 from serge.web.auth import SESSION_COOKIE, current_user
-from serge.web.throttle import UserLimits
+from serge.web.user_limits import UserLimits
 
 TEMPLATES = Path(__file__).parent / "templates"
 LOGIN_ATTEMPTS_PER_MINUTE = 10

@@ -7,14 +7,12 @@ and nowhere else.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from serge.accounts import LOCAL_USER, Accounts, InvalidAccountInput
-from serge.store import KeyNotFound, KeyRecord, LastAdmin, NameTaken, UserNotFound, UserRecord
+from serge.accounts import LOCAL_USER, Accounts
+from serge.store import KeyRecord, UserRecord
 from serge.web.auth import current_user
 from serge.web.errors import ApiError
 
@@ -64,20 +62,6 @@ def _account(request: Request) -> UserRecord:
     return user
 
 
-@contextmanager
-def account_errors() -> Iterator[None]:
-    try:
-        yield
-    except InvalidAccountInput as exc:
-        raise ApiError(400, str(exc), code="invalid_value", param=exc.param) from None
-    except NameTaken as exc:
-        raise ApiError(409, str(exc), code="name_taken", param="name") from None
-    except (UserNotFound, KeyNotFound) as exc:
-        raise ApiError(404, str(exc), code="not_found") from None
-    except LastAdmin as exc:
-        raise ApiError(409, str(exc), code="last_admin") from None
-
-
 @router.get("/api/users", summary="List users (admins only)")
 def list_users(request: Request):
     _admin(request)
@@ -87,15 +71,13 @@ def list_users(request: Request):
 @router.post("/api/users", status_code=201, summary="Add a user (admins only); the first one takes over local chats")
 def add_user(body: UserIn, request: Request):
     _admin(request)
-    with account_errors():
-        return user_out(_accounts(request).add_user(body.name, body.password, admin=body.admin))
+    return user_out(_accounts(request).add_user(body.name, body.password, admin=body.admin))
 
 
 @router.delete("/api/users/{name}", summary="Remove a user with their chats and keys (admins only)")
 def remove_user(name: str, request: Request):
     _admin(request)
-    with account_errors():
-        removed = _accounts(request).remove_user(name)
+    removed = _accounts(request).remove_user(name)
     return {"removed": name, "chats_removed": removed}
 
 
@@ -106,12 +88,10 @@ def list_keys(request: Request):
 
 @router.post("/api/keys", status_code=201, summary="Create an API key; the answer is the only time it is shown")
 def create_key(body: KeyIn, request: Request):
-    with account_errors():
-        record, key = _accounts(request).create_key(_account(request), body.name)
+    record, key = _accounts(request).create_key(_account(request), body.name)
     return {**key_out(record), "key": key}
 
 
 @router.delete("/api/keys/{key_id}", summary="Revoke one of your API keys (by id or prefix)")
 def revoke_key(key_id: str, request: Request):
-    with account_errors():
-        return key_out(_accounts(request).revoke_key(_account(request), key_id))
+    return key_out(_accounts(request).revoke_key(_account(request), key_id))

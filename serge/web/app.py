@@ -34,7 +34,7 @@ from serge.web.models_api import router as models_router
 from serge.web.openai_api import router as openai_router
 from serge.web.pages import STATIC, build_pages
 from serge.web.request_log import RequestLog
-from serge.web.throttle import UserLimits
+from serge.web.user_limits import UserLimits
 
 log = logging.getLogger(__name__)
 

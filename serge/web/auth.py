@@ -23,7 +23,7 @@ from starlette.concurrency import run_in_threadpool
 from serge.accounts import LOCAL_USER, Accounts, LoginSessions
 from serge.store import UserRecord
 from serge.web.errors import ApiError, error_body
-from serge.web.throttle import UserLimits
+from serge.web.user_limits import UserLimits
 
 SESSION_COOKIE = "serge_session"
 OPEN_PATHS = frozenset({"/login", "/api/health", "/metrics"})

@@ -8,6 +8,7 @@ message). A client that goes away stops its reply, as `/stop` does.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -18,7 +19,7 @@ from fastapi.responses import PlainTextResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
-from serge.chats import ChatBusy, ChatExport, ChatNotFound, ChatService, InvalidChatInput, MessageNotFound, Reply
+from serge.chats import ChatExport, ChatService, Reply
 from serge.chats import export_markdown
 from serge.engine import EngineBusy, ModelLoadFailed, SamplingParams
 from serge.store import ChatRecord, MessageRecord
@@ -58,44 +59,24 @@ def service(request: Request) -> ChatService:
 
 
 @contextmanager
-def api_errors() -> Iterator[None]:
-    """The service's exceptions as 4xx answers."""
+def reply_errors() -> Iterator[None]:
+    """A reply that could not start: the user's message is kept, and the answer says how to go on."""
     try:
         yield
-    except ChatNotFound as exc:
-        raise ApiError(404, str(exc), code="chat_not_found", param="chat_id") from None
-    except MessageNotFound as exc:
-        raise ApiError(404, str(exc), code="message_not_found", param="message_id") from None
-    except InvalidChatInput as exc:
-        raise ApiError(400, str(exc), code="invalid_value", param=exc.param) from None
-    except ChatBusy as exc:
-        raise ApiError(409, str(exc), code="chat_busy") from None
-    except ModelLoadFailed as exc:  # the user's message is kept, as for a busy engine
+    except ModelLoadFailed as exc:
         raise ApiError(503, f"{exc}; your message is saved: pick another model in the chat's settings and press "
                             f"Regenerate", code="model_load_failed", param="model") from None
-    except EngineBusy as exc:  # the user's message is kept; Regenerate answers it later
+    except EngineBusy as exc:
         retry = max(1, round(exc.retry_after_s))
         raise ApiError(503, f"{exc}; your message is saved, try Regenerate in {retry} s", code="engine_busy",
                        headers={"Retry-After": str(retry)}) from None
 
 
-def message_status(m: MessageRecord) -> str:
-    """complete, length (cut at max tokens), stopped, error, interrupted, or streaming."""
-    if m.finish_reason is None:
-        return "complete" if m.complete else "streaming"
-    return {"stop": "complete", "cancelled": "stopped"}.get(m.finish_reason, m.finish_reason)
-
-
 def message_out(m: MessageRecord) -> dict:
-    return {
-        "id": m.id, "parent_id": m.parent_id, "role": m.role, "content": m.content, "model": m.model,
-        "settings": m.settings, "status": message_status(m), "complete": m.complete,
-        "finish_reason": m.finish_reason, "error": m.error, "prompt_tokens": m.prompt_tokens,
-        "completion_tokens": m.completion_tokens, "seed": m.seed, "queued_s": m.queued_s, "ttft_s": m.ttft_s,
-        "duration_s": m.duration_s, "tokens_per_s": m.tokens_per_s, "dropped_messages": m.dropped_messages,
-        "alternatives": list(m.alternatives),
-        "created_at": m.created_at.isoformat(), "updated_at": m.updated_at.isoformat(),
-    }
+    """The record as it is (its chat is the URL's), with its status."""
+    body = {f.name: getattr(m, f.name) for f in dataclasses.fields(m) if f.name != "chat_id"}
+    return {**body, "status": m.status, "alternatives": list(m.alternatives),
+            "created_at": m.created_at.isoformat(), "updated_at": m.updated_at.isoformat()}
 
 
 def chat_out(chat: ChatRecord, *, messages: bool = True) -> dict:
@@ -140,52 +121,45 @@ def reply_events(request: Request, reply: Reply) -> StreamingResponse:
 
 @router.post("", status_code=201, summary="Create a chat")
 def create_chat(body: ChatIn, request: Request):
-    with api_errors():
-        return chat_out(service(request).create(owner(request), **body.model_dump()))
+    return chat_out(service(request).create(owner(request), **body.model_dump()))
 
 
 @router.get("", summary="List chats, newest activity first; q searches titles and messages")
 def list_chats(request: Request, q: str | None = Query(None, max_length=200)):
-    with api_errors():
-        chats = service(request).list(owner(request), q)
+    chats = service(request).list(owner(request), q)
     return {"data": [chat_out(c, messages=False) for c in chats]}
 
 
 @router.post("/import", status_code=201, summary="Import a chat from a JSON export")
 def import_chat(body: ChatExport, request: Request):
-    with api_errors():
-        return chat_out(service(request).import_chat(owner(request), body))
+    return chat_out(service(request).import_chat(owner(request), body))
 
 
 @router.get("/{chat_id}", summary="A chat with the messages of the branch on screen")
 def get_chat(chat_id: str, request: Request):
-    with api_errors():
-        return chat_out(service(request).get(owner(request), chat_id))
+    return chat_out(service(request).get(owner(request), chat_id))
 
 
 @router.patch("/{chat_id}", summary="Rename a chat, or change its model, system prompt or settings")
 def patch_chat(chat_id: str, body: ChatPatch, request: Request):
-    with api_errors():
-        return chat_out(service(request).update(owner(request), chat_id, body.model_dump(exclude_unset=True)))
+    return chat_out(service(request).update(owner(request), chat_id, body.model_dump(exclude_unset=True)))
 
 
 @router.delete("/{chat_id}", status_code=204, summary="Delete a chat and all its messages")
 def delete_chat(chat_id: str, request: Request):
-    with api_errors():
-        service(request).delete(owner(request), chat_id)
+    service(request).delete(owner(request), chat_id)
     return Response(status_code=204)
 
 
 @router.get("/{chat_id}/export", responses=MARKDOWN,
             summary="Download a chat as Markdown or JSON (JSON keeps every branch)")
 def export_chat(chat_id: str, request: Request, format: Literal["md", "json"] = "json"):
-    with api_errors():
-        chats = service(request)
-        if format == "md":
-            chat = chats.get(owner(request), chat_id)
-            return PlainTextResponse(export_markdown(chat), media_type="text/markdown; charset=utf-8", headers={
-                "Content-Disposition": f'attachment; filename="chat-{chat_id}.md"'})
-        body = chats.export(owner(request), chat_id)
+    chats = service(request)
+    if format == "md":
+        chat = chats.get(owner(request), chat_id)
+        return PlainTextResponse(export_markdown(chat), media_type="text/markdown; charset=utf-8", headers={
+            "Content-Disposition": f'attachment; filename="chat-{chat_id}.md"'})
+    body = chats.export(owner(request), chat_id)
     return Response(json.dumps(body, ensure_ascii=False, indent=2), media_type="application/json",
                     headers={"Content-Disposition": f'attachment; filename="chat-{chat_id}.json"'})
 
@@ -193,7 +167,7 @@ def export_chat(chat_id: str, request: Request, format: Literal["md", "json"] = 
 @router.post("/{chat_id}/messages", response_class=StreamingResponse, responses=EVENT_STREAM,
              summary="Send a message; the reply streams back as server-sent events")
 async def send_message(chat_id: str, body: MessageIn, request: Request):
-    with api_errors():
+    with reply_errors():
         reply = await run_in_threadpool(service(request).reply, owner(request), chat_id, body.content)
     return reply_events(request, reply)
 
@@ -201,7 +175,7 @@ async def send_message(chat_id: str, body: MessageIn, request: Request):
 @router.post("/{chat_id}/regenerate", response_class=StreamingResponse, responses=EVENT_STREAM,
              summary="A new reply to the last message; the old one stays as an alternative")
 async def regenerate(chat_id: str, request: Request):
-    with api_errors():
+    with reply_errors():
         reply = await run_in_threadpool(service(request).regenerate, owner(request), chat_id)
     return reply_events(request, reply)
 
@@ -209,7 +183,7 @@ async def regenerate(chat_id: str, request: Request):
 @router.post("/{chat_id}/messages/{message_id}/edit", response_class=StreamingResponse, responses=EVENT_STREAM,
              summary="Edit one of your messages and resend it (a new branch)")
 async def edit_and_resend(chat_id: str, message_id: str, body: MessageIn, request: Request):
-    with api_errors():
+    with reply_errors():
         reply = await run_in_threadpool(service(request).edit_and_resend, owner(request), chat_id, message_id,
                                         body.content)
     return reply_events(request, reply)
@@ -217,12 +191,10 @@ async def edit_and_resend(chat_id: str, message_id: str, body: MessageIn, reques
 
 @router.post("/{chat_id}/messages/{message_id}/select", summary="Show another version of a message")
 def select_alternative(chat_id: str, message_id: str, request: Request):
-    with api_errors():
-        return chat_out(service(request).select(owner(request), chat_id, message_id))
+    return chat_out(service(request).select(owner(request), chat_id, message_id))
 
 
 @router.post("/{chat_id}/stop", summary="Stop the reply in progress; the partial text is kept")
 def stop(chat_id: str, request: Request):
-    with api_errors():
-        message = service(request).stop(owner(request), chat_id)
+    message = service(request).stop(owner(request), chat_id)
     return {"stopped": message is not None, "message": message_out(message) if message else None}

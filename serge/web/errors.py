@@ -1,8 +1,10 @@
 """One error shape for every endpoint: OpenAI's, with a message that says what to fix.
 
-Routes raise `ApiError` (or let the engine's own exceptions through); the
-handlers here turn them into `{"error": {"message", "type", "param", "code"}}`
-with a 4xx status for anything the client can fix.
+Routes raise `ApiError`, or let the exceptions of the layers below through:
+`ERRORS` says once what each of those means (status, code, field), for every
+router and for the CLI's exit messages. The handlers here turn them into
+`{"error": {"message", "type", "param", "code"}}`, with a 4xx status for anything
+the client can fix. (Other dialects format the same `ApiError` in their own shape.)
 """
 
 from __future__ import annotations
@@ -13,9 +15,12 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from serge.engine import (ContextTooLong, EngineBusy, InvalidModelName, InvalidRequest, InvalidSource, ModelInUse,
-                          ModelLoadFailed, ModelNotFound, ModelTooLarge, PullNotFound, PullRefused)
-from serge.store import DatabaseUnavailable
+from serge.accounts import InvalidAccountInput
+from serge.chats import ChatBusy, ChatNotFound, InvalidChatInput, MessageNotFound
+from serge.engine import (ContextTooLong, DeviceUnavailable, EngineBusy, InvalidModelName, InvalidRequest,
+                          InvalidSource, ModelInUse, ModelLoadFailed, ModelNotFound, ModelTooLarge, PullFailed,
+                          PullNotFound, PullRefused)
+from serge.store import DatabaseUnavailable, KeyNotFound, LastAdmin, NameTaken, UserNotFound
 
 
 DATABASE_RETRY_S = 5
@@ -67,6 +72,54 @@ def describe_validation(errors) -> tuple[str, str | None]:
     return "; ".join(parts) or "the request is invalid", first
 
 
+# The one table: what every exception a request (or a CLI command) can raise below the web layer
+# means, as (status, code, the request field at fault). Routers let these through, the handler
+# below answers them, and the CLI prints their message; an exception's own `param` wins.
+ERRORS: dict[type[Exception], tuple[int, str, str | None]] = {
+    ModelNotFound: (404, "model_not_found", "model"),
+    InvalidModelName: (400, "invalid_value", "name"),
+    InvalidSource: (400, "invalid_value", "source"),
+    ModelInUse: (409, "model_in_use", "name"),
+    ModelTooLarge: (503, "model_too_large", "model"),
+    ModelLoadFailed: (503, "model_load_failed", "model"),
+    DeviceUnavailable: (503, "device_unavailable", None),
+    PullNotFound: (404, "pull_not_found", "pull_id"),
+    PullRefused: (409, "pull_refused", "source"),
+    PullFailed: (502, "pull_failed", "source"),
+    ContextTooLong: (400, "context_length_exceeded", "messages"),
+    InvalidRequest: (400, "invalid_value", None),
+    EngineBusy: (503, "engine_busy", None),
+    DatabaseUnavailable: (503, "database_unavailable", None),
+    ChatNotFound: (404, "chat_not_found", "chat_id"),
+    MessageNotFound: (404, "message_not_found", "message_id"),
+    InvalidChatInput: (400, "invalid_value", None),
+    ChatBusy: (409, "chat_busy", None),
+    InvalidAccountInput: (400, "invalid_value", None),
+    NameTaken: (409, "name_taken", "name"),
+    UserNotFound: (404, "not_found", None),
+    KeyNotFound: (404, "not_found", None),
+    LastAdmin: (409, "last_admin", None),
+}
+
+
+def problem(exc: Exception) -> ApiError | None:
+    """The answer `ERRORS` gives `exc` (the nearest class in its hierarchy), or None for one it does not know."""
+    for kind in type(exc).__mro__:
+        if kind in ERRORS:
+            status, code, param = ERRORS[kind]
+            break
+    else:
+        return None
+    message, headers = str(exc), None
+    if isinstance(exc, EngineBusy):
+        retry = max(1, round(exc.retry_after_s))
+        message = message if "try again" in message else f"{message}; try again in {retry} s"
+        headers = {"Retry-After": str(retry)}
+    elif isinstance(exc, DatabaseUnavailable):
+        message, headers = f"Serge could not use its database: {exc}", {"Retry-After": str(DATABASE_RETRY_S)}
+    return ApiError(status, message, code=code, param=getattr(exc, "param", None) or param, headers=headers)
+
+
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def _api_error(_: Request, exc: ApiError):
@@ -77,53 +130,12 @@ def install_error_handlers(app: FastAPI) -> None:
         message, param = describe_validation(exc.errors())
         return _response(400, message, "invalid_value", param)
 
-    @app.exception_handler(ModelNotFound)
-    async def _no_model(_: Request, exc: ModelNotFound):
-        return _response(404, str(exc), "model_not_found", "model")
+    async def _known(_: Request, exc: Exception):
+        answer = problem(exc)
+        return _response(answer.status, answer.message, answer.code, answer.param, answer.headers)
 
-    @app.exception_handler(InvalidModelName)
-    @app.exception_handler(InvalidSource)
-    async def _bad_name(_: Request, exc: ValueError):
-        return _response(400, str(exc), "invalid_value", "source" if isinstance(exc, InvalidSource) else "name")
-
-    @app.exception_handler(ModelInUse)
-    async def _in_use(_: Request, exc: ModelInUse):
-        return _response(409, str(exc), "model_in_use", "name")
-
-    @app.exception_handler(ModelTooLarge)
-    async def _too_large(_: Request, exc: ModelTooLarge):
-        return _response(503, str(exc), "model_too_large", "model")
-
-    @app.exception_handler(ModelLoadFailed)
-    async def _load_failed(_: Request, exc: ModelLoadFailed):
-        return _response(503, str(exc), "model_load_failed", "model")
-
-    @app.exception_handler(DatabaseUnavailable)
-    async def _no_database(_: Request, exc: DatabaseUnavailable):
-        return _response(503, f"Serge could not use its database: {exc}", "database_unavailable", None,
-                         {"Retry-After": str(DATABASE_RETRY_S)})
-
-    @app.exception_handler(PullNotFound)
-    async def _no_pull(_: Request, exc: PullNotFound):
-        return _response(404, str(exc), "pull_not_found", "pull_id")
-
-    @app.exception_handler(PullRefused)
-    async def _pull_refused(_: Request, exc: PullRefused):
-        return _response(409, str(exc), "pull_refused", "source")
-
-    @app.exception_handler(ContextTooLong)
-    async def _too_long(_: Request, exc: ContextTooLong):
-        return _response(400, str(exc), "context_length_exceeded", "messages")
-
-    @app.exception_handler(InvalidRequest)
-    async def _invalid_request(_: Request, exc: InvalidRequest):
-        return _response(400, str(exc), "invalid_value", exc.param)
-
-    @app.exception_handler(EngineBusy)
-    async def _busy(_: Request, exc: EngineBusy):
-        retry = max(1, round(exc.retry_after_s))
-        message = str(exc) if "try again" in str(exc) else f"{exc}; try again in {retry} s"
-        return _response(503, message, "engine_busy", None, {"Retry-After": str(retry)})
+    for kind in ERRORS:
+        app.add_exception_handler(kind, _known)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException):

@@ -30,7 +30,7 @@ from starlette.responses import JSONResponse
 from serge.settings import Settings
 from serge.web.errors import error_body
 from serge.web.headers import SecurityHeaders
-from serge.web.limits import BodyCheck, is_json
+from serge.web.bodies import BodyCheck, is_json
 
 STATE_CHANGING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 JSON_APIS = ("/api/", "/v1/")

@@ -15,10 +15,10 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from serge.engine import MAX_TOP_LOGPROBS, OPENAI_NAMES, Message, ResponseFormat, SamplingParams, Tool, ToolCall, Tools
+from serge.chats import MAX_MESSAGE_CHARS
 from serge.web.errors import ApiError, describe_validation
 
 MAX_MESSAGES_PER_REQUEST = 500
-MAX_MESSAGE_CHARS = 100_000
 MAX_TOOLS = 128
 NO_EFFECT = "Accepted for compatibility with OpenAI's API; it has no effect in Serge."
 # OpenAI's fields that ask nothing of a local model: accepted, without effect (declared below).

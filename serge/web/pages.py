@@ -23,7 +23,6 @@ from serge.chats.service import MAX_MESSAGE_CHARS, MAX_SYSTEM_PROMPT_CHARS
 from serge.engine import SamplingParams
 from serge.store import ChatRecord, MessageRecord
 from serge.web.auth import current_user
-from serge.web.chats_api import message_status
 from serge.web.markdown import MarkdownRenderer
 
 TEMPLATES = Path(__file__).parent / "templates"
@@ -87,7 +86,7 @@ def _view(render: MarkdownRenderer, chat: ChatRecord | None) -> list[dict]:
         shown.append({
             "m": m,
             "html": render.render(m.content) if m.role == "assistant" else None,
-            "status": message_status(m),
+            "status": m.status,
             "stats": _stats(m),
             "dropped": dropped_text(m.dropped_messages or 0),
             "position": index + 1,

@@ -60,7 +60,7 @@ class JsonSpans:
                 start, self._string = self._string, None
                 if self._string_is_key:
                     top = self._stack[-1]
-                    top["key"], top["phase"] = _loads(self.text[start : i + 1]), "colon"
+                    top["key"], top["phase"] = json_or_text(self.text[start : i + 1]), "colon"
                 else:
                     self._ended(i + 1)
             return
@@ -111,7 +111,8 @@ class JsonSpans:
         top["phase"] = "after"
 
 
-def _loads(text: str):
+def json_or_text(text: str):
+    """`text` parsed as JSON, or `text` itself where it is not JSON (a model's arguments may not be)."""
     try:
         return json.loads(text)
     except ValueError:

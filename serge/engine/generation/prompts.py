@@ -17,10 +17,11 @@ real template, so a template that adds text around messages never overflows.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
+
+from serge.engine.generation.jsonspans import json_or_text
 
 Role = Literal["system", "user", "assistant", "tool"]
 
@@ -51,20 +52,13 @@ class Message:
         out: dict = {"role": self.role, "content": self.content}
         if self.tool_calls:
             out["tool_calls"] = [{"id": c.id, "type": "function",
-                                  "function": {"name": c.name, "arguments": _arguments(c.arguments)}}
+                                  "function": {"name": c.name, "arguments": json_or_text(c.arguments)}}
                                  for c in self.tool_calls]
         if self.tool_call_id is not None:
             out["tool_call_id"] = self.tool_call_id
         if self.name is not None:
             out["name"] = self.name
         return out
-
-
-def _arguments(text: str):
-    try:
-        return json.loads(text)
-    except ValueError:
-        return text
 
 
 @dataclass(frozen=True)

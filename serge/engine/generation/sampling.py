@@ -124,30 +124,43 @@ GGUF_KEYS = {"temp": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p":
              "penalty_repeat": "repetition_penalty"}
 
 
+class Penalties:
+    """One sequence's history as rows of the logits' width, for the repetition, frequency and presence
+    penalties: made once per sequence and updated once per token, so a token costs the same at the
+    2000th as at the first (no tensor rebuilt from the whole reply)."""
+
+    def __init__(self, prompt: list[int], width: int, device: torch.device) -> None:
+        self.seen = torch.zeros(width, dtype=torch.bool, device=device)  # prompt and reply
+        self.seen[torch.tensor([t for t in prompt if t < width], dtype=torch.long, device=device)] = True
+        self.counts = torch.zeros(width, device=device)  # the reply's, per token
+
+    def add(self, token: int) -> None:
+        if token < self.counts.shape[0]:
+            self.seen[token] = True
+            self.counts[token] += 1
+
+
 def choose_next(
     logits: torch.Tensor,
     params: SamplingParams,
-    seen: torch.Tensor,
-    generated: torch.Tensor,
+    penalties: Penalties | None,
     generator: torch.Generator | None,
     allowed: torch.Tensor | None = None,
     bias: torch.Tensor | None = None,
 ) -> tuple[int, torch.Tensor | None]:
     """Pick one token from a 1-D row of logits.
 
-    `seen` holds every token id of prompt and reply (for repetition_penalty),
-    `generated` only the reply's (for the OpenAI frequency and presence penalties);
-    `allowed` is a grammar's mask, `bias` a row added to the scores (logit_bias).
-    Returns the token and, when `params.logprobs` is set, the log-probabilities
-    it was drawn from (else None).
+    `penalties` holds what the sequence has seen (for repetition_penalty) and generated (for the
+    OpenAI frequency and presence penalties); `allowed` is a grammar's mask, `bias` a row added to
+    the scores (logit_bias). Returns the token and, when `params.logprobs` is set, the
+    log-probabilities it was drawn from (else None).
     """
     scores = logits.float()
-    if params.repetition_penalty != 1.0 and seen.numel():
-        picked = scores.gather(0, seen)
-        picked = torch.where(picked < 0, picked * params.repetition_penalty, picked / params.repetition_penalty)
-        scores = scores.scatter(0, seen, picked)
-    if (params.frequency_penalty or params.presence_penalty) and generated.numel():
-        counts = torch.bincount(generated, minlength=scores.shape[0]).to(scores.dtype)
+    if penalties is not None and params.repetition_penalty != 1.0:
+        penalty = params.repetition_penalty
+        scores = torch.where(penalties.seen, torch.where(scores < 0, scores * penalty, scores / penalty), scores)
+    if penalties is not None and (params.frequency_penalty or params.presence_penalty):
+        counts = penalties.counts
         scores = scores - params.frequency_penalty * counts - params.presence_penalty * (counts > 0).to(scores.dtype)
     if bias is not None:
         scores = scores + bias

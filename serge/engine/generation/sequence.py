@@ -20,7 +20,7 @@ import torch
 
 from serge.engine.generation.grammar import Matcher, Vocabulary
 from serge.engine.generation.prompts import ToolCall
-from serge.engine.generation.sampling import SamplingParams, choose_next, top_logprobs
+from serge.engine.generation.sampling import Penalties, SamplingParams, choose_next, top_logprobs
 from serge.engine.generation.stream import (FinishReason, GenerationRecord, Stream, TextAssembler, TokenLogprob,
                                  ToolCallDelta, TopLogprob)
 
@@ -59,20 +59,16 @@ class Sequence:
     started: float | None = None
     first_token: float | None = None
     last_token: float | None = None
-    _prompt_ids: torch.Tensor | None = None  # the prompt as a tensor, for the repetition penalty
+    _penalties: Penalties | None = None  # made on the first token that needs them
     _bias: torch.Tensor | None = None  # logit_bias as a row of the logits' width
 
     def choose(self, logits: torch.Tensor) -> tuple[int, torch.Tensor | None]:
         """The next token, and the log-probabilities it was drawn from when the request asked for them."""
         params = self.params
         device = logits.device
-        if params.repetition_penalty != 1.0 or params.frequency_penalty or params.presence_penalty:
-            generated = torch.tensor(self.generated, dtype=torch.long, device=device)
-            if self._prompt_ids is None:  # once per sequence, not once per token
-                self._prompt_ids = torch.tensor(self.prompt, dtype=torch.long, device=device)
-            seen = torch.cat([self._prompt_ids, generated])
-        else:
-            generated = seen = torch.empty(0, dtype=torch.long, device=device)
+        if self._penalties is None and (params.repetition_penalty != 1.0 or params.frequency_penalty
+                                        or params.presence_penalty):
+            self._penalties = Penalties(self.prompt, logits.shape[-1], device)  # once per sequence
         if params.logit_bias and self._bias is None:
             self._bias = torch.zeros(logits.shape[-1], device=device)
             for token, value in params.logit_bias.items():
@@ -83,7 +79,7 @@ class Sequence:
             allowed = self.matcher.allowed(logits.shape[-1]).to(device)
             if not bool(allowed.any()):
                 raise RuntimeError("the grammar allows no token here")
-        return choose_next(logits, params, seen, generated, self.generator, allowed, self._bias)
+        return choose_next(logits, params, self._penalties, self.generator, allowed, self._bias)
 
     def accept(self, token: int, logprobs: torch.Tensor | None) -> FinishReason | None:
         """Take the chosen token: show what it adds; the reason the sequence ends here, or None."""
@@ -97,6 +93,8 @@ class Sequence:
         if ends_turn:
             return FinishReason.STOP
         self.generated.append(token)
+        if self._penalties is not None:
+            self._penalties.add(token)
         tokens = () if logprobs is None else (self._logprob(token, logprobs),)
         self._show(self.assembler.add(token), tokens)
         if self.assembler.stopped or (self.matcher is not None and self.matcher.complete):

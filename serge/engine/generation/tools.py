@@ -29,7 +29,7 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 from serge.engine.generation.grammar import InvalidRequest, json_rule
-from serge.engine.generation.jsonspans import JsonSpans
+from serge.engine.generation.jsonspans import JsonSpans, json_or_text
 from serge.engine.generation.prompts import Message, ToolCall
 from serge.engine.generation.stream import ToolCallDelta
 
@@ -172,7 +172,7 @@ def _generic_history(messages: list[Message]) -> list[Message]:
     out = []
     for m in messages:
         if m.tool_calls:
-            calls = "\n".join(json.dumps({"tool_call": {"name": c.name, "arguments": _loads(c.arguments)}})
+            calls = "\n".join(json.dumps({"tool_call": {"name": c.name, "arguments": json_or_text(c.arguments)}})
                               for c in m.tool_calls)
             out.append(Message("assistant", f"{m.content}\n{calls}" if m.content else calls))
         elif m.role == "tool":
@@ -186,13 +186,6 @@ def _with_system(messages: list[Message], text: str) -> list[Message]:
     if messages and messages[0].role == "system":
         return [Message("system", f"{messages[0].content}\n\n{text}"), *messages[1:]]
     return [Message("system", text), *messages]
-
-
-def _loads(text: str):
-    try:
-        return json.loads(text)
-    except ValueError:
-        return text
 
 
 class _Call:
