@@ -138,5 +138,6 @@ class Authenticate:
     @staticmethod
     async def _refuse(scope, receive, send, status: int, message: str, code: str,
                       headers: dict[str, str] | None = None) -> None:
-        response = JSONResponse(error_body(message, status=status, code=code), status_code=status, headers=headers)
+        response = JSONResponse(error_body(message, status=status, code=code, path=scope["path"]), status_code=status,
+                                headers=headers)
         await response(scope, receive, send)

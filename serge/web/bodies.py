@@ -109,8 +109,8 @@ def is_json(content_type: str) -> bool:
     return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
 
 
-def _refuse(status: int, message: str, code: str, param: str | None = None) -> JSONResponse:
-    return JSONResponse(error_body(message, status=status, code=code, param=param), status_code=status)
+def _refuse(path: str, status: int, message: str, code: str, param: str | None = None) -> JSONResponse:
+    return JSONResponse(error_body(message, status=status, code=code, param=param, path=path), status_code=status)
 
 
 class BodyCheck:
@@ -122,7 +122,7 @@ class BodyCheck:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         headers = Headers(scope=scope)
-        too_large = _refuse(413, f"the request body is larger than {self.max_bytes} bytes; send less "
+        too_large = _refuse(scope["path"], 413, f"the request body is larger than {self.max_bytes} bytes; send less "
                                  "(SERGE_MAX_REQUEST_BYTES sets the cap)", "request_too_large")
         declared = headers.get("content-length", "")
         if declared.isdigit() and int(declared) > self.max_bytes:
@@ -147,7 +147,7 @@ class BodyCheck:
             problem = json_problem(body)
             if problem is not None:
                 message, field = problem
-                return await _refuse(400, message, "invalid_json", field)(scope, receive, send)
+                return await _refuse(scope["path"], 400, message, "invalid_json", field)(scope, receive, send)
 
         replayed = False
 

@@ -9,6 +9,8 @@ the client can fix. (Other dialects format the same `ApiError` in their own shap
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -24,6 +26,8 @@ from serge.store import DatabaseUnavailable, KeyNotFound, LastAdmin, NameTaken, 
 
 
 DATABASE_RETRY_S = 5
+ROUTES = ("OpenAI's API under /v1 (/v1/models, /v1/chat/completions), Serge's chat API under /api/chats, "
+          "/api/models and /api/health")
 
 
 class ApiError(Exception):
@@ -47,15 +51,29 @@ class ErrorResponse(BaseModel):
     error: ErrorDetail
 
 
-def error_body(message: str, *, status: int, code: str | None = None, param: str | None = None) -> dict:
+def _openai_error(message: str, status: int, code: str | None, param: str | None) -> dict:
     kind = "invalid_request_error" if status < 500 else "server_error"
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
-def _response(status: int, message: str, code: str | None = None, param: str | None = None,
-              headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse(error_body(message, status=status, code=code, param=param), status_code=status,
-                        headers=headers)
+# Each API dialect answers errors in its own shape: (a path or a folder of paths, how its body looks).
+# Anything else (Serge's own API, the pages, /v1's OpenAI routes) answers in OpenAI's shape.
+DIALECT_ERRORS: tuple[tuple[str, Callable[[str, int, str | None, str | None], dict]], ...] = ()
+
+
+def error_body(message: str, *, status: int, code: str | None = None, param: str | None = None,
+               path: str = "") -> dict:
+    """An error's body in the shape of the API that `path` belongs to; every refusal, of every layer, is made here."""
+    for prefix, shape in DIALECT_ERRORS:
+        if path == prefix or path.startswith(prefix + "/"):
+            return shape(message, status, code, param)
+    return _openai_error(message, status, code, param)
+
+
+def error_response(request: Request, status: int, message: str, code: str | None = None, param: str | None = None,
+                   headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(error_body(message, status=status, code=code, param=param, path=request.url.path),
+                        status_code=status, headers=headers)
 
 
 def describe_validation(errors) -> tuple[str, str | None]:
@@ -122,21 +140,27 @@ def problem(exc: Exception) -> ApiError | None:
 
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
-    async def _api_error(_: Request, exc: ApiError):
-        return _response(exc.status, exc.message, exc.code, exc.param, exc.headers)
+    async def _api_error(request: Request, exc: ApiError):
+        return error_response(request, exc.status, exc.message, exc.code, exc.param, exc.headers)
 
     @app.exception_handler(RequestValidationError)
-    async def _invalid(_: Request, exc: RequestValidationError):
+    async def _invalid(request: Request, exc: RequestValidationError):
         message, param = describe_validation(exc.errors())
-        return _response(400, message, "invalid_value", param)
+        return error_response(request, 400, message, "invalid_value", param)
 
-    async def _known(_: Request, exc: Exception):
+    async def _known(request: Request, exc: Exception):
         answer = problem(exc)
-        return _response(answer.status, answer.message, answer.code, answer.param, answer.headers)
+        return error_response(request, answer.status, answer.message, answer.code, answer.param, answer.headers)
 
     for kind in ERRORS:
         app.add_exception_handler(kind, _known)
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException):
-        return _response(exc.status_code, str(exc.detail), None, None, getattr(exc, "headers", None))
+    async def _http(request: Request, exc: StarletteHTTPException):
+        message, code = str(exc.detail), None
+        if exc.status_code == 404 and exc.detail == "Not Found":  # no route at all: say which exist
+            message, code = (f"Serge has no route {request.method} {request.url.path}; it serves {ROUTES} "
+                             f"(the full list is at /docs)"), "route_not_found"
+        elif exc.status_code == 405:
+            message, code = f"{request.url.path} does not take {request.method} (see /docs)", "method_not_allowed"
+        return error_response(request, exc.status_code, message, code, None, getattr(exc, "headers", None))

@@ -11,7 +11,7 @@ Any page can make the browser send requests to 127.0.0.1. Before any route runs:
   these stand in for a CSRF token: the page's own forms are sent by its script as JSON.
 Requests with neither header (curl, SDKs, scripts) are not a browser acting for a page and pass.
 
-It does not say who the caller is (accounts do that) and reads no body (limits.py does).
+It does not say who the caller is (accounts do that) and reads no body (bodies.py does).
 `protect()` installs it with the security headers, CORS when configured, and the body check.
 """
 
@@ -63,8 +63,9 @@ class Refusal:
     message: str
     code: str
 
-    def response(self) -> JSONResponse:
-        return JSONResponse(error_body(self.message, status=self.status, code=self.code), status_code=self.status)
+    def response(self, path: str) -> JSONResponse:
+        return JSONResponse(error_body(self.message, status=self.status, code=self.code, path=path),
+                            status_code=self.status)
 
 
 @dataclass(frozen=True)
@@ -135,7 +136,7 @@ class Guard:
         if scope["type"] == "http":
             refusal = self.policy.check(scope["method"], scope["path"], Headers(scope=scope))
             if refusal is not None:
-                return await refusal.response()(scope, receive, send)
+                return await refusal.response(scope["path"])(scope, receive, send)
         await self.app(scope, receive, send)
 
 

@@ -63,13 +63,13 @@ class SecurityHeaders:
             await self.app(scope, receive, send_with_headers)
         except Exception:
             if not started:
-                await _server_error(send_with_headers)
+                await _server_error(send_with_headers, scope["path"])
             raise  # the server logs it; nothing more is sent
 
 
-async def _server_error(send) -> None:
+async def _server_error(send, path: str) -> None:
     body = json.dumps(error_body("the server failed on this request; it is logged, and it is a bug in Serge",
-                                 status=500, code="internal_error")).encode()
+                                 status=500, code="internal_error", path=path)).encode()
     await send({"type": "http.response.start", "status": 500,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
     await send({"type": "http.response.body", "body": body})
