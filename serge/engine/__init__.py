@@ -2,6 +2,7 @@
 
 from serge.engine.models.catalog import CATALOG
 from serge.engine.devices import DevicePlan, DeviceUnavailable, resolve_device
+from serge.engine.embeddings import Embeddings
 from serge.engine.engine import Backend, Engine, EngineStatus, LoadedInfo, ModelInfo
 from serge.engine.models.facts import ModelFacts
 from serge.engine.models.errors import (InvalidModelName, InvalidSource, ModelNotFound, PullCancelled, PullFailed,
@@ -24,6 +25,7 @@ __all__ = [
     "CATALOG",
     "ContextTooLong",
     "Delta",
+    "Embeddings",
     "DevicePlan",
     "DeviceUnavailable",
     "Engine",

@@ -28,6 +28,7 @@ from serge.web.accounts_api import router as accounts_router
 from serge.web.auth import Authenticate, may_see_details
 from serge.web.chats_api import router as chats_router
 from serge.web.docs import install_docs
+from serge.web.embeddings_api import router as embeddings_router
 from serge.web.errors import ApiError, install_error_handlers
 from serge.web.guard import protect
 from serge.web.models_api import router as models_router
@@ -89,6 +90,7 @@ def build_app(settings: Settings, engine: Engine) -> FastAPI:
     install_docs(app)
     install_error_handlers(app)
     app.include_router(openai_router)
+    app.include_router(embeddings_router)
     app.include_router(chats_router)
     app.include_router(models_router)
     app.include_router(accounts_router)
