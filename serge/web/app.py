@@ -27,6 +27,7 @@ from serge.web.account_pages import build_account_pages
 from serge.web.accounts_api import router as accounts_router
 from serge.web.auth import Authenticate, may_see_details
 from serge.web.chats_api import router as chats_router
+from serge.web.completions_api import router as completions_router
 from serge.web.docs import install_docs
 from serge.web.embeddings_api import router as embeddings_router
 from serge.web.errors import ApiError, install_error_handlers
@@ -91,6 +92,7 @@ def build_app(settings: Settings, engine: Engine) -> FastAPI:
     install_error_handlers(app)
     app.include_router(openai_router)
     app.include_router(embeddings_router)
+    app.include_router(completions_router)
     app.include_router(chats_router)
     app.include_router(models_router)
     app.include_router(accounts_router)
