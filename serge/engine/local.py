@@ -83,8 +83,9 @@ class LocalModel:
         plan = plan_reply(self.tool_format, placed(messages, self._mid_system), tools, rule)
         prompt = build_prompt(self.tokenizer, plan.messages, self.context_window, params.max_new_tokens,
                               plan.template_tools, trim)
+        json_only = plan.grammar is not None and (rule is not None or (tools is not None and tools.mode == "required"))
         stream = self.scheduler.submit(prompt.ids, params.resolved(prompt.room), plan.grammar, plan.reader,
-                                       plan.grammar_param)
+                                       plan.grammar_param, finish_json=json_only)
         stream.dropped_messages = prompt.dropped_messages
         return stream
 

@@ -134,6 +134,7 @@ class Vocabulary:
         self._lock = threading.Lock()
         self._ll = None
         self._compiled: OrderedDict[str, object] = OrderedDict()  # grammar text -> LLMatcher at its start
+        self._closers: tuple[int, ...] | None = None
 
     def prepare(self) -> None:
         """Build llguidance's tokenizer now (on the caller's thread, not the scheduler's worker)."""
@@ -170,6 +171,18 @@ class Vocabulary:
             while len(self._compiled) > self._cache_size:
                 self._compiled.popitem(last=False)
             return Matcher(compiled.deep_copy(), ll.vocab_size)
+
+    def closers(self) -> tuple[int, ...]:
+        """The tokens that end JSON soonest, in order: a quote, a closing brace and bracket, a zero."""
+        with self._lock:
+            if self._closers is None:
+                found = []
+                for text in ('"', "}", "]", "0"):
+                    ids = self._tokenizer.encode(text, add_special_tokens=False)
+                    if len(ids) == 1:
+                        found.append(ids[0])
+                self._closers = tuple(found)
+            return self._closers
 
     @property
     def cached(self) -> int:
