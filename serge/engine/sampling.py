@@ -9,6 +9,11 @@ so two sequences can never disturb each other. When asked, it also returns the
 log-probabilities of the distribution it actually drew from: after penalties,
 logit_bias, the grammar's mask, temperature, top_k, min_p and top_p (renormalized);
 at temperature 0, the unscaled distribution after penalties, bias and mask.
+A temperature below MIN_TEMPERATURE is greedy (vLLM's rule, at the same floor): dividing
+logits by 1e-40 overflows to inf, and below 1e-5 the draw is the argmax anyway for any
+two logits more than 1e-3 apart. Scores that overflow after a penalty or the temperature
+are held at float32's largest value, and top_p always keeps the likeliest token, so every
+accepted setting picks a token.
 """
 
 from __future__ import annotations
@@ -25,6 +30,9 @@ MAX_STOP_LENGTH = 200
 MAX_LOGIT_BIAS = 1024  # tokens one request may bias
 MAX_TOP_LOGPROBS = 20
 IMPOSSIBLE_LOGPROB = -9999.0  # what OpenAI reports for a token that could not be drawn
+MIN_TEMPERATURE = 1e-5  # below it a temperature is greedy (stored as 0), as vLLM does
+_FLOAT_MAX = torch.finfo(torch.float32).max
+_FLOAT_TINY = torch.finfo(torch.float32).tiny
 
 
 class SamplingParams(BaseModel):
@@ -32,7 +40,8 @@ class SamplingParams(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    temperature: float | None = Field(None, ge=0, le=2, description="0 picks the most likely token (greedy).")
+    temperature: float | None = Field(None, ge=0, le=2, description=(
+        f"0 picks the most likely token (greedy); so does anything below {MIN_TEMPERATURE}."))
     top_p: float | None = Field(None, gt=0, le=1, description="Nucleus sampling: keep the smallest set of tokens with this much probability.")
     top_k: int | None = Field(None, ge=0, description="Keep only the k most likely tokens; 0 turns it off.")
     min_p: float | None = Field(None, ge=0, le=1, description="Drop tokens less likely than min_p times the most likely one.")
@@ -49,6 +58,12 @@ class SamplingParams(BaseModel):
     logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS, description=(
         "Report each chosen token's log-probability with this many likeliest alternatives (0 to 20)."))
     response_format: ResponseFormat | None = Field(None, description="Constrain the reply to JSON (or a schema).")
+
+    @field_validator("temperature")
+    @classmethod
+    def _near_zero_is_greedy(cls, value):
+        """Below MIN_TEMPERATURE is greedy: kept as 0, so a chat's saved settings and a remote server agree."""
+        return 0.0 if value is not None and value < MIN_TEMPERATURE else value
 
     @field_validator("logit_bias")
     @classmethod
@@ -136,7 +151,7 @@ class ResolvedSampling(BaseModel):
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        return self.temperature < MIN_TEMPERATURE
 
     def generator(self, device: torch.device) -> torch.Generator:
         return torch.Generator(device=device).manual_seed(self.seed)
@@ -161,8 +176,9 @@ def choose_next(
     """
     scores = logits.float()
     if params.repetition_penalty != 1.0 and seen.numel():
+        penalty = max(params.repetition_penalty, _FLOAT_TINY)  # a float32 0 would make 0/0
         picked = scores.gather(0, seen)
-        picked = torch.where(picked < 0, picked * params.repetition_penalty, picked / params.repetition_penalty)
+        picked = torch.where(picked < 0, picked * penalty, picked / penalty).clamp(max=_FLOAT_MAX)
         scores = scores.scatter(0, seen, picked)
     if (params.frequency_penalty or params.presence_penalty) and generated.numel():
         counts = torch.bincount(generated, minlength=scores.shape[0]).to(scores.dtype)
@@ -174,7 +190,7 @@ def choose_next(
     report = params.logprobs is not None
     if params.greedy:
         return int(scores.argmax()), (torch.log_softmax(scores, dim=-1) if report else None)
-    scores = scores / params.temperature
+    scores = (scores / params.temperature).clamp(max=_FLOAT_MAX)  # -inf (masked) stays -inf
     if params.top_k and params.top_k < scores.shape[0]:
         kth = torch.topk(scores, params.top_k).values[-1]
         scores = scores.masked_fill(scores < kth, float("-inf"))
@@ -184,7 +200,9 @@ def choose_next(
     if params.top_p < 1.0:
         sorted_probs, order = torch.sort(probs, descending=True)
         before = sorted_probs.cumsum(0) - sorted_probs
-        sorted_probs = sorted_probs.masked_fill(before >= params.top_p * sorted_probs.sum(), 0.0)
+        cut = before >= params.top_p * sorted_probs.sum()
+        cut[0] = False  # the likeliest token stays, however small top_p is
+        sorted_probs = sorted_probs.masked_fill(cut, 0.0)
         probs = torch.zeros_like(probs).scatter(0, order, sorted_probs)
     token = int(torch.multinomial(probs, 1, generator=generator))
     return token, (torch.log(probs / probs.sum()) if report else None)
