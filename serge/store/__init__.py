@@ -7,11 +7,11 @@ from serge.store.accounts import (
     LOCAL_OWNER, AccountStore, KeyNotFound, KeyRecord, LastAdmin, NameTaken, UserNotFound, UserRecord,
 )
 from serge.store.chats import ChatNotFound, ChatRecord, ChatStore, MessageNotFound, MessageRecord, NewMessage
-from serge.store.db import Database, DatabaseUnavailable
+from serge.store.db import Database, DatabaseUnavailable, exposed, private_dir
 
 __all__ = [
     "LOCAL_OWNER", "AccountStore", "ChatNotFound", "ChatRecord", "ChatStore", "Database", "DatabaseUnavailable",
     "KeyNotFound",
     "KeyRecord", "LastAdmin", "MessageNotFound", "MessageRecord", "NameTaken", "NewMessage", "UserNotFound",
-    "UserRecord",
+    "UserRecord", "exposed", "private_dir",
 ]
