@@ -5,7 +5,7 @@ from serge.engine.devices import DevicePlan, DeviceUnavailable, resolve_device
 from serge.engine.engine import Backend, Engine, EngineStatus, LoadedInfo, ModelInfo
 from serge.engine.facts import ModelFacts
 from serge.engine.hub import InvalidSource, PullCancelled, PullFailed, PullProgress
-from serge.engine.library import InvalidModelName, ModelLibrary, ModelNotFound
+from serge.engine.library import InvalidModelName, ModelLibrary, ModelNotFound, check_name
 from serge.engine.metrics import EngineMetrics, ModelSnapshot
 from serge.engine.grammar import GrammarError, InvalidRequest, ResponseFormat
 from serge.engine.prompts import ContextTooLong, Message, ToolCall
@@ -59,6 +59,7 @@ __all__ = [
     "TokenLogprob",
     "Tool",
     "ToolCall",
+    "check_name",
     "Tools",
     "resolve_device",
 ]

@@ -142,7 +142,8 @@ class ChatCompletionRequest(_Strict):
                 top_p=self.top_p,
                 top_k=self.top_k,
                 min_p=self.min_p,
-                max_new_tokens=self.max_completion_tokens or self.max_tokens,
+                max_new_tokens=self.max_completion_tokens if self.max_completion_tokens is not None
+                else self.max_tokens,
                 repetition_penalty=self.repetition_penalty,
                 frequency_penalty=self.frequency_penalty,
                 presence_penalty=self.presence_penalty,
@@ -155,8 +156,9 @@ class ChatCompletionRequest(_Strict):
             )
         except ValidationError as exc:
             message, param = describe_validation(exc.errors())
-            param = {"max_new_tokens": "max_tokens"}.get(param, param)
-            raise _bad(message.replace("max_new_tokens", "max_tokens"), param) from None
+            limit = "max_completion_tokens" if self.max_completion_tokens is not None else "max_tokens"
+            param = {"max_new_tokens": limit}.get(param, param)
+            raise _bad(message.replace("max_new_tokens", limit), param) from None
 
     def tool_offer(self) -> Tools | None:
         """The tools and tool_choice as the engine takes them; None when no tools are offered."""
