@@ -146,7 +146,8 @@ def bad_request(i: int) -> dict:
         {"content": b'{"messages": []}'},  # no Content-Type
         {"json": {"messages": hi, "max_completion_tokens": 0}},
         {"json": {"messages": hi, "max_tokens": 4, "logit_bias": {"-1": 5}}},
-        {"json": {"messages": [{"role": "user", "content": "\ud800"}]}},
+        {"content": b'{"messages": [{"role": "user", "content": "\\ud800"}]}',  # a lone surrogate
+         "headers": {"Content-Type": "application/json"}},
     ]
     return kinds[i % len(kinds)]
 
