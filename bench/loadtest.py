@@ -141,18 +141,22 @@ async def load(args: argparse.Namespace, server: Server, keys: list[str]) -> dic
         exports = await checks.stored(client, keys[1:])
         end = await checks.quiet_usage(client, pid, keys[0], start)
         budget_mb = await checks.models_budget_mb(client, keys[0])
+        parked_load = await checks.parked_mb(client)
         log(f"after the load: {end.threads} threads, {end.rss_mb:.0f} MB resident (the models' budget: "
             f"{budget_mb:.0f} MB); {args.bad_requests} bad requests")
         statuses = await bad_input(client, keys, args.bad_requests)
         await checks.wait_idle(client, args.idle_timeout)
         after_bad = await checks.quiet_usage(client, pid, keys[0], start)
-        log(f"after the bad input: {after_bad.rss_mb:.0f} MB resident; answers {statuses}")
+        parked_growth = await checks.parked_mb(client) - parked_load
+        log(f"after the bad input: {after_bad.rss_mb:.0f} MB resident ({parked_growth:+.0f} MB parked); "
+            f"answers {statuses}")
     problems, stored = checks.storage_problems(ledger, exports)
     problems += checks.usage_problems(start, end, budget_mb)
-    problems += checks.bad_input_problems(end, after_bad, statuses)
+    problems += checks.bad_input_problems(end, after_bad, statuses, parked_growth)
     run = summary(args, ledger, wall, idle_s, start, peak, end, stored, problems, budget_mb)
     run["bad_input"] = {"requests": args.bad_requests, "statuses": statuses, "after": vars(after_bad),
-                        "rss_allowed_mb": round(end.rss_mb * (1 + checks.BAD_INPUT_SLACK), 1)}
+                        "parked_growth_mb": round(parked_growth, 1),
+                        "rss_allowed_mb": round(checks.bad_input_limit_mb(end, parked_growth), 1)}
     return run
 
 
