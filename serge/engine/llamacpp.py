@@ -146,9 +146,6 @@ class LlamaForward:
         if not self._ctx:
             raise RuntimeError(f"llama.cpp could not make a context of {self.slices} x {self.cells} cells")
         self._mem = lc.llama_get_memory(self._ctx)
-        # Write the whole KV cache once now, so its pages are resident from the start: the memory the
-        # budget counts for it is taken at load, not crept into under load (issue 18's RSS growth).
-        lc.llama_memory_clear(self._mem, True)
         self._batch = lc.llama_batch_init(self.max_batch, 0, 1)
         self._free_ids = list(range(self.slices - 1, -1, -1))  # lowest first: a pass's slices stay together
 
