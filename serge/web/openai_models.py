@@ -157,14 +157,16 @@ class ChatCompletionRequest(StrictRequest):
         if self.top_logprobs is not None and not self.logprobs:
             raise _bad("top_logprobs needs logprobs: true", "top_logprobs")
         fields = {ours: getattr(self, theirs) for ours, theirs in OPENAI_NAMES.items() if ours not in ("logprobs",)}
-        fields["max_new_tokens"] = self.max_completion_tokens or self.max_tokens
+        fields["max_new_tokens"] = self.max_completion_tokens if self.max_completion_tokens is not None \
+            else self.max_tokens
         fields["logprobs"] = (self.top_logprobs or 0) if self.logprobs else None
         try:
             return SamplingParams(**fields)
         except ValidationError as exc:
             message, param = describe_validation(exc.errors())
-            param = {"max_new_tokens": "max_tokens"}.get(param, param)
-            raise _bad(message.replace("max_new_tokens", "max_tokens"), param) from None
+            limit = "max_completion_tokens" if self.max_completion_tokens is not None else "max_tokens"
+            param = {"max_new_tokens": limit}.get(param, param)
+            raise _bad(message.replace("max_new_tokens", limit), param) from None
 
     def tool_offer(self) -> Tools | None:
         """The tools and tool_choice as the engine takes them; None when no tools are offered."""
