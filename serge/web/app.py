@@ -31,6 +31,7 @@ from serge.web.docs import install_docs
 from serge.web.errors import ApiError, install_error_handlers
 from serge.web.guard import protect
 from serge.web.models_api import router as models_router
+from serge.web.ollama_api import router as ollama_router
 from serge.web.openai_api import router as openai_router
 from serge.web.pages import STATIC, build_pages
 from serge.web.request_log import RequestLog
@@ -89,6 +90,7 @@ def build_app(settings: Settings, engine: Engine) -> FastAPI:
     install_docs(app)
     install_error_handlers(app)
     app.include_router(openai_router)
+    app.include_router(ollama_router)
     app.include_router(chats_router)
     app.include_router(models_router)
     app.include_router(accounts_router)
