@@ -15,10 +15,10 @@ from contextlib import closing
 import httpx
 import ollama
 import pytest
-from conftest import MODEL, SMALL_WINDOW, ServerThread, free_port
+from conftest import GGUF_REPO, MODEL, SMALL_WINDOW, ServerThread, free_port, models_dir
 from test_accounts_api import add_user, login, serge
 
-from serge.engine import Engine
+from serge.engine import Engine, ModelLibrary
 from serge.settings import Settings
 from serge.web.app import build_app
 
@@ -325,3 +325,29 @@ def test_a_chat_longer_than_the_window_loses_its_oldest_turns_and_says_so(small_
         refused = post(running.url, "/api/chat", {**body, "truncate": False})
         assert refused.status_code == 400 and set(refused.json()) == {"error"}
         assert str(SMALL_WINDOW) in refused.json()["error"]
+
+
+def test_a_pull_streams_ollamas_progress_records_and_delete_removes_the_model(tmp_path_factory, fake_hub):
+    data = tmp_path_factory.mktemp("ollama-library")
+    ModelLibrary(data / "models").import_path(ModelLibrary(models_dir()).find(MODEL).transformers_folder(),
+                                              "local-a", log=lambda _: None)
+    own = Settings(data_dir=data, models_dir=data / "models", hf_endpoint=fake_hub.url, port=free_port(),
+                   default_model="local-a")
+    fake_hub.reset()
+    with Engine(own) as engine, ServerThread(build_app(own, engine), own.port) as running:
+        client = ollama.Client(host=running.url, timeout=300)
+        spelled = f"hf.co/{GGUF_REPO}:Q4_K_M"  # how Ollama names a hub GGUF
+        records = list(client.pull(spelled, stream=True))
+        assert records[0].status == "pulling manifest" and records[-1].status == "success"
+        downloading = [r for r in records if r.completed is not None]
+        assert downloading and downloading[-1].completed == downloading[-1].total > 10**7
+        assert all(a.completed <= b.completed for a, b in zip(downloading, downloading[1:]))
+        name = f"{GGUF_REPO.lower()}:q4_k_m"
+        assert name in [m.model for m in client.list().models]
+        assert client.show(spelled).details.format == "gguf"
+        assert client.pull(spelled).status == "success", "a second pull finds it installed"
+        assert client.delete(spelled).status == "success"
+        assert name not in [m.model for m in client.list().models]
+        with pytest.raises(ollama.ResponseError) as gone:
+            client.delete(spelled)
+        assert gone.value.status_code == 404
