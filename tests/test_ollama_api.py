@@ -351,3 +351,20 @@ def test_a_pull_streams_ollamas_progress_records_and_delete_removes_the_model(tm
         with pytest.raises(ollama.ResponseError) as gone:
             client.delete(spelled)
         assert gone.value.status_code == 404
+
+        fake_hub.faults.bytes_per_s = 20 * 2**20  # slow enough to be seen half done, then left
+        slow = {"model": f"hf.co/{GGUF_REPO}:Q8_0"}
+        with httpx.stream("POST", f"{running.url}/api/pull", json=slow, timeout=60) as reply:
+            for line in reply.iter_lines():
+                record = json.loads(line)
+                if record.get("completed", 0) > 5 * 2**20:
+                    assert record["completed"] < record["total"] and record["digest"].endswith(".gguf")
+                    break
+            else:
+                pytest.fail("no progress record came before the pull ended")
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and [p.state for p in engine.pulls()][-1] == "running":
+            time.sleep(0.1)
+        assert engine.pulls()[-1].state == "cancelled", "a pull whose client went away stops, as Ollama's does"
+        assert f"{GGUF_REPO.lower()}:q8_0" not in [m.model for m in client.list().models]
+    fake_hub.reset()
