@@ -8,6 +8,7 @@ library, the Host and cross-site checks, a client that leaves stops its reply).
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 from contextlib import closing
@@ -341,7 +342,7 @@ def test_a_pull_streams_ollamas_progress_records_and_delete_removes_the_model(tm
         assert records[0].status == "pulling manifest" and records[-1].status == "success"
         downloading = [r for r in records if r.completed is not None]
         assert downloading and downloading[-1].completed == downloading[-1].total > 10**7
-        assert all(a.completed <= b.completed for a, b in zip(downloading, downloading[1:]))
+        assert all(a.completed <= b.completed for a, b in itertools.pairwise(downloading))
         name = f"{GGUF_REPO.lower()}:q4_k_m"
         assert name in [m.model for m in client.list().models]
         assert client.show(spelled).details.format == "gguf"

@@ -23,10 +23,10 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from serge.engine import Engine, FinishReason, GenerationRecord, ModelInUse, ModelNotFound, Stream, TokenLogprob
-from serge.web.docs import BUSY
 from serge.web.errors import ApiError
 from serge.web.ollama_library import router as library_router
-from serge.web.ollama_models import ChatRequest, GenerateRequest, keep_alive_zero, library_name, ollama_name
+from serge.web.ollama_models import (NDJSON, OllamaChatRequest, OllamaGenerateRequest, keep_alive_zero,
+                                     library_name, ollama_name, stream_doc)
 from serge.web.request_log import note_generation
 
 log = logging.getLogger(__name__)
@@ -34,7 +34,6 @@ log = logging.getLogger(__name__)
 router = APIRouter(tags=["Ollama-compatible"])
 router.include_router(library_router)
 
-NDJSON = "application/x-ndjson"
 UNLOAD_WAIT_S = 120.0  # keep_alive 0 while other replies run: unload once they are done, within this long
 _UNLOAD_POLL_S = 0.5
 _unloading: set[asyncio.Task] = set()  # keep_alive 0 tasks waiting for their model to be idle
@@ -55,12 +54,6 @@ def _ns(seconds: float) -> int:
 
 def _record(name: str) -> dict:
     return {"model": ollama_name(name), "created_at": now()}
-
-
-def _stream_doc(what: str) -> dict:
-    return {200: {"description": f"{what}: newline-delimited JSON records (application/x-ndjson), the last with "
-                                 "done: true and the statistics; one JSON object with stream: false.",
-                  "content": {NDJSON: {"schema": {"type": "object"}}}}, 503: BUSY}
 
 
 async def _cancel_on_disconnect(request: Request, stream: Stream) -> None:
@@ -216,8 +209,8 @@ record then says `truncated: true` and `dropped_messages`. `truncate: false` mak
 
 
 @router.post("/api/chat", summary="Ollama: the next message of a chat (streamed as NDJSON unless stream: false)",
-             description=CHAT_DOC, responses=_stream_doc("The reply"))
-async def chat(body: ChatRequest, request: Request):
+             description=CHAT_DOC, responses=stream_doc("The reply"))
+async def chat(body: OllamaChatRequest, request: Request):
     started = time.monotonic()
     engine = _engine(request)
     body.ignored("/api/chat")
@@ -243,8 +236,8 @@ ignored, and no `context` is returned. `template` and `images` are refused (400)
 
 
 @router.post("/api/generate", summary="Ollama: complete a prompt (streamed as NDJSON unless stream: false)",
-             description=GENERATE_DOC, responses=_stream_doc("The completion"))
-async def generate(body: GenerateRequest, request: Request):
+             description=GENERATE_DOC, responses=stream_doc("The completion"))
+async def generate(body: OllamaGenerateRequest, request: Request):
     started = time.monotonic()
     engine = _engine(request)
     body.ignored("/api/generate")

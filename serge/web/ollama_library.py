@@ -21,13 +21,13 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 
-from serge.engine import Engine, ModelInfo, ModelNotFound, PullStatus, SamplingParams
-from serge.engine import OLLAMA_OPTIONS
+from serge.engine import OLLAMA_OPTIONS, Engine, ModelInfo, ModelNotFound, PullStatus, SamplingParams
 from serge.web.errors import ApiError
 from serge.web.models_api import require_admin
-from serge.web.ollama_models import ModelRequest, PullRequest, library_name, ollama_name, pull_spec
+from serge.web.ollama_models import (ERRORS_DOC, NDJSON, OllamaModelRequest, OllamaPullRequest, library_name,
+                                     ollama_name, pull_spec, stream_doc)
 
-router = APIRouter(tags=["Ollama-compatible"])
+router = APIRouter()  # its tag comes from ollama_api, which includes it
 
 OLLAMA_VERSION = "0.12.0"  # the Ollama release whose API this one follows, for clients that check
 NEVER = "2318-01-01T00:00:00Z"  # expires_at of a loaded model: Serge unloads by its memory budget, not a clock
@@ -35,7 +35,7 @@ _POLL_S = 0.25
 _DTYPES = {"float16": "F16", "bfloat16": "BF16", "float32": "F32"}
 
 
-class ModelDetails(BaseModel):
+class OllamaModelDetails(BaseModel):
     parent_model: str = ""
     format: str = ""
     family: str = ""
@@ -44,41 +44,41 @@ class ModelDetails(BaseModel):
     quantization_level: str = ""
 
 
-class ListedModel(BaseModel):
+class OllamaListedModel(BaseModel):
     name: str
     model: str
     modified_at: str
     size: int
     digest: str
-    details: ModelDetails
+    details: OllamaModelDetails
 
 
-class TagsResponse(BaseModel):
-    models: list[ListedModel]
+class OllamaTags(BaseModel):
+    models: list[OllamaListedModel]
 
 
-class ShowResponse(BaseModel):
+class OllamaShow(BaseModel):
     modelfile: str
     parameters: str
     template: str
     license: str
-    details: ModelDetails
+    details: OllamaModelDetails
     model_info: dict
     capabilities: list[str]
     modified_at: str
 
 
-class RunningModel(ListedModel):
+class OllamaRunningModel(OllamaListedModel):
     expires_at: str
     size_vram: int
     context_length: int
 
 
-class PsResponse(BaseModel):
-    models: list[RunningModel]
+class OllamaPs(BaseModel):
+    models: list[OllamaRunningModel]
 
 
-class VersionResponse(BaseModel):
+class OllamaVersion(BaseModel):
     version: str
 
 
@@ -101,13 +101,13 @@ def _parameter_size(count: int | None) -> str:
     return f"{count / 1e9:.1f}B" if count >= 1e9 else f"{count / 1e6:.0f}M"
 
 
-def details(m: ModelInfo) -> ModelDetails:
+def details(m: ModelInfo) -> OllamaModelDetails:
     f = m.facts
     if f is None:  # a remote model: its server knows
-        return ModelDetails(format="remote")
+        return OllamaModelDetails(format="remote")
     family = _family(m)
     quantization = f.quantization or ""
-    return ModelDetails(format="gguf" if f.format == "gguf" else "safetensors", family=family,
+    return OllamaModelDetails(format="gguf" if f.format == "gguf" else "safetensors", family=family,
                         families=[family] if family else None, parameter_size=_parameter_size(f.parameters),
                         quantization_level=_DTYPES.get(quantization, quantization))
 
@@ -139,18 +139,21 @@ def parameters(defaults: SamplingParams | None) -> str:
     return "\n".join(lines)
 
 
-@router.get("/api/version", response_model=VersionResponse, summary="Ollama: the API version Serge follows")
+@router.get("/api/version", response_model=OllamaVersion, summary="Ollama: the API version Serge follows",
+             responses=ERRORS_DOC)
 def version():
     return {"version": OLLAMA_VERSION}
 
 
-@router.get("/api/tags", response_model=TagsResponse, summary="Ollama: the models a request may name")
+@router.get("/api/tags", response_model=OllamaTags, summary="Ollama: the models a request may name",
+             responses=ERRORS_DOC)
 def tags(request: Request):
     return {"models": [listed(m) for m in _engine(request).models()]}
 
 
-@router.post("/api/show", response_model=ShowResponse, summary="Ollama: one model's details")
-async def show(body: ModelRequest, request: Request):
+@router.post("/api/show", response_model=OllamaShow, summary="Ollama: one model's details",
+              responses=ERRORS_DOC)
+async def show(body: OllamaModelRequest, request: Request):
     engine = _engine(request)
     body.ignored("/api/show")
     m = engine.info(await run_in_threadpool(library_name, engine, body.named))
@@ -166,7 +169,7 @@ async def show(body: ModelRequest, request: Request):
             "model_info": info, "capabilities": ["completion", "tools"], "modified_at": _modified(m)}
 
 
-@router.get("/api/ps", response_model=PsResponse, summary="Ollama: the models loaded now")
+@router.get("/api/ps", response_model=OllamaPs, summary="Ollama: the models loaded now", responses=ERRORS_DOC)
 def ps(request: Request):
     engine = _engine(request)
     status = engine.status()
@@ -193,11 +196,11 @@ _FINISHED = ({"status": "verifying sha256 digest"}, {"status": "writing manifest
 
 
 @router.post("/api/pull", summary="Ollama: pull a model into the library (admins; progress as NDJSON)",
-             dependencies=[Depends(require_admin)],
+             dependencies=[Depends(require_admin)], responses=stream_doc("Progress"),
              description="`model` is a catalog name or a hub repo (org/name, org/name:QUANT; Ollama's "
                          "hf.co/org/name:QUANT too); `:latest` is dropped. A model installed already answers "
                          "success at once. The pull stops if the client goes away, as Ollama's does.")
-async def pull(body: PullRequest, request: Request):
+async def pull(body: OllamaPullRequest, request: Request):
     engine = _engine(request)
     body.ignored("/api/pull")
     if not (body.model or body.name):
@@ -250,12 +253,13 @@ async def pull(body: PullRequest, request: Request):
         async for record in progress():
             yield json.dumps(record) + "\n"
 
-    return StreamingResponse(lines(), media_type="application/x-ndjson")
+    return StreamingResponse(lines(), media_type=NDJSON)
 
 
 @router.delete("/api/delete", summary="Ollama: delete a model from the library (admins)",
-               dependencies=[Depends(require_admin)])
-async def delete(body: ModelRequest, request: Request):
+               dependencies=[Depends(require_admin)], response_class=Response,
+               responses={200: {"description": "Deleted; the body is empty, as Ollama's."}, **ERRORS_DOC})
+async def delete(body: OllamaModelRequest, request: Request):
     engine = _engine(request)
     body.ignored("/api/delete")
     await run_in_threadpool(engine.remove, await run_in_threadpool(library_name, engine, body.named))

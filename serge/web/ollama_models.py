@@ -20,7 +20,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from serge.chats import MAX_MESSAGE_CHARS
-from serge.engine import OLLAMA_OPTIONS, Engine, Message, ModelNotFound, ResponseFormat, SamplingParams, Tool, ToolCall, Tools
+from serge.engine import (OLLAMA_OPTIONS, Engine, Message, ModelNotFound, ResponseFormat, SamplingParams, Tool,
+                          ToolCall, Tools)
 from serge.web.errors import ApiError, describe_validation
 
 log = logging.getLogger(__name__)
@@ -37,6 +38,27 @@ _DURATION = re.compile(r"(-?\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)?")
 WITHOUT_EFFECT = ("num_keep", "typical_p", "repeat_last_n", "mirostat", "mirostat_tau", "mirostat_eta",
                   "penalize_newline", "tfs_z", "numa", "num_batch", "num_gpu", "main_gpu", "low_vram", "f16_kv",
                   "logits_all", "vocab_only", "use_mmap", "use_mlock", "embedding_only", "num_thread")
+
+
+# What the API reference says Ollama's routes answer when they fail: Ollama's shape, {"error": "..."}.
+_ERROR = {"application/json": {"schema": {"type": "object", "required": ["error"],
+                                          "properties": {"error": {"type": "string"}}}}}
+ERRORS_DOC = {"4XX": {"description": "The request cannot be served as sent; the message says what to change.",
+                      "content": _ERROR},
+              502: {"description": "A remote model's server, or the hub a pull reads, failed.", "content": _ERROR},
+              503: {"description": "Busy (retry after Retry-After seconds), or the model would not load.",
+                    "content": _ERROR}}
+
+
+NDJSON = "application/x-ndjson"
+
+
+def stream_doc(what: str) -> dict:
+    """The API reference's answers of a route that streams NDJSON records, or one object with stream: false."""
+    return {200: {"description": f"{what}: newline-delimited JSON records (application/x-ndjson), the last with "
+                                 "done: true; one JSON object with stream: false.",
+                  "content": {"application/json": {"schema": {"type": "object"}},
+                              NDJSON: {"schema": {"type": "object"}}}}, **ERRORS_DOC}
 
 
 def _bad(message: str, param: str) -> ApiError:
@@ -105,39 +127,39 @@ class _Open(BaseModel):
             log.debug("Ollama %s: ignored the fields %s", where, ", ".join(sorted(self.model_extra)))
 
 
-class FunctionCallIn(_Open):
+class OllamaFunctionCall(_Open):
     name: str = Field(max_length=64)
     arguments: dict[str, Any] | str = Field(default_factory=dict, description="An object (as Ollama sends it), "
                                                                               "or JSON text.")
     index: int | None = Field(None, description=NO_EFFECT)
 
 
-class ToolCallIn(_Open):
+class OllamaToolCall(_Open):
     id: str | None = Field(None, max_length=256, description="Made up (call_<message>_<n>) when left out.")
     type: Literal["function"] | None = None
-    function: FunctionCallIn
+    function: OllamaFunctionCall
 
 
-class ChatMessage(_Open):
+class OllamaMessage(_Open):
     role: Literal["system", "user", "assistant", "tool"]
     content: str | None = Field(None, max_length=MAX_MESSAGE_CHARS)
     images: list[str] | None = Field(None, max_length=16, description="Refused (400): Serge's models read text.")
-    tool_calls: list[ToolCallIn] | None = Field(None, max_length=MAX_TOOLS, description="An assistant's calls.")
+    tool_calls: list[OllamaToolCall] | None = Field(None, max_length=MAX_TOOLS, description="An assistant's calls.")
     tool_name: str | None = Field(None, max_length=64, description="A tool message: the function that answered.")
     tool_call_id: str | None = Field(None, max_length=256, description="A tool message: the call it answers "
                                                                        "(else the earliest unanswered call).")
     thinking: str | None = Field(None, max_length=MAX_MESSAGE_CHARS, description=NO_EFFECT)
 
 
-class FunctionIn(_Open):
+class OllamaFunction(_Open):
     name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
     description: str | None = Field(None, max_length=10_000)
     parameters: dict | None = Field(None, description="The arguments' JSON schema; a call is constrained to it.")
 
 
-class ToolIn(_Open):
+class OllamaTool(_Open):
     type: Literal["function"] = "function"
-    function: FunctionIn
+    function: OllamaFunction
 
 
 class _Generation(_Open):
@@ -202,10 +224,10 @@ class _Generation(_Open):
         return self.stream is not False  # Ollama streams unless told not to
 
 
-class ChatRequest(_Generation):
-    messages: list[ChatMessage] | None = Field(None, max_length=MAX_MESSAGES_PER_REQUEST, description=(
+class OllamaChatRequest(_Generation):
+    messages: list[OllamaMessage] | None = Field(None, max_length=MAX_MESSAGES_PER_REQUEST, description=(
         "None or empty: load the model (or unload it, with keep_alive 0) and answer at once."))
-    tools: list[ToolIn] | None = Field(None, max_length=MAX_TOOLS, description="Functions the model may call.")
+    tools: list[OllamaTool] | None = Field(None, max_length=MAX_TOOLS, description="Functions the model may call.")
     truncate: bool | None = Field(None, description="false: a conversation longer than the window is a 400 "
                                                     "instead of losing its oldest turns.")
 
@@ -247,7 +269,7 @@ class ChatRequest(_Generation):
                            for t in self.tools))
 
 
-class GenerateRequest(_Generation):
+class OllamaGenerateRequest(_Generation):
     prompt: str | None = Field(None, max_length=MAX_MESSAGE_CHARS, description=(
         "One user message through the model's chat template; raw: true sends it as it is. None or empty (and no "
         "suffix): load the model (or unload it, with keep_alive 0) and answer at once."))
@@ -274,7 +296,7 @@ class GenerateRequest(_Generation):
         return [*system, Message("user", self.prompt or "")]
 
 
-class PullRequest(_Open):
+class OllamaPullRequest(_Open):
     model: str | None = Field(None, max_length=200, description="A catalog name or a hub repo (org/name, "
                                                                 "org/name:QUANT, hf.co/org/name:QUANT).")
     name: str | None = Field(None, max_length=200, description="The older spelling of model.")
@@ -282,7 +304,7 @@ class PullRequest(_Open):
     insecure: bool | None = Field(None, description=NO_EFFECT)
 
 
-class ModelRequest(_Open):
+class OllamaModelRequest(_Open):
     """/api/show and /api/delete: one model, by `model` (or the older `name`)."""
 
     model: str | None = Field(None, max_length=200)
