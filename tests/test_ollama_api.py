@@ -369,3 +369,24 @@ def test_a_pull_streams_ollamas_progress_records_and_delete_removes_the_model(tm
         assert engine.pulls()[-1].state == "cancelled", "a pull whose client went away stops, as Ollama's does"
         assert f"{GGUF_REPO.lower()}:q8_0" not in [m.model for m in client.list().models]
     fake_hub.reset()
+
+
+@pytest.fixture(scope="module")
+def each_engine(both_engines, settings, tmp_path_factory):
+    """A server over each local engine in turn (transformers and llama.cpp)."""
+    own = settings.model_copy(update={"data_dir": tmp_path_factory.mktemp("ollama-each"), "port": free_port()})
+    with ServerThread(build_app(own, both_engines), own.port) as running:
+        yield ollama.Client(host=running.url, timeout=300)
+
+
+def test_chat_streams_calls_tools_and_keeps_to_json_on_each_local_engine(each_engine):
+    parts = list(each_engine.chat(model=MODEL, messages=HELLO, stream=True, options=QUICK))
+    assert "".join(p.message.content for p in parts[:-1]) and not any(p.done for p in parts[:-1])
+    assert_sane_final(parts[-1])
+    called = each_engine.chat(model=MODEL, messages=SHOWN_A_CALL, tools=[WEATHER],
+                              options={"temperature": 0, "num_predict": 40})
+    assert called.message.tool_calls and called.message.tool_calls[0].function.name == "get_weather"
+    assert isinstance(called.message.tool_calls[0].function.arguments, dict)
+    person = each_engine.generate(model=MODEL, prompt="Give a JSON object with the name and age of a person.",
+                                  format="json", options={"temperature": 0, "num_predict": 80})
+    assert isinstance(json.loads(person.response), dict)
