@@ -264,6 +264,13 @@ class Engine:
     def cancel_pull(self, pull_id: str) -> PullStatus:
         return self._pulls.cancel(pull_id)
 
+    def unload(self, name: str) -> bool:
+        """Unload an idle local model now (it loads again on its next request); False when it was not loaded or
+        is not a local model. Raises ModelNotFound, and ModelInUse while it answers or loads."""
+        if name in self._fixed:
+            return False
+        return self._registry.unload(self._library.find(name).name)
+
     def remove(self, name: str) -> None:
         """Unload (if idle) and delete an installed model; ModelInUse while it answers, ModelNotFound if absent."""
         if name in self._fixed:

@@ -33,6 +33,7 @@ from serge.web.embeddings_api import router as embeddings_router
 from serge.web.errors import ApiError, install_error_handlers
 from serge.web.guard import protect
 from serge.web.models_api import router as models_router
+from serge.web.ollama_api import router as ollama_router
 from serge.web.openai_api import router as openai_router
 from serge.web.pages import STATIC, build_pages
 from serge.web.request_log import RequestLog
@@ -94,6 +95,7 @@ def build_app(settings: Settings, engine: Engine) -> FastAPI:
     app.include_router(openai_router)
     app.include_router(embeddings_router)
     app.include_router(completions_router)
+    app.include_router(ollama_router)
     app.include_router(chats_router)
     app.include_router(models_router)
     app.include_router(accounts_router)

@@ -29,7 +29,8 @@ SESSION_COOKIE = "serge_session"
 OPEN_PATHS = frozenset({"/login", "/api/health", "/metrics"})
 STATIC_PREFIX = "/static/"
 API_PREFIXES = ("/api/", "/v1/", "/metrics", "/openapi.json")
-STREAMING = re.compile(r"/v1/chat/completions|/api/chats/[^/]+/(?:messages|regenerate|messages/[^/]+/edit)")
+STREAMING = re.compile(r"/v1/chat/completions|/api/(?:chat|generate)"
+                       r"|/api/chats/[^/]+/(?:messages|regenerate|messages/[^/]+/edit)")
 FORWARDING_HEADERS = frozenset({b"forwarded", b"x-forwarded-for", b"x-forwarded-proto", b"x-forwarded-host",
                                 b"x-forwarded-port", b"x-forwarded-server", b"x-real-ip", b"x-client-ip",
                                 b"true-client-ip", b"cf-connecting-ip", b"x-cluster-client-ip", b"fastly-client-ip"})

@@ -26,8 +26,9 @@ from serge.store import DatabaseUnavailable, KeyNotFound, LastAdmin, NameTaken, 
 
 
 DATABASE_RETRY_S = 5
-ROUTES = ("OpenAI's API under /v1 (/v1/models, /v1/chat/completions, /v1/embeddings), Serge's chat API under /api/chats, "
-          "/api/models and /api/health")
+ROUTES = ("OpenAI's API under /v1 (/v1/models, /v1/chat/completions, /v1/completions, /v1/embeddings), Serge's "
+          "chat API under /api/chats, /api/models and /api/health, Ollama's /api/chat, /api/generate, /api/tags, "
+          "/api/embed, /api/show, /api/ps, /api/version, /api/pull and /api/delete")
 
 
 class ApiError(Exception):
@@ -56,9 +57,20 @@ def _openai_error(message: str, status: int, code: str | None, param: str | None
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
+def _ollama_error(message: str, status: int, code: str | None, param: str | None) -> dict:
+    return {"error": message}
+
+
+# Ollama's routes sit beside Serge's own /api/*, so they are named one by one (those Serge does not serve
+# too, so an Ollama client reads why). /api/chat is Ollama's; /api/chats, Serge's.
+OLLAMA_PATHS = ("/api/chat", "/api/generate", "/api/embed", "/api/embeddings", "/api/tags", "/api/show", "/api/ps",
+                "/api/version", "/api/pull", "/api/delete", "/api/copy", "/api/create", "/api/push", "/api/blobs")
+
 # Each API dialect answers errors in its own shape: (a path or a folder of paths, how its body looks).
 # Anything else (Serge's own API, the pages, /v1's OpenAI routes) answers in OpenAI's shape.
-DIALECT_ERRORS: tuple[tuple[str, Callable[[str, int, str | None, str | None], dict]], ...] = ()
+DIALECT_ERRORS: tuple[tuple[str, Callable[[str, int, str | None, str | None], dict]], ...] = (
+    *((path, _ollama_error) for path in OLLAMA_PATHS),
+)
 
 
 def error_body(message: str, *, status: int, code: str | None = None, param: str | None = None,

@@ -132,6 +132,11 @@ ENGINE_DEFAULTS = SamplingParams(
 # An OpenAI-compatible request (Serge's /v1, and a remote server: vLLM and llama.cpp read the extras too):
 OPENAI_NAMES = {name: name for name in SamplingParams.model_fields} | {
     "max_new_tokens": "max_tokens", "logprobs": "top_logprobs"}
+# Ollama's `options` (/api/chat, /api/generate), its name -> ours. Its other options (num_ctx, which the
+# Ollama dialect reads as a cap, and the load-time and mirostat ones) are not sampling settings here:
+OLLAMA_OPTIONS = {"num_predict": "max_new_tokens", "temperature": "temperature", "top_k": "top_k", "top_p": "top_p",
+                  "min_p": "min_p", "repeat_penalty": "repetition_penalty", "presence_penalty": "presence_penalty",
+                  "frequency_penalty": "frequency_penalty", "seed": "seed", "stop": "stop"}
 # A model's generation_config.json, when it asks for sampling (do_sample):
 GENERATION_CONFIG_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 # A GGUF's `general.sampling.*` metadata:
