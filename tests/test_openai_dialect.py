@@ -246,7 +246,6 @@ UNSUPPORTED = {
     "audio": {"audio": {"voice": "alloy", "format": "wav"}},
     "modalities": {"modalities": ["text", "audio"]},
     "prediction": {"prediction": {"type": "content", "content": "x"}},
-    "reasoning_effort": {"reasoning_effort": "low"},
     "verbosity": {"verbosity": "low"},
     "web_search_options": {"web_search_options": {}},
     "functions": {"functions": [WEATHER["function"]]},
@@ -278,6 +277,7 @@ def test_harmless_openai_fields_are_accepted(server):
 def test_the_api_docs_list_the_fields_without_effect_and_how_logprobs_are_computed(server):
     spec = httpx.get(f"{server}/openapi.json").json()
     doc = spec["paths"]["/v1/chat/completions"]["post"]["description"]
-    assert "metadata" in doc and "reasoning_effort" in doc and "distribution each token was drawn from" in doc
+    assert "metadata" in doc and "verbosity" in doc and "distribution each token was drawn from" in doc
     fields = spec["components"]["schemas"]["ChatCompletionRequest"]["properties"]
-    assert {"response_format", "tools", "tool_choice", "logprobs", "top_logprobs", "logit_bias"} <= set(fields)
+    assert {"response_format", "tools", "tool_choice", "logprobs", "top_logprobs", "logit_bias",
+            "reasoning_effort"} <= set(fields)

@@ -55,7 +55,7 @@ class Backend(Protocol):
 
     def submit(self, messages: Sequence[Message], params: SamplingParams | None = None,
                tools: Tools | None = None, response_format: ResponseFormat | None = None,
-               trim: bool = True) -> Stream: ...
+               trim: bool = True, think: bool | None = None) -> Stream: ...
 
     def count_tokens(self, messages: Sequence[Message], tools: Tools | None = None) -> int: ...
 
@@ -202,14 +202,16 @@ class Engine:
     # --- generation ----------------------------------------------------------------
     def chat(self, model: str | None, messages: Sequence[Message], params: SamplingParams | None = None,
              tools: Tools | None = None, response_format: ResponseFormat | None = None,
-             trim: bool = True) -> Stream:
+             trim: bool = True, think: bool | None = None) -> Stream:
         """Start a reply to `messages`, offering `tools`, shaped by `response_format`; the stream says which
         model (`stream.model`). A conversation too long for the window loses its oldest turns, or with
-        `trim=False` is refused. A last message from the assistant is continued (a prefill). Raises
+        `trim=False` is refused. A last message from the assistant is continued (a prefill). A model that
+        thinks has its thoughts apart (`Delta.reasoning`, `record.reasoning`); `think=False` asks its
+        template not to, where the template allows. Raises
         ModelNotFound, ContextTooLong, InvalidRequest (a bad schema, tool_choice or logit_bias) or
         EngineBusy before anything runs."""
         with self._backend(model) as backend:  # not unloaded between loading and queueing the request
-            stream = backend.submit(messages, params, tools, response_format, trim)
+            stream = backend.submit(messages, params, tools, response_format, trim, think)
         stream.model = backend.name
         return stream
 

@@ -19,8 +19,9 @@ from serge.engine.models.library import InstalledModel
 from serge.engine.devices import DevicePlan
 from serge.engine.generation.grammar import InvalidRequest, ResponseFormat
 from serge.engine.metrics import EngineMetrics
-from serge.engine.generation.prompts import (ContextTooLong, Message, build_prompt, count_tokens, placed,
-                                              template_takes_mid_system)
+from serge.engine.generation.prompts import (ContextTooLong, Message, TemplateOptions, build_prompt, count_tokens,
+                                              placed, template_takes_mid_system)
+from serge.engine.generation.thinking import Thinking, opens_thinking, template_thinks
 from serge.engine.generation.sampling import SamplingParams
 from serge.engine.generation.scheduler import Scheduler, SchedulerLimits
 from serge.engine.generation.stream import Stream
@@ -63,12 +64,14 @@ class LocalModel:
     gpu_bytes: int = 0  # of memory_bytes, what is on the GPU (llama.cpp; transformers on CUDA has it all there)
     _mid_system: bool = field(init=False, default=True)  # its template renders a system message after turn one
     _fim: tuple[int, int, int] | None = field(init=False, default=None)  # fill-in-the-middle token ids
+    thinks: bool = field(init=False, default=False)  # its template knows <think>: its thoughts are split out
 
     def __post_init__(self) -> None:
         if self.tool_format is None:
             object.__setattr__(self, "tool_format", find_tool_format(self.tokenizer))
         object.__setattr__(self, "_mid_system", template_takes_mid_system(self.tokenizer))
         object.__setattr__(self, "_fim", fim_tokens(self.tokenizer))
+        object.__setattr__(self, "thinks", template_thinks(self.tokenizer))
 
     def _checked(self, params: SamplingParams | None) -> SamplingParams:
         params = (params or SamplingParams()).over(self.defaults)
@@ -79,16 +82,21 @@ class LocalModel:
 
     def submit(self, messages: Sequence[Message], params: SamplingParams | None = None,
                tools: Tools | None = None, response_format: ResponseFormat | None = None,
-               trim: bool = True) -> Stream:
-        """Start a reply; raises ContextTooLong, InvalidRequest or EngineBusy before anything runs."""
+               trim: bool = True, think: bool | None = None) -> Stream:
+        """Start a reply; raises ContextTooLong, InvalidRequest or EngineBusy before anything runs.
+        `think=False` asks the template not to think (`enable_thinking`, where the template has it)."""
         params = self._checked(params)
         rule = response_format.rule() if response_format is not None else None
         plan = plan_reply(self.tool_format, placed(messages, self._mid_system), tools, rule)
-        prompt = build_prompt(self.tokenizer, plan.messages, self.context_window, params.max_new_tokens,
+        tokenizer = TemplateOptions(self.tokenizer, enable_thinking=False) if think is False else self.tokenizer
+        prompt = build_prompt(tokenizer, plan.messages, self.context_window, params.max_new_tokens,
                               plan.template_tools, trim)
+        thinking = None
+        if self.thinks:  # does the prompt leave the reply inside <think> (the template opened it)?
+            thinking = Thinking(inside=opens_thinking(self.tokenizer.decode(prompt.ids[-16:])))
         json_only = plan.grammar is not None and (rule is not None or (tools is not None and tools.mode == "required"))
         stream = self.scheduler.submit(prompt.ids, params.resolved(prompt.room), plan.grammar, plan.reader,
-                                       plan.grammar_param, finish_json=json_only)
+                                       plan.grammar_param, finish_json=json_only, thinking=thinking)
         stream.dropped_messages = prompt.dropped_messages
         return stream
 

@@ -80,8 +80,8 @@ class RemoteBackend:
 
     def submit(self, messages: Sequence[Message], params: SamplingParams | None = None,
                tools: Tools | None = None, response_format: ResponseFormat | None = None,
-               trim: bool = True) -> Stream:
-        """`trim` is the remote server's business: it applies its own window."""
+               trim: bool = True, think: bool | None = None) -> Stream:
+        """`trim` and `think` are the remote server's business: it applies its own window and template."""
         params = params or SamplingParams()
         body = {
             "model": self._remote.model or self.name,

@@ -109,8 +109,9 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
     params = body.sampling()
     messages = body.conversation()
     tools = body.tool_offer()
+    think = None if body.reasoning_effort is None else body.reasoning_effort != "none"
     stream = await run_in_threadpool(_engine(request).chat, body.model, messages, params, tools, body.response_format,
-                                     False)  # an agent managing its own context needs to hear it does not fit
+                                     False, think)  # trim=False: an agent managing its own context must hear it
     name = stream.model
     note_generation(request, name, stream)
     completion_id = f"chatcmpl-{uuid.uuid4().hex}"
@@ -131,6 +132,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
                            code="remote_model_failed" if record.remote_error else "generation_failed")
         message = {"role": "assistant", "content": record.text if record.text or not record.tool_calls else None,
                    "refusal": None}
+        if record.reasoning:
+            message["reasoning_content"] = record.reasoning
         if record.tool_calls:
             message["tool_calls"] = [{"id": c.id, "type": "function",
                                       "function": {"name": c.name, "arguments": c.arguments}}
@@ -164,6 +167,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
             async for delta in stream.adeltas():
                 pending.extend(delta.tokens)
                 out: dict = {}
+                if delta.reasoning:
+                    out["reasoning_content"] = delta.reasoning
                 if delta.text:
                     out["content"] = delta.text
                 if delta.tool_calls:

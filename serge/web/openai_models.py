@@ -28,7 +28,7 @@ NO_EFFECT = "Accepted for compatibility with OpenAI's API; it has no effect in S
 HARMLESS = ("user", "metadata", "store", "service_tier", "prompt_cache_key", "prompt_cache_retention",
             "safety_identifier")
 # Some of OpenAI's fields Serge does not implement; they, and any field not declared below, are a 400.
-REFUSED = ("audio", "modalities other than text", "prediction", "reasoning_effort", "verbosity",
+REFUSED = ("audio", "modalities other than text", "prediction", "verbosity",
            "web_search_options", "functions", "function_call", "n > 1")
 
 
@@ -145,6 +145,9 @@ class ChatCompletionRequest(StrictRequest):
     min_p: float | None = Field(None, description="Not in OpenAI's API: minimum probability relative to the top token.")
     repetition_penalty: float | None = Field(None, description="Not in OpenAI's API: >1 discourages repeats.")
     ignore_eos: bool | None = Field(None, description="Not in OpenAI's API: generate past end-of-turn (benchmarks).")
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = Field(
+        None, description="For a model that thinks: none asks its template not to (where the template allows); any "
+                          "other value lets it think. Its thoughts come back as reasoning_content.")
     user: str | None = Field(None, description=NO_EFFECT)
     metadata: dict[str, str] | None = Field(None, description=NO_EFFECT)
     store: bool | None = Field(None, description=NO_EFFECT)

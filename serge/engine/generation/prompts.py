@@ -223,6 +223,22 @@ def _render(tokenizer, messages: Sequence[Message], tools: list[dict] | None = N
     return ids
 
 
+class TemplateOptions:
+    """The tokenizer, with keywords for its chat template on every rendering (`enable_thinking=False`)."""
+
+    def __init__(self, tokenizer, **options) -> None:
+        self._tokenizer, self._options = tokenizer, options
+
+    def apply_chat_template(self, *args, **kwargs):
+        return self._tokenizer.apply_chat_template(*args, **{**self._options, **kwargs})
+
+    def __getattr__(self, name: str):
+        return getattr(self._tokenizer, name)
+
+    def __call__(self, *args, **kwargs):
+        return self._tokenizer(*args, **kwargs)
+
+
 def count_tokens(tokenizer, messages: Sequence[Message], tools: list[dict] | None = None) -> int:
     """The prompt's tokens for the whole conversation, as the template renders it."""
     return len(_render(tokenizer, messages, tools))

@@ -40,6 +40,7 @@ from serge.engine.generation.kvcache import PrefixCache
 from serge.engine.metrics import EngineMetrics
 from serge.engine.generation.sampling import SamplingParams
 from serge.engine.generation.sequence import ReplyReader, Sequence
+from serge.engine.generation.thinking import Thinking
 from serge.engine.generation.stream import FinishReason, GenerationError, Stream, TextAssembler
 
 log = logging.getLogger(__name__)
@@ -121,7 +122,7 @@ class Scheduler:
 
     def submit(self, prompt: list[int], params: SamplingParams, grammar: str | None = None,
                reader: ReplyReader | None = None, grammar_param: str = "response_format",
-               finish_json: bool = False) -> Stream:
+               finish_json: bool = False, thinking: Thinking | None = None) -> Stream:
         """Queue a generation; raises `EngineBusy` when every slot and the queue are full.
 
         `finish_json`: every reply the grammar allows is JSON, so near the end of its budget the
@@ -137,7 +138,7 @@ class Scheduler:
             self.vocabulary.prepare()  # token bytes: a second's work, here rather than on the worker
         stream = Stream()
         seq = Sequence(list(prompt), params, stream, TextAssembler(self._tokenizer, params.stop), self._eos,
-                       self.vocabulary, matcher, reader, finish_json=finish_json)
+                       self.vocabulary, matcher, reader, finish_json=finish_json, thinking=thinking)
         with self._lock:
             if self._closing:
                 raise GenerationError(f"the model {self.name!r} is being unloaded; try again")

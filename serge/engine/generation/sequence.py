@@ -19,6 +19,7 @@ from typing import Protocol
 import torch
 
 from serge.engine.generation.grammar import Matcher, Vocabulary
+from serge.engine.generation.thinking import Thinking
 
 FINISH_TOKENS = 16  # the last tokens of a JSON-only reply's budget, in which it is steered to its end
 from serge.engine.generation.prompts import ToolCall
@@ -62,6 +63,8 @@ class Sequence:
     first_token: float | None = None
     last_token: float | None = None
     finish_json: bool = False  # the grammar allows JSON only: close it before the budget ends
+    thinking: Thinking | None = None  # a thinking model's reply: its thoughts split from its answer
+    _answer: str = ""  # with `thinking`: the answer so far
     _penalties: Penalties | None = None  # made on the first token that needs them
     _bias: torch.Tensor | None = None  # logit_bias as a row of the logits' width
 
@@ -127,12 +130,19 @@ class Sequence:
 
     def _show(self, text: str, tokens: tuple[TokenLogprob, ...], closing: bool = False) -> None:
         calls: list[ToolCallDelta] = []
+        thought = ""
+        if self.thinking is not None:
+            text, thought = self.thinking.feed(text)
+            if closing:
+                rest, more = self.thinking.close()
+                text, thought = text + rest, thought + more
+            self._answer += text
         if self.reader is not None:
             text, calls = self.reader.feed(text)
             if closing:
                 rest, more = self.reader.close()
                 text, calls = text + rest, calls + more
-        self.stream.push(text, tokens, tuple(calls))
+        self.stream.push(text, tokens, tuple(calls), thought)
 
     def _logprob(self, token: int, logprobs: torch.Tensor) -> TokenLogprob:
         chosen, top = top_logprobs(logprobs, token, self.params.logprobs or 0)
@@ -147,7 +157,8 @@ class Sequence:
         started = self.started if self.started is not None else now
         reader = self.reader
         return GenerationRecord(
-            text=reader.content if reader is not None else self.assembler.text,
+            text=reader.content if reader is not None else self._answer if self.thinking else self.assembler.text,
+            reasoning=self.thinking.reasoning if self.thinking is not None else "",
             finish_reason=reason,
             prompt_tokens=len(self.prompt),
             completion_tokens=len(self.generated),

@@ -70,9 +70,10 @@ class Delta:
     text: str = ""
     tokens: tuple[TokenLogprob, ...] = ()
     tool_calls: tuple[ToolCallDelta, ...] = ()
+    reasoning: str = ""  # a thinking model's thoughts, apart from its answer
 
     def __bool__(self) -> bool:
-        return bool(self.text or self.tokens or self.tool_calls)
+        return bool(self.text or self.tokens or self.tool_calls or self.reasoning)
 
 
 @dataclass(frozen=True)
@@ -87,6 +88,7 @@ class GenerationRecord:
     queued_s: float
     ttft_s: float | None
     duration_s: float
+    reasoning: str = ""  # a thinking model's thoughts, apart from `text`
     error: str | None = None
     tool_calls: tuple[ToolCall, ...] = ()
     remote_error: bool = False  # the error was a remote model's server's (silent, hung up, refused), not Serge's
@@ -128,8 +130,8 @@ class Stream:
         return self._cancelled.is_set()
 
     def push(self, text: str = "", tokens: tuple[TokenLogprob, ...] = (),
-             tool_calls: tuple[ToolCallDelta, ...] = ()) -> None:
-        delta = Delta(text, tokens, tool_calls)
+             tool_calls: tuple[ToolCallDelta, ...] = (), reasoning: str = "") -> None:
+        delta = Delta(text, tokens, tool_calls, reasoning)
         if delta:
             self._deltas.put(delta)
             self._notify()

@@ -29,7 +29,8 @@ class Thinking:
     def __init__(self, inside: bool = False) -> None:
         self._inside = inside
         self._held = ""
-        self._seen_answer = False  # once the answer has begun, a later <think> is just text
+        self._answered = False  # once the answer has begun, a later <think> is just text
+        self._closed = False  # just after </think>: the blank line templates put there is dropped
         self.reasoning = ""
 
     def feed(self, text: str) -> tuple[str, str]:
@@ -38,26 +39,34 @@ class Thinking:
         answer, thought = [], []
         while text:
             tag = CLOSE if self._inside else OPEN
-            at = text.find(tag)
+            at = text.find(tag) if self._inside or not self._answered else -1
             if at == -1:
-                keep = _partial(text, tag) if (self._inside or not self._seen_answer) else 0
-                part, self._held = text[: len(text) - keep], text[len(text) - keep:]
-                (thought if self._inside else answer).append(part)
+                keep = _partial(text, tag) if self._inside or not self._answered else 0
+                text, self._held = text[: len(text) - keep], text[len(text) - keep:]
+                self._put(text, answer, thought)
                 break
-            (thought if self._inside else answer).append(text[:at])
+            self._put(text[:at], answer, thought)
             text = text[at + len(tag):]
             if self._inside:
-                self._inside = False
-                text = text.lstrip("\n")  # the blank line templates put between thinking and answer
-            elif not self._seen_answer and not "".join(answer).strip():
+                self._inside, self._closed = False, True
+            elif not self._answered:  # <think> before any answer: the thoughts begin
                 self._inside = True
             else:
                 answer.append(tag)
-            self._seen_answer = self._seen_answer or bool("".join(answer).strip())
         out, thinking = "".join(answer), "".join(thought)
-        self._seen_answer = self._seen_answer or bool(out.strip())
         self.reasoning += thinking
         return out, thinking
+
+    def _put(self, text: str, answer: list[str], thought: list[str]) -> None:
+        if self._inside:
+            thought.append(text)
+            return
+        if self._closed:
+            text = text.lstrip("\n")
+            self._closed = not text
+        if text.strip():
+            self._answered = True
+        answer.append(text)
 
     def close(self) -> tuple[str, str]:
         """At the end: what was held back (an unfinished tag is text after all)."""
