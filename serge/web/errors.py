@@ -22,7 +22,7 @@ from serge.chats import ChatBusy, ChatNotFound, InvalidChatInput, MessageNotFoun
 from serge.engine import (ContextTooLong, DeviceUnavailable, EngineBusy, InvalidModelName, InvalidRequest,
                           InvalidSource, ModelInUse, ModelLoadFailed, ModelNotFound, ModelTooLarge, PullFailed,
                           PullNotFound, PullRefused)
-from serge.store import DatabaseUnavailable, KeyNotFound, LastAdmin, NameTaken, UserNotFound
+from serge.store import DatabaseUnavailable, KeyNotFound, LastAdmin, NameTaken, ResponseNotFound, UserNotFound
 
 
 DATABASE_RETRY_S = 5
@@ -117,6 +117,7 @@ ERRORS: dict[type[Exception], tuple[int, str, str | None]] = {
     UserNotFound: (404, "not_found", None),
     KeyNotFound: (404, "not_found", None),
     LastAdmin: (409, "last_admin", None),
+    ResponseNotFound: (404, "response_not_found", "response_id"),
 }
 
 

@@ -117,6 +117,8 @@ ENGINE_DEFAULTS = SamplingParams(
 # An OpenAI-compatible request (Serge's /v1, and a remote server: vLLM and llama.cpp read the extras too):
 OPENAI_NAMES = {name: name for name in SamplingParams.model_fields} | {
     "max_new_tokens": "max_tokens", "logprobs": "top_logprobs"}
+# OpenAI's Responses API (/v1/responses): the fields it has (logprobs come from its top_logprobs and include).
+RESPONSES_NAMES = {"temperature": "temperature", "top_p": "top_p", "max_new_tokens": "max_output_tokens"}
 # A model's generation_config.json, when it asks for sampling (do_sample):
 GENERATION_CONFIG_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 # A GGUF's `general.sampling.*` metadata:
