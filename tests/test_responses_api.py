@@ -310,6 +310,37 @@ def test_logprobs_come_with_each_output_token_when_included(client):
     assert all(len(t.top_logprobs) == 2 and t.logprob <= 0 for t in part.logprobs)
 
 
+@pytest.fixture(scope="module")
+def far(settings, tmp_path_factory):
+    """A server whose default model is a remote one that hangs up mid-reply."""
+    from test_faults import FarServer, answers_then_hangs_up
+
+    from serge.engine import Engine
+    from serge.settings import RemoteModel
+
+    drop = FarServer(answers_then_hangs_up)
+    own = settings.model_copy(update={"data_dir": tmp_path_factory.mktemp("far"), "port": free_port(),
+                                      "default_model": "far-drop",
+                                      "remote_models": {"far-drop": RemoteModel(url=drop.url)}})
+    with Engine(own) as engine, ServerThread(build_app(own, engine), own.port) as running:
+        yield OpenAI(base_url=f"{running.url}/v1", api_key="not-needed", max_retries=0)
+    drop.close()
+
+
+def test_a_generation_that_fails_mid_stream_ends_with_an_error_event_and_nothing_is_stored(far):
+    events = list(far.responses.create(model="far-drop", input="Hello?", stream=True))
+    kinds = [e.type for e in events]
+    assert kinds[-1] == "error" and "response.completed" not in kinds
+    assert events[-1].code == "remote_model_failed" and "closed the connection" in events[-1].message
+    assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == "Half of an answer"
+    created = events[0].response.id
+    with pytest.raises(openai.NotFoundError):
+        far.responses.retrieve(created)
+    with pytest.raises(openai.APIStatusError) as caught:
+        far.responses.create(model="far-drop", input="Hello?")
+    assert caught.value.status_code == 502 and caught.value.body["code"] == "remote_model_failed"
+
+
 # --- the same guards as every route ----------------------------------------------------------------
 def test_a_hostile_host_or_a_cross_site_post_is_refused_and_generates_nothing(server, engine):
     runs = generated(engine)

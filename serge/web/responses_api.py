@@ -154,8 +154,9 @@ async def create_response(body: CreateResponse, request: Request):
                 for event in builder.add(delta):
                     yield sse(event)
             record = stream.record
-            if record.finish_reason is FinishReason.ERROR:
-                yield failure(f"generation failed: {record.error}", "generation_failed")
+            if record.finish_reason is FinishReason.ERROR:  # nothing is stored
+                yield failure(f"generation failed: {record.error}",
+                              "remote_model_failed" if record.remote_error else "generation_failed")
                 return
             if record.finish_reason is FinishReason.CANCELLED:
                 yield failure("the reply was stopped before it finished; nothing was stored", "cancelled")
