@@ -22,11 +22,12 @@ import uuid
 from dataclasses import replace
 from typing import Annotated, Any, Literal
 
-from pydantic import (BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag, ValidationError, field_validator,
-                      model_validator)
+from pydantic import (BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag, ValidationError,
+                      field_validator, model_validator)
 
 from serge.chats import MAX_MESSAGE_CHARS
-from serge.engine import MAX_TOP_LOGPROBS, RESPONSES_NAMES, Message, ResponseFormat, SamplingParams, Tool, ToolCall, Tools
+from serge.engine import (MAX_TOP_LOGPROBS, RESPONSES_NAMES, Message, ResponseFormat, SamplingParams, Tool, ToolCall,
+                          Tools)
 from serge.web.errors import ApiError, describe_validation
 from serge.web.openai_models import MAX_TOOLS, NO_EFFECT, _Strict
 
@@ -226,7 +227,7 @@ class TextFormat(_Strict):
             return ResponseFormat.model_validate({"type": "json_schema", "json_schema": {
                 "name": self.name, "schema": self.schema_, "description": self.description, "strict": self.strict}})
         except ValidationError as exc:
-            message, param = describe_validation(exc.errors())
+            message, _ = describe_validation(exc.errors())
             raise _bad(f"text.format: {message}", "text.format") from None
 
 
