@@ -108,7 +108,8 @@ class ServerThread:
 
     def __init__(self, app, port: int) -> None:
         self.url = f"http://127.0.0.1:{port}"
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
+                                                    proxy_headers=False))  # as `serge serve`: the app does it
         self.thread = threading.Thread(target=self.server.run, name="test-uvicorn", daemon=True)
 
     def __enter__(self):

@@ -8,7 +8,7 @@ from serge.engine.models.facts import ModelFacts
 from serge.engine.models.errors import (InvalidModelName, InvalidSource, ModelNotFound, PullCancelled, PullFailed,
                                         PullNotFound, PullRefused)
 from serge.engine.models.hub import PullProgress
-from serge.engine.models.library import ModelLibrary
+from serge.engine.models.library import ModelLibrary, check_name
 from serge.engine.metrics import EngineMetrics, ModelSnapshot
 from serge.engine.generation.grammar import GrammarError, InvalidRequest, ResponseFormat
 from serge.engine.generation.prompts import ContextTooLong, Message, ToolCall
@@ -65,6 +65,7 @@ __all__ = [
     "TokenLogprob",
     "Tool",
     "ToolCall",
+    "check_name",
     "Tools",
     "resolve_device",
 ]

@@ -138,7 +138,7 @@ def plan_reply(fmt: ToolFormat, messages: Sequence[Message], tools: Tools | None
     calls = {"anyOf": [t.call_schema(key) for t in chosen]} if len(chosen) > 1 else chosen[0].call_schema(key)
     if fmt.kind == "generic":
         call = json_rule({"type": "object", "properties": {"tool_call": calls}, "required": ["tool_call"],
-                          "additionalProperties": False}, strict=strict)
+                          "additionalProperties": False}, strict=strict, param="tools")
         described = json.dumps([{"name": t.name, "description": t.description,
                                  "parameters": json.loads(t.parameters)} for t in chosen])
         messages = _with_system(messages, GENERIC_INTRO.format(tools=described)
@@ -147,9 +147,9 @@ def plan_reply(fmt: ToolFormat, messages: Sequence[Message], tools: Tools | None
         grammar = f"start: call\ncall: {call}\n" if forced else f"start: call | reply\ncall: {call}\nreply: {reply}\n"
         template_tools = None
     else:
-        call = json_rule(calls, strict=strict)
+        call = json_rule(calls, strict=strict, param="tools")
         if fmt.kind == "hermes":
-            call = f'{fmt.opener} "\\n" {json_rule(calls, strict=strict)} "\\n</tool_call>"'
+            call = f'{fmt.opener} "\\n" {call} "\\n</tool_call>"'
         if forced:
             grammar = f"start: call\ncall: {call}\n"
         elif reply_rule:
