@@ -11,7 +11,6 @@ cancelled and not stored at all, so nothing half-made is ever kept.
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import json
 import time
@@ -27,7 +26,7 @@ from serge.store import DatabaseUnavailable, ResponseNotFound, ResponseRecord, R
 from serge.web.chats_api import owner
 from serge.web.docs import BUSY
 from serge.web.errors import ApiError
-from serge.web.openai_api import _cancel_on_disconnect
+from serge.web.openai_api import cancel_on_disconnect
 from serge.web.request_log import note_generation, note_tools_left_out
 from serge.web.responses_models import HARMLESS, HOSTED, CreateResponse, conversation, new_id
 from serge.web.responses_output import (DeletedResponse, InputItemList, OutputItems, ResponseOut, echo,
@@ -121,7 +120,7 @@ async def create_response(body: CreateResponse, request: Request):
                 usage=usage(record), request=request_echo, created_at=datetime.fromtimestamp(created, UTC))
 
     if not body.stream:
-        watcher = asyncio.create_task(_cancel_on_disconnect(request, stream))
+        watcher = cancel_on_disconnect(request, stream)
         try:
             async for delta in stream.adeltas():
                 builder.add(delta)

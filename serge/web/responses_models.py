@@ -29,7 +29,7 @@ from serge.chats import MAX_MESSAGE_CHARS
 from serge.engine import (MAX_TOP_LOGPROBS, RESPONSES_NAMES, Message, ResponseFormat, SamplingParams, Tool, ToolCall,
                           Tools)
 from serge.web.errors import ApiError, describe_validation
-from serge.web.openai_models import MAX_TOOLS, NO_EFFECT, _Strict
+from serge.web.openai_models import MAX_TOOLS, NO_EFFECT, StrictRequest
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +54,7 @@ def new_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex}"
 
 
-class _Item(_Strict):
+class _Item(StrictRequest):
     """An input item: unknown keys are ignored (clients echo output items with fields of their own)."""
 
     model_config = ConfigDict(extra="ignore")
@@ -147,7 +147,7 @@ InputItem = Annotated[
         "other type"))]
 
 
-class FunctionTool(_Strict):
+class FunctionTool(StrictRequest):
     type: Literal["function"]
     name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
     description: str | None = Field(None, max_length=10_000)
@@ -174,12 +174,12 @@ ToolIn = Annotated[Annotated[FunctionTool, Tag("function")] | Annotated[OtherToo
                    Discriminator(_tool_kind)]
 
 
-class FunctionChoice(_Strict):
+class FunctionChoice(StrictRequest):
     type: Literal["function"]
     name: str
 
 
-class AllowedTools(_Strict):
+class AllowedTools(StrictRequest):
     type: Literal["allowed_tools"]
     mode: Literal["auto", "required"]
     tools: list[dict] = Field(max_length=MAX_TOOLS, description="Function tools by name: {type: function, name}.")
@@ -206,7 +206,7 @@ ToolChoiceIn = Annotated[
     Discriminator(_choice_kind)]
 
 
-class TextFormat(_Strict):
+class TextFormat(StrictRequest):
     type: Literal["text", "json_object", "json_schema"]
     name: str | None = Field(None, description="json_schema: the schema's name.")
     schema_: dict | None = Field(None, alias="schema", description="json_schema: what the reply must match.")
@@ -231,23 +231,23 @@ class TextFormat(_Strict):
             raise _bad(f"text.format: {message}", "text.format") from None
 
 
-class TextConfig(_Strict):
+class TextConfig(StrictRequest):
     format: TextFormat | None = Field(None, description="text (the default), json_object or json_schema: enforced "
                                                         "by constrained decoding.")
     verbosity: Literal["low", "medium", "high"] | None = Field(None, description=NO_EFFECT)
 
 
-class Reasoning(_Strict):
+class Reasoning(StrictRequest):
     effort: str | None = Field(None, max_length=16, description=NO_EFFECT)
     summary: str | None = Field(None, max_length=16, description=NO_EFFECT)
     generate_summary: str | None = Field(None, max_length=16, description=NO_EFFECT)
 
 
-class StreamOptions(_Strict):
+class StreamOptions(StrictRequest):
     include_obfuscation: bool | None = Field(None, description=NO_EFFECT)
 
 
-class CreateResponse(_Strict):
+class CreateResponse(StrictRequest):
     model: str | None = Field(None, description="An installed model; the server's default when left out.")
     input: list[InputItem] = Field(min_length=1, max_length=MAX_INPUT_ITEMS, json_schema_extra=_or_a_string,
                                    description="A user message as a string, or a list of items.")
