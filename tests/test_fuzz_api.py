@@ -62,22 +62,28 @@ def tally():
 
 
 def short(case):
-    """At most 4 new tokens for a completion, unless max_tokens is the invalid part of the case."""
+    """At most 4 new tokens for a completion or a response, unless the cap is the invalid part of the case."""
     body = case.body
     if isinstance(body, dict) and "messages" in body:
         wanted = body.get("max_tokens")
         if wanted is None or (type(wanted) is int and wanted > 4):
             body["max_tokens"] = 4
+    if isinstance(body, dict) and "input" in body:  # /v1/responses
+        wanted = body.get("max_output_tokens")
+        if wanted is None or (type(wanted) is int and wanted > 4):
+            body["max_output_tokens"] = 4
     return case
 
 
 def real_ids(url: str) -> dict[str, str]:
-    """A fresh chat with a question and an answer, so generated requests also reach real records."""
+    """A fresh chat with a question and an answer, and a stored response, so generated requests also reach real
+    records."""
     exported = {"chat": {"title": "Fuzzed", "settings": {"max_new_tokens": 4}},
                 "messages": [{"id": "q", "role": "user", "content": "Hi."},
                              {"id": "a", "parent_id": "q", "role": "assistant", "content": "Hello."}]}
     chat = httpx.post(f"{url}/api/chats/import", json=exported, timeout=30).json()
-    return {"chat_id": chat["id"], "message_id": chat["messages"][0]["id"]}
+    response = httpx.post(f"{url}/v1/responses", json={"input": "Hi.", "max_output_tokens": 2}, timeout=60).json()
+    return {"chat_id": chat["id"], "message_id": chat["messages"][0]["id"], "response_id": response["id"]}
 
 
 @pytest.mark.parametrize("operation", OPERATIONS, ids=lambda op: op.label)

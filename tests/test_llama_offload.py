@@ -6,7 +6,6 @@ where a GPU must be seen; the real build is asked only what it really is.
 
 from __future__ import annotations
 
-import ctypes
 from pathlib import Path
 from types import SimpleNamespace
 

@@ -15,7 +15,8 @@ from serge.engine.generation.prompts import ContextTooLong, Message, ToolCall
 from serge.engine.models.pulls import PullStatus
 from serge.engine.local import ModelLoadFailed
 from serge.engine.registry import ModelInUse, ModelTooLarge
-from serge.engine.generation.sampling import MAX_TOP_LOGPROBS, OLLAMA_OPTIONS, OPENAI_NAMES, SamplingParams
+from serge.engine.generation.sampling import (MAX_TOP_LOGPROBS, OLLAMA_OPTIONS, OPENAI_NAMES, RESPONSES_NAMES,
+                                             SamplingParams)
 from serge.engine.generation.scheduler import EngineBusy, SchedulerLimits
 from serge.engine.generation.stream import Delta, FinishReason, GenerationError, GenerationRecord, Stream, TokenLogprob
 from serge.engine.generation.tools import Tool, Tools
@@ -43,6 +44,7 @@ __all__ = [
     "MAX_TOP_LOGPROBS",
     "OLLAMA_OPTIONS",
     "OPENAI_NAMES",
+    "RESPONSES_NAMES",
     "Message",
     "ModelFacts",
     "ModelInUse",

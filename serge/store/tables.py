@@ -1,4 +1,4 @@
-"""The tables: a chat, its messages as a tree, and the accounts that own chats.
+"""The tables: a chat, its messages as a tree, the accounts that own chats, and stored Responses API replies.
 
 Each message points at the one before it (`parent_id`). Regenerating a reply or
 editing a user message adds a sibling instead of overwriting, so every earlier
@@ -118,3 +118,24 @@ class LoginSession(Base):
     user_id: Mapped[str] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=now)
     expires_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class StoredResponse(Base):
+    """A reply of OpenAI's Responses API kept for `previous_response_id` and `GET /v1/responses/{id}`.
+
+    Items are kept as the API writes them (JSON lists): the request's input items and the reply's output
+    items; `request` holds what the response object echoes of its request (instructions, tools, ...).
+    """
+
+    __tablename__ = "responses"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    owner: Mapped[str] = mapped_column(String(64), index=True)
+    model: Mapped[str] = mapped_column(String(200))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=now)
+    status: Mapped[str] = mapped_column(String(16))  # completed or incomplete
+    previous_response_id: Mapped[str | None] = mapped_column(String(64))  # not a foreign key: it may be deleted
+    input_items: Mapped[list] = mapped_column(JSON, default=list)
+    output_items: Mapped[list] = mapped_column(JSON, default=list)
+    usage: Mapped[dict] = mapped_column(JSON, default=dict)
+    request: Mapped[dict] = mapped_column(JSON, default=dict)

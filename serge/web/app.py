@@ -22,7 +22,7 @@ from serge.accounts import Accounts, LoginSessions, load_secret
 from serge.chats import ChatService
 from serge.engine import Engine
 from serge.settings import Settings
-from serge.store import AccountStore, ChatStore, Database
+from serge.store import AccountStore, ChatStore, Database, ResponseStore
 from serge.web.account_pages import build_account_pages
 from serge.web.accounts_api import router as accounts_router
 from serge.web.auth import Authenticate, ProxiedClient, may_see_details
@@ -36,6 +36,7 @@ from serge.web.models_api import router as models_router
 from serge.web.ollama_api import router as ollama_router
 from serge.web.openai_api import router as openai_router
 from serge.web.pages import STATIC, build_pages
+from serge.web.responses_api import router as responses_router
 from serge.web.request_log import RequestLog
 from serge.web.user_limits import UserLimits
 
@@ -65,6 +66,7 @@ def build_app(settings: Settings, engine: Engine) -> FastAPI:
                                            timedelta(days=settings.session_days))
         app.state.chats = ChatService(ChatStore(database), engine)
         app.state.chats.recover()  # replies cut off by a crash are shown as interrupted
+        app.state.responses = ResponseStore(database)
         loader = threading.Thread(target=_warm_up, args=(app.state.engine, app), name="serge-warm-up", daemon=True)
         loader.start()
         try:
@@ -96,6 +98,7 @@ def build_app(settings: Settings, engine: Engine) -> FastAPI:
     app.include_router(embeddings_router)
     app.include_router(completions_router)
     app.include_router(ollama_router)
+    app.include_router(responses_router)
     app.include_router(chats_router)
     app.include_router(models_router)
     app.include_router(accounts_router)

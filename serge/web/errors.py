@@ -22,13 +22,13 @@ from serge.chats import ChatBusy, ChatNotFound, InvalidChatInput, MessageNotFoun
 from serge.engine import (ContextTooLong, DeviceUnavailable, EngineBusy, InvalidModelName, InvalidRequest,
                           InvalidSource, ModelInUse, ModelLoadFailed, ModelNotFound, ModelTooLarge, PullFailed,
                           PullNotFound, PullRefused)
-from serge.store import DatabaseUnavailable, KeyNotFound, LastAdmin, NameTaken, UserNotFound
+from serge.store import DatabaseUnavailable, KeyNotFound, LastAdmin, NameTaken, ResponseNotFound, UserNotFound
 
 
 DATABASE_RETRY_S = 5
-ROUTES = ("OpenAI's API under /v1 (/v1/models, /v1/chat/completions, /v1/completions, /v1/embeddings), Serge's "
-          "chat API under /api/chats, /api/models and /api/health, Ollama's /api/chat, /api/generate, /api/tags, "
-          "/api/embed, /api/show, /api/ps, /api/version, /api/pull and /api/delete")
+ROUTES = ("OpenAI's API under /v1 (/v1/models, /v1/chat/completions, /v1/responses, /v1/completions, "
+          "/v1/embeddings), Serge's chat API under /api/chats, /api/models and /api/health, Ollama's /api/chat, "
+          "/api/generate, /api/embed, /api/tags, /api/show, /api/ps, /api/version, /api/pull and /api/delete")
 
 
 class ApiError(Exception):
@@ -129,6 +129,7 @@ ERRORS: dict[type[Exception], tuple[int, str, str | None]] = {
     UserNotFound: (404, "not_found", None),
     KeyNotFound: (404, "not_found", None),
     LastAdmin: (409, "last_admin", None),
+    ResponseNotFound: (404, "response_not_found", "response_id"),
 }
 
 

@@ -12,7 +12,8 @@ once the response has been sent, so the engine never learns about HTTP.
 
 Deliberately never logged: message text, the query string, cookies, headers,
 keys or passwords. At debug level (`serge serve --log-level debug`) the query
-string is added, for a developer on their own machine.
+string is added, for a developer on their own machine. A request whose hosted tools
+(`web_search`, ...) were left out of what the model was offered names them (`tools_left_out=`).
 """
 
 from __future__ import annotations
@@ -37,6 +38,12 @@ def note_generation(request: Request, model: str, stream: Stream) -> None:
     """Tell the request log which model answered and where its tokens and timings will be."""
     request.state.log_model = model
     request.state.log_stream = stream
+
+
+def note_tools_left_out(request: Request, types: list[str]) -> None:
+    """Name the tools a request offered that its model was not (hosted tools Serge cannot run)."""
+    if types:
+        request.state.log_tools_left_out = ",".join(sorted(set(types)))
 
 
 def _value(value: object) -> str:
@@ -81,7 +88,7 @@ class RequestLog:
         fields: dict[str, object] = {
             "id": request_id, "method": scope["method"], "path": scope["path"], "status": status,
             "user": user.name if user is not None else "-", "key": state.get("key_id"),
-            "model": state.get("log_model"),
+            "model": state.get("log_model"), "tools_left_out": state.get("log_tools_left_out"),
         }
         stream: Stream | None = state.get("log_stream")
         record = stream.record if stream is not None and stream.done else None  # not done: the client left

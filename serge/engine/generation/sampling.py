@@ -137,6 +137,8 @@ OPENAI_NAMES = {name: name for name in SamplingParams.model_fields} | {
 OLLAMA_OPTIONS = {"num_predict": "max_new_tokens", "temperature": "temperature", "top_k": "top_k", "top_p": "top_p",
                   "min_p": "min_p", "repeat_penalty": "repetition_penalty", "presence_penalty": "presence_penalty",
                   "frequency_penalty": "frequency_penalty", "seed": "seed", "stop": "stop"}
+# OpenAI's Responses API (/v1/responses): the fields it has (logprobs come from its top_logprobs and include).
+RESPONSES_NAMES = {"temperature": "temperature", "top_p": "top_p", "max_new_tokens": "max_output_tokens"}
 # A model's generation_config.json, when it asks for sampling (do_sample):
 GENERATION_CONFIG_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 # A GGUF's `general.sampling.*` metadata:
