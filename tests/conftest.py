@@ -139,6 +139,7 @@ def server(settings, engine):
 SAFETENSORS_REPO = "serge-tests/SmolLM2-135M-Instruct"  # the bundled model's safetensors checkpoint
 GGUF_REPO = "serge-tests/SmolLM2-135M-Instruct-GGUF"  # its GGUF under two quantization names
 BASE_REPO = "serge-tests/base-model"  # a checkpoint without a chat template
+EMBEDDING_REPO = "serge-tests/all-MiniLM-L6-v2"  # the bundled embedding model, as sentence-transformers publishes it
 
 
 def bundled_gguf(tmp_path_factory) -> Path:
@@ -173,6 +174,9 @@ def fake_hub(tmp_path_factory):
         hub.add(SAFETENSORS_REPO, small)
         hub.add(GGUF_REPO, {"README.md": checkpoint / "config.json",
                             "SmolLM2-135M-Instruct-Q4_K_M.gguf": gguf, "SmolLM2-135M-Instruct-Q8_0.gguf": gguf})
+        embedder = ModelLibrary(models_dir()).find("all-minilm-l6-v2").folder
+        hub.add(EMBEDDING_REPO, {str(p.relative_to(embedder)): p for p in embedder.rglob("*")
+                                 if p.is_file() and p.name != "serge.json"})
         hub.add(BASE_REPO, {**{k: v for k, v in small.items() if k not in {"chat_template.jinja",
                                                                             "tokenizer_config.json"}},
                             "tokenizer_config.json": base / "tokenizer_config.json"})

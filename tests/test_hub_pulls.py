@@ -12,7 +12,7 @@ import pytest
 
 from serge.engine import InvalidSource, ModelLibrary, PullCancelled, PullFailed, PullProgress
 
-from conftest import BASE_REPO, GGUF_REPO, SAFETENSORS_REPO
+from conftest import BASE_REPO, EMBEDDING_REPO, GGUF_REPO, SAFETENSORS_REPO
 
 Q4 = "SmolLM2-135M-Instruct-Q4_K_M.gguf"
 
@@ -144,6 +144,12 @@ def test_a_model_without_a_chat_template_is_refused_before_its_weights_are_fetch
         library.pull(BASE_REPO, log=quiet)
     assert not any(key.endswith(".safetensors") for key in hub.served)
     assert leftovers(library) == []
+
+
+def test_an_embedding_repo_is_pulled_with_its_pooling_and_needs_no_chat_template(library, hub):
+    model = library.pull(EMBEDDING_REPO, log=quiet)
+    assert model.facts.kind == "embedding" and model.facts.dimensions == 384
+    assert (model.folder / "1_Pooling" / "config.json").is_file()
 
 
 def test_a_cancelled_pull_installs_nothing_and_keeps_no_cache(library, hub):

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from serge.engine.models.errors import InvalidSource, PullCancelled, PullFailed
-from serge.engine.models.facts import has_chat_template
+from serge.engine.models.facts import has_chat_template, is_embedding_folder
 from serge.engine.models.files import link_or_copy
 
 _REPO = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,95}/[A-Za-z0-9][A-Za-z0-9_.-]{0,95}")
@@ -147,6 +147,7 @@ def _choose(source: HubSource, sizes: dict[str, int]) -> tuple[list[str], str | 
     quant = (source.quant or "").lower()
     if not quant and safetensors:
         small = [f for f in top if any(Path(f).match(p) for p in _SMALL_FILES)]
+        small += [f for f in sizes if f.startswith("1_Pooling/") and f.endswith(".json")]  # an embedding model's
         return sorted(small, key=lambda f: sizes[f]) + sorted(safetensors), None
     if not ggufs:
         if quant:
@@ -206,7 +207,8 @@ def download(source: HubSource, staging: Path, cache_dir: Path, endpoint: str | 
         progress.begin(sum(sizes[f] for f in files))
         log(f"Downloading {len(files)} file(s), {progress.total / 1e6:.0f} MB, from {source.repo} at {endpoint_text}")
         for file in files:
-            if gguf is None and file.endswith(".safetensors") and not has_chat_template(staging):
+            if (gguf is None and file.endswith(".safetensors") and not has_chat_template(staging)
+                    and not is_embedding_folder(staging)):  # an embedding model needs no chat template
                 raise PullFailed(f"{source.repo} has no chat template in its tokenizer, so Serge cannot format a "
                                  f"conversation for it (a base model rather than an instruct/chat one?); "
                                  f"its weights were not downloaded")
@@ -220,6 +222,7 @@ def download(source: HubSource, staging: Path, cache_dir: Path, endpoint: str | 
                 progress.stage(f"verifying {file}")
                 _verify(blob, sha256[file], file)
                 progress.stage("downloading")
+            (staging / file).parent.mkdir(parents=True, exist_ok=True)
             link_or_copy(blob, staging / file)
     except (PullCancelled, PullFailed, InvalidSource):
         raise
