@@ -88,3 +88,14 @@ def test_streamed_thoughts_come_as_reasoning_content_deltas(thinking_server):
     deltas = [c["choices"][0]["delta"] for c in chunks if c["choices"]]
     assert "".join(d.get("reasoning_content", "") for d in deltas) == whole
     assert not "".join(d.get("content") or "" for d in deltas)
+
+
+def test_ollama_chat_gives_the_thoughts_in_thinking_and_think_false_turns_them_off(thinking_server):
+    def chat(**extra) -> dict:
+        return httpx.post(f"{thinking_server}/api/chat", timeout=120, json={
+            "model": "thinker", "stream": False, "options": {"temperature": 0, "num_predict": 12},
+            "messages": [{"role": "user", "content": "What is the capital of France?"}], **extra}).json()["message"]
+
+    thought, answered = chat(), chat(think=False)
+    assert thought.get("thinking") and not thought["content"], thought
+    assert answered["content"] and "thinking" not in answered, answered

@@ -119,10 +119,10 @@ async def _answer(request: Request, stream: Stream, *, chat: bool, streamed: boo
     engine, name = _engine(request), stream.model
     note_generation(request, name, stream)
 
-    def piece(text: str, calls: list[dict] | None = None) -> dict:
+    def piece(text: str, calls: list[dict] | None = None, thinking: str = "") -> dict:
         if not chat:
-            return {"response": text}
-        message = {"role": "assistant", "content": text}
+            return {"response": text, **({"thinking": thinking} if thinking else {})}
+        message = {"role": "assistant", "content": text, **({"thinking": thinking} if thinking else {})}
         return {"message": {**message, "tool_calls": calls} if calls else message}
 
     def last(record: GenerationRecord) -> dict:
@@ -145,7 +145,7 @@ async def _answer(request: Request, stream: Stream, *, chat: bool, streamed: boo
         if record.finish_reason is FinishReason.ERROR:
             status, message = _failure(record)
             raise ApiError(status, message, code="generation_failed")
-        body = {**_record(name), **piece("".join(texts), _tool_calls(record)), **last(record)}
+        body = {**_record(name), **piece("".join(texts), _tool_calls(record), record.reasoning), **last(record)}
         if logprobs:
             body["logprobs"] = _logprobs(tokens)
         return JSONResponse(body)
@@ -156,8 +156,8 @@ async def _answer(request: Request, stream: Stream, *, chat: bool, streamed: boo
     async def lines():
         try:
             async for delta in stream.adeltas():
-                if delta.text or (logprobs and delta.tokens):
-                    body = {**_record(name), **piece(delta.text), "done": False}
+                if delta.text or delta.reasoning or (logprobs and delta.tokens):
+                    body = {**_record(name), **piece(delta.text, thinking=delta.reasoning), "done": False}
                     if logprobs:
                         body["logprobs"] = _logprobs(list(delta.tokens))
                     yield line(body)
@@ -198,7 +198,8 @@ async def _capped(engine: Engine, name: str, messages, tools, params, num_ctx: i
 
 
 CHAT_DOC = """Ollama's chat. The fields Ollama documents are implemented except: `images` (400: Serge's models
-read text), `think` (accepted; a model that does not think answers without it), `keep_alive` other than 0
+read text), `think` (a model that thinks gives its thoughts in `message.thinking`; false asks its template
+not to think, where it can; a model that does not think answers without it), `keep_alive` other than 0
 (Serge unloads by its memory budget). Unknown fields and options are ignored, as Ollama ignores them.
 A conversation longer than the model's window loses its oldest turns (the system prompt is kept); the last
 record then says `truncated: true` and `dropped_messages`. `truncate: false` makes it a 400 instead."""
@@ -220,7 +221,8 @@ async def chat(body: OllamaChatRequest, request: Request):
     response_format = body.response_format()
     params = await _capped(engine, name, messages, tools, params, num_ctx)
     stream = await run_in_threadpool(engine.chat, name, messages, params, tools, response_format,
-                                     trim=body.truncate is not False)
+                                     trim=body.truncate is not False, think=None if body.think is None
+                                     else body.think is not False)
     return await _answer(request, stream, chat=True, streamed=body.streamed, logprobs=bool(body.logprobs),
                          started=started, load_s=time.monotonic() - started, unload=unload)
 

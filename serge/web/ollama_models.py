@@ -175,8 +175,8 @@ class _Generation(_Open):
     keep_alive: float | str | None = Field(None, description="0 unloads the model once it is idle; other "
                                                              "durations have no effect (Serge unloads by its "
                                                              "memory budget).")
-    think: bool | Literal["high", "medium", "low"] | None = Field(None, description="Accepted; a model that does "
-                                                                                   "not think answers without it.")
+    think: bool | Literal["high", "medium", "low"] | None = Field(None, description=(
+        "A model that thinks gives its thoughts in `thinking`; false asks its template not to, where it can."))
     logprobs: bool | None = Field(None, description="Return each token's log-probability.")
     top_logprobs: int | None = Field(None, ge=0, le=20, description="With logprobs: this many alternatives.")
 
