@@ -18,6 +18,7 @@ from `json_rule` and the tool formats; this module knows nothing of prompts or H
 from __future__ import annotations
 
 import json
+import re
 import threading
 from collections import OrderedDict
 from typing import Literal
@@ -164,7 +165,7 @@ class Vocabulary:
                 return Matcher(compiled.deep_copy(), ll.vocab_size)
         compiled = LLMatcher(ll, LLMatcher.grammar_from_lark(grammar), log_level=0)  # outside the lock
         if compiled.is_error():
-            raise GrammarError(f"{param}: {_first_line(compiled.get_error())}", param)
+            raise GrammarError(_refusal(param, _first_line(compiled.get_error())), param)
         with self._lock:
             self._compiled[grammar] = compiled
             while len(self._compiled) > self._cache_size:
@@ -177,6 +178,17 @@ class Vocabulary:
 
     def token_bytes(self, token: int) -> bytes:
         return self._llg().decode_bytes([token])
+
+
+_AT = re.compile(r"^at \d+\(\d+\): ")  # a place in Serge's own grammar text, which the client never wrote
+WHAT_TO_CHANGE = {"tools": ("change that part of the tool's parameters schema: refs must be local (#/$defs/..., "
+                            "#/definitions/..., #), and keywords Serge cannot enforce are refused with strict on")}
+
+
+def _refusal(param: str, error: str) -> str:
+    error = _AT.sub("", error)
+    hint = WHAT_TO_CHANGE.get(param)
+    return f"{param}: {error}; {hint}" if hint else f"{param}: {error}"
 
 
 def _first_line(error: str) -> str:
