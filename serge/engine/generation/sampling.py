@@ -117,6 +117,9 @@ ENGINE_DEFAULTS = SamplingParams(
 # An OpenAI-compatible request (Serge's /v1, and a remote server: vLLM and llama.cpp read the extras too):
 OPENAI_NAMES = {name: name for name in SamplingParams.model_fields} | {
     "max_new_tokens": "max_tokens", "logprobs": "top_logprobs"}
+# Anthropic's Messages API (Serge's /v1/messages):
+ANTHROPIC_NAMES = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "max_new_tokens": "max_tokens",
+                   "stop": "stop_sequences"}
 # A model's generation_config.json, when it asks for sampling (do_sample):
 GENERATION_CONFIG_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 # A GGUF's `general.sampling.*` metadata:
