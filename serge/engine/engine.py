@@ -51,7 +51,12 @@ class Backend(Protocol):
     source: str  # where it came from: the library's source, a remote server's URL
 
     def submit(self, messages: Sequence[Message], params: SamplingParams | None = None,
-               tools: Tools | None = None, response_format: ResponseFormat | None = None) -> Stream: ...
+               tools: Tools | None = None, response_format: ResponseFormat | None = None,
+               trim: bool = True) -> Stream: ...
+
+    def count_tokens(self, messages: Sequence[Message], tools: Tools | None = None) -> int: ...
+
+    def complete(self, prompt: str, params: SamplingParams | None = None, suffix: str | None = None) -> Stream: ...
 
 
 @dataclass(frozen=True)
@@ -173,14 +178,30 @@ class Engine:
 
     # --- generation ----------------------------------------------------------------
     def chat(self, model: str | None, messages: Sequence[Message], params: SamplingParams | None = None,
-             tools: Tools | None = None, response_format: ResponseFormat | None = None) -> Stream:
+             tools: Tools | None = None, response_format: ResponseFormat | None = None,
+             trim: bool = True) -> Stream:
         """Start a reply to `messages`, offering `tools`, shaped by `response_format`; the stream says which
-        model (`stream.model`). Raises ModelNotFound, ContextTooLong, InvalidRequest (a bad schema,
-        tool_choice or logit_bias) or EngineBusy before anything runs."""
+        model (`stream.model`). A conversation too long for the window loses its oldest turns, or with
+        `trim=False` is refused. A last message from the assistant is continued (a prefill). Raises
+        ModelNotFound, ContextTooLong, InvalidRequest (a bad schema, tool_choice or logit_bias) or
+        EngineBusy before anything runs."""
         with self._backend(model) as backend:  # not unloaded between loading and queueing the request
-            stream = backend.submit(messages, params, tools, response_format)
+            stream = backend.submit(messages, params, tools, response_format, trim)
         stream.model = backend.name
         return stream
+
+    def complete(self, model: str | None, prompt: str, params: SamplingParams | None = None,
+                 suffix: str | None = None) -> Stream:
+        """Continue raw text (no chat template); `suffix`: fill in the middle, for models with FIM tokens."""
+        with self._backend(model) as backend:
+            stream = backend.complete(prompt, params, suffix)
+        stream.model = backend.name
+        return stream
+
+    def count_tokens(self, model: str | None, messages: Sequence[Message], tools: Tools | None = None) -> int:
+        """The tokens a reply to `messages` would be prompted with."""
+        with self._backend(model) as backend:
+            return backend.count_tokens(messages, tools)
 
     # --- the library ------------------------------------------------------------------
     @property

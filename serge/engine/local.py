@@ -19,7 +19,8 @@ from serge.engine.models.library import InstalledModel
 from serge.engine.devices import DevicePlan
 from serge.engine.generation.grammar import InvalidRequest, ResponseFormat
 from serge.engine.metrics import EngineMetrics
-from serge.engine.generation.prompts import Message, build_prompt
+from serge.engine.generation.prompts import (ContextTooLong, Message, build_prompt, count_tokens, placed,
+                                              template_takes_mid_system)
 from serge.engine.generation.sampling import SamplingParams
 from serge.engine.generation.scheduler import Scheduler, SchedulerLimits
 from serge.engine.generation.stream import Stream
@@ -56,29 +57,78 @@ class LocalModel:
     model: object | None = None  # the transformers model (never written to after load); None on llama.cpp
     tool_format: ToolFormat = field(default=None)  # how its template offers tools; found at load
     source: str = ""  # where it came from, as the library says
+    _mid_system: bool = field(init=False, default=True)  # its template renders a system message after turn one
+    _fim: tuple[int, int, int] | None = field(init=False, default=None)  # fill-in-the-middle token ids
 
     def __post_init__(self) -> None:
         if self.tool_format is None:
             object.__setattr__(self, "tool_format", find_tool_format(self.tokenizer))
+        object.__setattr__(self, "_mid_system", template_takes_mid_system(self.tokenizer))
+        object.__setattr__(self, "_fim", fim_tokens(self.tokenizer))
 
-    def submit(self, messages: Sequence[Message], params: SamplingParams | None = None,
-               tools: Tools | None = None, response_format: ResponseFormat | None = None) -> Stream:
-        """Start a reply; raises ContextTooLong, InvalidRequest or EngineBusy before anything runs."""
+    def _checked(self, params: SamplingParams | None) -> SamplingParams:
         params = (params or SamplingParams()).over(self.defaults)
         if params.logit_bias and max(params.logit_bias) >= len(self.tokenizer):
             raise InvalidRequest(f"logit_bias names token {max(params.logit_bias)}, but this model's vocabulary "
                                  f"has {len(self.tokenizer)} tokens", "logit_bias")
+        return params
+
+    def submit(self, messages: Sequence[Message], params: SamplingParams | None = None,
+               tools: Tools | None = None, response_format: ResponseFormat | None = None,
+               trim: bool = True) -> Stream:
+        """Start a reply; raises ContextTooLong, InvalidRequest or EngineBusy before anything runs."""
+        params = self._checked(params)
         rule = response_format.rule() if response_format is not None else None
-        plan = plan_reply(self.tool_format, messages, tools, rule)
+        plan = plan_reply(self.tool_format, placed(messages, self._mid_system), tools, rule)
         prompt = build_prompt(self.tokenizer, plan.messages, self.context_window, params.max_new_tokens,
-                              plan.template_tools)
+                              plan.template_tools, trim)
         stream = self.scheduler.submit(prompt.ids, params.resolved(prompt.room), plan.grammar, plan.reader,
                                        plan.grammar_param)
         stream.dropped_messages = prompt.dropped_messages
         return stream
 
+    def count_tokens(self, messages: Sequence[Message], tools: Tools | None = None) -> int:
+        """The prompt's tokens for this conversation and tools, as a reply to it would be given them."""
+        plan = plan_reply(self.tool_format, placed(messages, self._mid_system), tools, None)
+        return count_tokens(self.tokenizer, plan.messages, plan.template_tools)
+
+    def complete(self, prompt: str, params: SamplingParams | None = None, suffix: str | None = None) -> Stream:
+        """Continue raw text, no chat template; with `suffix`, fill in the middle where the model has FIM tokens."""
+        params = self._checked(params)
+        if suffix is not None:
+            if self._fim is None:
+                raise InvalidRequest("this model has no fill-in-the-middle tokens, so it cannot take a suffix; "
+                                     "leave suffix out or use a code model that has them (<fim_prefix>, ...)",
+                                     "suffix")
+            before, after, middle = self._fim
+            ids = ([before] + self.tokenizer(prompt, add_special_tokens=False)["input_ids"] + [after]
+                   + self.tokenizer(suffix, add_special_tokens=False)["input_ids"] + [middle])
+        else:
+            ids = self.tokenizer(prompt)["input_ids"] or [self.tokenizer.eos_token_id]
+        room = self.context_window - len(ids)
+        if room <= 0 or (params.max_new_tokens or 0) > room:
+            raise ContextTooLong(f"the prompt is {len(ids)} tokens and the reply may take "
+                                 f"{params.max_new_tokens or 1}, but the model's context window is "
+                                 f"{self.context_window} tokens; send less", len(ids) + (params.max_new_tokens or 1),
+                                 self.context_window)
+        return self.scheduler.submit(ids, params.resolved(room))
+
     def close(self) -> None:
         self.scheduler.close()
+
+
+# Fill-in-the-middle tokens as code models spell them: (prefix, suffix, middle).
+_FIM_SPELLINGS = (("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"),
+                  ("<fim_prefix>", "<fim_suffix>", "<fim_middle>"), ("<PRE>", "<SUF>", "<MID>"))
+
+
+def fim_tokens(tokenizer) -> tuple[int, int, int] | None:
+    """The ids of the model's fill-in-the-middle tokens, where its vocabulary has all three."""
+    vocab = tokenizer.get_vocab()
+    for spelling in _FIM_SPELLINGS:
+        if all(s in vocab for s in spelling):
+            return tuple(vocab[s] for s in spelling)
+    return None
 
 
 def eos_ids(tokenizer, generation_config=None) -> frozenset[int]:

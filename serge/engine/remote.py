@@ -24,7 +24,7 @@ from collections.abc import Sequence
 import httpx
 
 from serge.engine.generation.prompts import Message, ToolCall
-from serge.engine.generation.grammar import ResponseFormat
+from serge.engine.generation.grammar import InvalidRequest, ResponseFormat
 from serge.engine.generation.sampling import OPENAI_NAMES, SamplingParams
 from serge.engine.generation.stream import FinishReason, GenerationRecord, Stream, TokenLogprob, ToolCallDelta, TopLogprob
 from serge.engine.generation.tools import Tools
@@ -69,8 +69,18 @@ class RemoteBackend:
         self._client = client
         self._remote = remote
 
+    def count_tokens(self, messages: Sequence[Message], tools: Tools | None = None) -> int:
+        raise InvalidRequest(f"{self.name!r} is served by a remote server, which counts its own tokens; Serge cannot "
+                             f"count them for it", "model")
+
+    def complete(self, prompt: str, params: SamplingParams | None = None, suffix: str | None = None) -> Stream:
+        raise InvalidRequest(f"{self.name!r} is served by a remote server; send raw completions to it directly",
+                             "model")
+
     def submit(self, messages: Sequence[Message], params: SamplingParams | None = None,
-               tools: Tools | None = None, response_format: ResponseFormat | None = None) -> Stream:
+               tools: Tools | None = None, response_format: ResponseFormat | None = None,
+               trim: bool = True) -> Stream:
+        """`trim` is the remote server's business: it applies its own window."""
         params = params or SamplingParams()
         body = {
             "model": self._remote.model or self.name,

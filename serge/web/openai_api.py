@@ -10,6 +10,7 @@ client that goes away cancels its generation.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import time
 import uuid
@@ -18,6 +19,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
+from serge import __version__
 from serge.engine import Engine, FinishReason, GenerationRecord, ModelInfo, Stream, TokenLogprob
 from serge.web.docs import COMPLETION
 from serge.web.errors import ApiError, error_body
@@ -43,6 +45,11 @@ def list_models(request: Request):
 @router.get("/models/{model_id:path}", summary="One model a request may name (404 for any other)")
 def get_model(model_id: str, request: Request):
     return _model_out(_engine(request).info(model_id))
+
+
+def fingerprint(model: str) -> str:
+    """OpenAI's system_fingerprint: what served the reply (Serge's version and the model), stable between calls."""
+    return "fp_" + hashlib.sha256(f"serge {__version__} {model}".encode()).hexdigest()[:12]
 
 
 def _usage(record: GenerationRecord) -> dict:
@@ -90,10 +97,14 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
     if body.n != 1:
         raise ApiError(400, f"n={body.n} is not supported; Serge returns exactly one choice (n=1)",
                        code="invalid_value", param="n")
+    if body.stream_options is not None and not body.stream:
+        raise ApiError(400, "stream_options is only allowed with stream: true", code="invalid_value",
+                       param="stream_options")
     params = body.sampling()
     messages = body.conversation()
     tools = body.tool_offer()
-    stream = await run_in_threadpool(_engine(request).chat, body.model, messages, params, tools, body.response_format)
+    stream = await run_in_threadpool(_engine(request).chat, body.model, messages, params, tools, body.response_format,
+                                     False)  # an agent managing its own context needs to hear it does not fit
     name = stream.model
     note_generation(request, name, stream)
     completion_id = f"chatcmpl-{uuid.uuid4().hex}"
@@ -123,6 +134,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
             "object": "chat.completion",
             "created": created,
             "model": name,
+            "system_fingerprint": fingerprint(name),
             "seed": record.seed,
             "choices": [{"index": 0, "message": message, "finish_reason": _finish_reason(record),
                          "logprobs": _logprobs(tokens) if wants_logprobs else None}],
@@ -136,7 +148,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
         if wants_logprobs:
             choice["logprobs"] = _logprobs(tokens) if tokens else None
         payload = {"id": completion_id, "object": "chat.completion.chunk", "created": created, "model": name,
-                   "choices": [choice], **extra}
+                   "system_fingerprint": fingerprint(name), "choices": [choice], **extra}
         return f"data: {json.dumps(payload)}\n\n"
 
     async def events():

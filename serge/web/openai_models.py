@@ -10,13 +10,16 @@ This module turns a request into the engine's own values (`Message`,
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from serge.engine import MAX_TOP_LOGPROBS, OPENAI_NAMES, Message, ResponseFormat, SamplingParams, Tool, ToolCall, Tools
 from serge.chats import MAX_MESSAGE_CHARS
+from serge.engine import MAX_TOP_LOGPROBS, OPENAI_NAMES, Message, ResponseFormat, SamplingParams, Tool, ToolCall, Tools
 from serge.web.errors import ApiError, describe_validation
+
+log = logging.getLogger(__name__)
 
 MAX_MESSAGES_PER_REQUEST = 500
 MAX_TOOLS = 128
@@ -34,7 +37,15 @@ def _bad(message: str, param: str) -> ApiError:
 
 
 class _Strict(BaseModel):
+    """Unknown fields are a 400 naming them; a field sent as null is a field not sent (generated SDKs send
+    every unset field that way), whatever it is."""
+
     model_config = ConfigDict(extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_unset(cls, data):
+        return {k: v for k, v in data.items() if v is not None} if isinstance(data, dict) else data
 
 
 class TextPart(_Strict):
@@ -54,6 +65,15 @@ class ToolCallIn(_Strict):
 
 
 class ChatMessageIn(_Strict):
+    model_config = ConfigDict(extra="ignore")  # clients echo messages with keys of their own: ignored
+
+    @model_validator(mode="before")
+    @classmethod
+    def _note_unknown(cls, data):
+        if isinstance(data, dict) and (unknown := sorted(set(data) - set(cls.model_fields))):
+            log.debug("ignored in a message: %s", ", ".join(map(str, unknown))[:200])
+        return data
+
     role: Literal["system", "developer", "user", "assistant", "tool"] = Field(
         description="developer is treated as system; tool answers an assistant's tool call.")
     content: str | list[TextPart] | None = Field(None, description="The text, or a list of text parts; "
@@ -101,7 +121,7 @@ class ChatCompletionRequest(_Strict):
     model: str | None = Field(None, description="An installed model; the server's default when left out.")
     messages: list[ChatMessageIn] = Field(min_length=1, max_length=MAX_MESSAGES_PER_REQUEST)
     stream: bool = False
-    stream_options: StreamOptions | None = None
+    stream_options: StreamOptions | None = Field(None, description="Only with stream: true.")
     n: int = Field(1, description="Only 1 is supported.")
     temperature: float | None = None
     top_p: float | None = None
@@ -172,9 +192,6 @@ class ChatCompletionRequest(_Strict):
                 raise _bad(f"messages.{i}.content is {len(text)} characters; the limit is {MAX_MESSAGE_CHARS}",
                            f"messages.{i}.content")
             role = "system" if m.role == "developer" else m.role
-            if role == "system" and i != 0:
-                raise _bad(f"messages.{i}: a system (or developer) message may only come first",
-                           f"messages.{i}.role")
             if m.tool_calls and role != "assistant":
                 raise _bad(f"messages.{i}: only an assistant message has tool_calls", f"messages.{i}.tool_calls")
             if (role == "tool") != (m.tool_call_id is not None):
@@ -184,6 +201,4 @@ class ChatCompletionRequest(_Strict):
                 raise _bad(f"messages.{i}.content is missing", f"messages.{i}.content")
             calls = tuple(ToolCall(c.id, c.function.name, c.function.arguments) for c in m.tool_calls or ())
             messages.append(Message(role, text, calls, m.tool_call_id, m.name))
-        if messages[-1].role == "assistant":
-            raise _bad("the last message must be from the user, the system or a tool, not the assistant", "messages")
         return messages

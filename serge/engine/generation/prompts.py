@@ -4,8 +4,14 @@ Messages go through the tokenizer's own chat template (never a hard-coded
 format), with the tools a request offers when the template knows tools
 (`serge.engine.generation.tools` rewrites the conversation for templates that do not).
 When the conversation is too long, whole turns are dropped from the oldest end,
-the system prompt is kept, and the reply always has room. Everything is counted
-in tokens.
+the system prompt is kept, and the reply always has room (or, for APIs whose
+clients manage their own context, `trim=False` refuses it with the counts).
+Everything is counted in tokens.
+
+Conversations come as clients send them: several system messages at the start are
+one system prompt; a system message later on stays where it is when the template
+renders it there (`mid_system`), else it joins the system prompt; a conversation
+ending with an assistant message is a prefill, whose reply continues that text.
 
 Trimming costs about as much as the part that is kept, however long the chat:
 each message's text is tokenised once, newest first, only until the window is
@@ -69,7 +75,39 @@ class Prompt:
 
 
 class ContextTooLong(ValueError):
-    """Even the newest message alone leaves no room for a reply."""
+    """The conversation leaves no room for a reply (with `trim`: even its newest message alone)."""
+
+    def __init__(self, message: str, needed: int = 0, window: int = 0) -> None:
+        super().__init__(message)
+        self.needed, self.window = needed, window  # prompt + reply tokens asked for; the context window
+
+
+def placed(messages: Sequence[Message], mid_system: bool = True) -> list[Message]:
+    """Leading system messages as one; a later one kept in place where the template takes it (`mid_system`),
+    else added to the system prompt (the conversation's order of everything else unchanged)."""
+    lead = 0
+    while lead < len(messages) and messages[lead].role == "system":
+        lead += 1
+    rest = list(messages[lead:])
+    systems = [m.content for m in messages[:lead]]
+    if not mid_system:
+        systems += [m.content for m in rest if m.role == "system"]
+        rest = [m for m in rest if m.role != "system"]
+    head = [Message("system", "\n\n".join(systems))] if systems else []
+    return head + rest
+
+
+def template_takes_mid_system(tokenizer) -> bool:
+    """Does this chat template render a system message after the first turn (many refuse, some drop it)?"""
+    probe = "serge-probe-system"
+    try:
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
+             {"role": "system", "content": probe}, {"role": "user", "content": "c"}],
+            tokenize=False, add_generation_prompt=True)
+    except Exception:  # the template raised (jinja's raise_exception): it refuses them
+        return False
+    return probe in text
 
 
 def _turns(messages: Sequence[Message]) -> list[list[Message]]:
@@ -84,13 +122,20 @@ def _turns(messages: Sequence[Message]) -> list[list[Message]]:
 
 
 def _render(tokenizer, messages: Sequence[Message], tools: list[dict] | None = None) -> list[int]:
+    prefill = messages[-1].role == "assistant"  # continue that reply rather than start a new one
     return list(tokenizer.apply_chat_template(
         [m.as_template_input() for m in messages],
         tools=tools,
-        add_generation_prompt=True,
+        add_generation_prompt=not prefill,
+        continue_final_message=prefill,
         tokenize=True,
         return_dict=False,
     ))
+
+
+def count_tokens(tokenizer, messages: Sequence[Message], tools: list[dict] | None = None) -> int:
+    """The prompt's tokens for the whole conversation, as the template renders it."""
+    return len(_render(tokenizer, messages, tools))
 
 
 def _template_cost(tokenizer, system: list[Message], tools: list[dict] | None = None) -> tuple[int, int]:
@@ -109,17 +154,26 @@ def build_prompt(
     context_window: int,
     max_new_tokens: int | None = None,
     tools: list[dict] | None = None,
+    trim: bool = True,
 ) -> Prompt:
-    """`tools` (OpenAI's function definitions) go to the template as they are; None: no tools."""
+    """`tools` (OpenAI's function definitions) go to the template as they are; None: no tools.
+    `trim=False`: a conversation that does not fit is refused (ContextTooLong with the counts), never cut."""
     if not messages:
         raise ValueError("a conversation needs at least one message")
     if max_new_tokens is not None and max_new_tokens >= context_window:
         raise ContextTooLong(
             f"max_new_tokens is {max_new_tokens}, but the model's context window is {context_window} tokens; "
-            f"ask for fewer"
-        )
+            f"ask for fewer", max_new_tokens, context_window)
     reserve = max_new_tokens or min(DEFAULT_REPLY_ROOM, context_window // 4)
     budget = context_window - reserve
+    if not trim:
+        ids = _render(tokenizer, messages, tools)
+        if len(ids) > budget:
+            raise ContextTooLong(
+                f"the conversation needs {len(ids)} tokens plus {reserve} for the reply, but the model's context "
+                f"window is {context_window} tokens; shorten the conversation or ask for a shorter reply",
+                len(ids) + reserve, context_window)
+        return Prompt(ids=ids, dropped_messages=0, room=context_window - len(ids))
     system = [messages[0]] if messages[0].role == "system" else []
     turns = _turns(messages[len(system) :])
 
@@ -146,8 +200,8 @@ def build_prompt(
         if start >= len(turns) - 1:
             raise ContextTooLong(
                 f"the conversation needs {len(ids)} tokens plus {reserve} for the reply, but the context window "
-                f"is {context_window} tokens; shorten the message or the system prompt"
-            )
+                f"is {context_window} tokens; shorten the message or the system prompt", len(ids) + reserve,
+                context_window)
         over = len(ids) - budget
         while over > 0 and start < len(turns) - 1:
             over -= max(1, cost[start])
