@@ -26,7 +26,8 @@ from serge.store import DatabaseUnavailable, KeyNotFound, LastAdmin, NameTaken, 
 
 
 DATABASE_RETRY_S = 5
-ROUTES = ("OpenAI's API under /v1 (/v1/models, /v1/chat/completions), Serge's chat API under /api/chats, "
+ROUTES = ("OpenAI's API under /v1 (/v1/models, /v1/chat/completions), Anthropic's at /v1/messages, "
+          "Serge's chat API under /api/chats, "
           "/api/models and /api/health")
 
 
@@ -56,9 +57,22 @@ def _openai_error(message: str, status: int, code: str | None, param: str | None
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
+# Anthropic's error types, by status; other statuses: invalid_request_error below 500, api_error from it.
+ANTHROPIC_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                         404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error",
+                         500: "api_error", 503: "overloaded_error", 529: "overloaded_error"}
+
+
+def anthropic_error(message: str, status: int, code: str | None, param: str | None) -> dict:
+    kind = ANTHROPIC_ERROR_TYPES.get(status, "invalid_request_error" if status < 500 else "api_error")
+    return {"type": "error", "error": {"type": kind, "message": message}}
+
+
 # Each API dialect answers errors in its own shape: (a path or a folder of paths, how its body looks).
 # Anything else (Serge's own API, the pages, /v1's OpenAI routes) answers in OpenAI's shape.
-DIALECT_ERRORS: tuple[tuple[str, Callable[[str, int, str | None, str | None], dict]], ...] = ()
+DIALECT_ERRORS: tuple[tuple[str, Callable[[str, int, str | None, str | None], dict]], ...] = (
+    ("/v1/messages", anthropic_error),
+)
 
 
 def error_body(message: str, *, status: int, code: str | None = None, param: str | None = None,

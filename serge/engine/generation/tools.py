@@ -67,9 +67,10 @@ def _hoisted(schema, tool: str, defs: dict[str, dict]):
     A local `$ref` points from the root of the document it is in; once the schema is nested
     (under `arguments`, inside `tool_call`), `#/$defs/Address` would point at nothing. So the
     root's `$defs` and `definitions` move to `defs` under names prefixed by the tool's (two tools'
-    `Address` never collide, nor a `$defs` and a `definitions` entry of one), and every local ref is rewritten to match: into a hoisted
-    definition, or, for `#` (recursion to the root) and any other pointer, into the schema itself,
-    which is then hoisted too and referred to. A schema without refs stays where it is.
+    `Address` never collide, nor a `$defs` and a `definitions` entry of one), and every local ref
+    is rewritten to match: into a hoisted definition, or, for `#` (recursion to the root) and any
+    other pointer, into the schema itself, which is then hoisted too and referred to. A schema
+    without refs stays where it is.
     """
     if not isinstance(schema, dict) or not _has_refs(schema):
         return schema
@@ -189,7 +190,8 @@ def plan_reply(fmt: ToolFormat, messages: Sequence[Message], tools: Tools | None
     key = "arguments" if fmt.kind == "generic" else fmt.arguments_key
     strict = all(t.strict for t in chosen)
     defs: dict[str, dict] = {}  # every tool's definitions, at the root of the schema of a call
-    calls = {"anyOf": [t.call_schema(key, defs) for t in chosen]} if len(chosen) > 1 else chosen[0].call_schema(key, defs)
+    schemas = [t.call_schema(key, defs) for t in chosen]
+    calls = {"anyOf": schemas} if len(schemas) > 1 else schemas[0]
     if fmt.kind == "generic":
         call = json_rule(_with_defs({"type": "object", "properties": {"tool_call": calls}, "required": ["tool_call"],
                                      "additionalProperties": False}, defs), strict=strict)
