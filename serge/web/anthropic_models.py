@@ -68,8 +68,8 @@ class ToolUseBlock(_Strict):
 class ToolResultBlock(_Strict):
     type: Literal["tool_result"]
     tool_use_id: str = Field(max_length=256)
-    content: str | list[Annotated[TextBlock | ImageBlock, Field(discriminator="type")]] = Field(
-        "", max_length=MAX_BLOCKS)
+    content: str | Annotated[list[Annotated[TextBlock | ImageBlock, Field(discriminator="type")]],
+                             Field(max_length=MAX_BLOCKS)] = ""
     is_error: bool | None = Field(None, description="true: the result is written as an error for the model.")
     cache_control: CacheControl | None = Field(None, description=NO_EFFECT)
 
@@ -92,7 +92,7 @@ Block = Annotated[TextBlock | ImageBlock | ToolUseBlock | ToolResultBlock | Thin
 class MessageIn(_Strict):
     role: Literal["user", "assistant", "system"] = Field(
         description="system is not Anthropic's, but some clients send it: it counts as a system prompt there.")
-    content: str | list[Block] = Field(max_length=MAX_BLOCKS)
+    content: str | Annotated[list[Block], Field(max_length=MAX_BLOCKS)]
 
 
 class ToolIn(_Strict):
@@ -146,7 +146,7 @@ class _Conversation(_Strict):
 
     model: str = Field(max_length=256, description="An installed model (`GET /v1/models` lists them).")
     messages: list[MessageIn] = Field(min_length=1, max_length=MAX_MESSAGES_PER_REQUEST)
-    system: str | list[TextBlock] | None = Field(None, max_length=MAX_BLOCKS)
+    system: str | Annotated[list[TextBlock], Field(max_length=MAX_BLOCKS)] | None = None
     tools: list[ToolIn] | None = Field(None, max_length=MAX_TOOLS)
     tool_choice: ToolChoice | None = None
     output_config: OutputConfig | None = None
