@@ -21,9 +21,8 @@ from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from serge.engine import ContextTooLong, Engine, FinishReason, GenerationRecord, Message, Stream, Tools
-from serge.web.anthropic_models import (NO_EFFECT_FIELDS, CountTokensRequest, MessageOut, MessagesRequest,
+from serge.web.anthropic_models import (NO_EFFECT_FIELDS, AnthropicErrorResponse, CountTokensRequest, MessageOut, MessagesRequest,
                                         TextOut, TokenCountOut, ToolUseOut, UsageOut)
-from serge.web.docs import BUSY
 from serge.web.errors import ApiError, error_body
 from serge.web.request_log import note_generation
 
@@ -33,8 +32,14 @@ _EVENT = {"type": "object", "required": ["event", "data"], "properties": {
     "event": {"enum": ["message_start", "ping", "content_block_start", "content_block_delta", "content_block_stop",
                        "message_delta", "message_stop", "error"]},
     "data": {"type": "string", "contentMediaType": "application/json"}}}
+_ERRORS = {"4XX": {"model": AnthropicErrorResponse, "description": "The request cannot be served as sent; the "
+                                                                   "message says what to change."},
+           502: {"model": AnthropicErrorResponse, "description": "A remote model's server failed."},
+           503: {"model": AnthropicErrorResponse, "description": "overloaded_error: every slot and the queue are "
+                                                                 "full (retry after Retry-After seconds), or the model "
+                                                                 "would not load."}}
 RESPONSES = {200: {"description": "A message, or Anthropic's server-sent events with \"stream\": true.",
-                   "content": {"text/event-stream": {"schema": _EVENT}}}, 503: BUSY}
+                   "content": {"text/event-stream": {"schema": _EVENT}}}, **_ERRORS}
 
 MESSAGES_DOC = f"""Anthropic's Messages API, for Claude Code and Anthropic's SDKs (point ANTHROPIC_BASE_URL at
 Serge). The key goes in `x-api-key` or `Authorization: Bearer`.
@@ -192,7 +197,7 @@ async def _events(stream: Stream, message_id: str, prompt_tokens: int):
 
 
 @router.post("/messages/count_tokens", summary="Count a message's input tokens (Anthropic's API)",
-             response_model=TokenCountOut,
+             response_model=TokenCountOut, responses=_ERRORS,
              description="The tokens the prompt of this conversation (system, messages and tools) takes, as the "
                          "model's chat template renders it. Fields as for /v1/messages, less those of generation.")
 async def count_tokens(

@@ -333,3 +333,17 @@ class MessageOut(BaseModel):
 class TokenCountOut(BaseModel):
     input_tokens: int = Field(description="The prompt's tokens, as the model's chat template renders it with "
                                           "the tools.")
+
+
+class AnthropicErrorDetail(BaseModel):
+    type: str = Field(description="invalid_request_error (400 and other 4xx), authentication_error (401), "
+                                  "permission_error (403), not_found_error (404), request_too_large (413), "
+                                  "rate_limit_error (429), api_error (500, 502), overloaded_error (503).")
+    message: str = Field(description="What went wrong and what to change; it names the field at fault.")
+
+
+class AnthropicErrorResponse(BaseModel):
+    """The body of every error answer of /v1/messages: Anthropic's shape."""
+
+    type: Literal["error"] = "error"
+    error: AnthropicErrorDetail

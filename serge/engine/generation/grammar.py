@@ -165,7 +165,7 @@ class Vocabulary:
                 return Matcher(compiled.deep_copy(), ll.vocab_size)
         compiled = LLMatcher(ll, LLMatcher.grammar_from_lark(grammar), log_level=0)  # outside the lock
         if compiled.is_error():
-            raise GrammarError(_refusal(param, _first_line(compiled.get_error())), param)
+            raise GrammarError(_refusal(param, compiled.get_error()), param)
         with self._lock:
             self._compiled[grammar] = compiled
             while len(self._compiled) > self._cache_size:
@@ -180,13 +180,22 @@ class Vocabulary:
         return self._llg().decode_bytes([token])
 
 
-_AT = re.compile(r"^at \d+\(\d+\): ")  # a place in Serge's own grammar text, which the client never wrote
+# Places in Serge's own grammar text, which the client never wrote: "at 2(7): ", and the listing after.
+_AT = re.compile(r"^at \d+\(\d+\): ")
+_LISTING = re.compile(r"^\s*\d+ \| ")
 WHAT_TO_CHANGE = {"tools": ("change that part of the tool's parameters schema: refs must be local (#/$defs/..., "
                             "#/definitions/..., #), and keywords Serge cannot enforce are refused with strict on")}
 
 
 def _refusal(param: str, error: str) -> str:
-    error = _AT.sub("", error)
+    """llguidance's reason on one line (a regex error spans several), without places in Serge's grammar."""
+    lines = []
+    for line in error.splitlines():
+        if _LISTING.match(line):
+            break
+        lines.append(line.strip())
+    error = _AT.sub("", " ".join(line for line in lines if line)[:500])
+    error = error or "the grammar is invalid"
     hint = WHAT_TO_CHANGE.get(param)
     return f"{param}: {error}; {hint}" if hint else f"{param}: {error}"
 
