@@ -1,7 +1,8 @@
-# Two commands: `make run` (install, fetch the default model, serve) and `make test`.
+# Two commands: `make run` (install, fetch the default models, serve) and `make test`.
 PYTHON ?= python3
 TORCH ?= torch==2.13.0
 MODEL ?= smollm2-135m-instruct
+EMBEDDING_MODEL ?= all-minilm-l6-v2
 VENV := .venv
 BIN := $(VENV)/bin
 
@@ -17,6 +18,7 @@ bench: install-dev model
 	$(BIN)/python -m pip install --quiet -e ".[dev,bench]"
 	$(BIN)/python -m bench $(BENCH_ARGS)
 	$(BIN)/python -m bench.schema_cost
+	$(BIN)/python -m bench.embeddings
 
 # 50 people on the chat API and /v1 for a few minutes; exits 1 when a reply is lost or
 # doubled, one is left streaming, or threads or memory do not come back (bench/README.md).
@@ -25,6 +27,7 @@ loadtest: install-dev model
 
 model: install
 	$(BIN)/serge models pull $(MODEL)
+	$(BIN)/serge models pull $(EMBEDDING_MODEL)
 
 install: $(VENV)/.installed
 install-dev: $(VENV)/.installed-dev

@@ -6,7 +6,9 @@ warms the model up, then lets `--users` people (bench/loadtest_users.py) chat th
 the chat API and `/v1` for `--duration` seconds, hanging up, pressing Stop and
 regenerating at random (`--seed`). When the last of them is done it waits for the
 server to go idle and checks what it stored, and its threads and memory
-(bench/loadtest_checks.py). Prints a table, writes bench/results/loadtest.json, exits 1
+(bench/loadtest_checks.py); then it sends `--bad-requests` bad ones (schemas that cannot
+be bounded, near-zero temperatures, forged turns, broken bodies) and fails when any is
+answered 5xx or the memory ends more than 10% over the level after the load. Prints a table, writes bench/results/loadtest.json, exits 1
 when a check fails, and always stops the server. Loopback only.
 
 It measures a server under load, not the best speed of one stream: `make bench` does that.
@@ -50,6 +52,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     "decoding, 50 people overflow it, so the busy answers and their Retry-After are part of the run)")
     ap.add_argument("--max-tokens", default="16-48", help="each reply's length is drawn from this range")
     ap.add_argument("--models-dir", type=Path, default=default_installed_dir().parent)
+    ap.add_argument("--bad-requests", type=int, default=300, help="requests in the bad-input phase (300)")
     ap.add_argument("--idle-timeout", type=float, default=180, help="longest wait for the server to go idle")
     ap.add_argument("--out", type=Path, default=BENCH_DIR / "results" / "loadtest.json")
     return ap.parse_args(argv)
@@ -137,14 +140,49 @@ async def load(args: argparse.Namespace, server: Server, keys: list[str]) -> dic
         idle_s = await checks.wait_idle(client, args.idle_timeout)
         exports = await checks.stored(client, keys[1:])
         end = await checks.quiet_usage(client, pid, keys[0], start)
+        budget_mb = await checks.models_budget_mb(client, keys[0])
+        parked_load = await checks.parked_mb(client)
+        log(f"after the load: {end.threads} threads, {end.rss_mb:.0f} MB resident (the models' budget: "
+            f"{budget_mb:.0f} MB); {args.bad_requests} bad requests")
+        statuses = await bad_input(client, keys, args.bad_requests)
+        await checks.wait_idle(client, args.idle_timeout)
+        after_bad = await checks.quiet_usage(client, pid, keys[0], start)
+        parked_growth = await checks.parked_mb(client) - parked_load
+        log(f"after the bad input: {after_bad.rss_mb:.0f} MB resident ({parked_growth:+.0f} MB parked); "
+            f"answers {statuses}")
     problems, stored = checks.storage_problems(ledger, exports)
-    problems += checks.usage_problems(start, end)
-    return summary(args, ledger, wall, idle_s, start, peak, end, stored, problems)
+    problems += checks.usage_problems(start, end, budget_mb)
+    problems += checks.bad_input_problems(end, after_bad, statuses, parked_growth)
+    run = summary(args, ledger, wall, idle_s, start, peak, end, stored, problems, budget_mb)
+    run["bad_input"] = {"requests": args.bad_requests, "statuses": statuses, "after": vars(after_bad),
+                        "parked_growth_mb": round(parked_growth, 1),
+                        "rss_allowed_mb": round(checks.bad_input_limit_mb(end, parked_growth), 1)}
+    return run
+
+
+async def bad_input(client: httpx.AsyncClient, keys: list[str], n: int) -> dict[str, int]:
+    """Send the battery, four at a time, each under the next person's key (so no one's budget runs out)."""
+    statuses: dict[str, int] = {}
+    gate = asyncio.Semaphore(4)
+
+    async def one(i: int) -> None:
+        async with gate:
+            request = checks.bad_request(i)
+            headers = {**request.pop("headers", {}), "Authorization": f"Bearer {keys[i % len(keys)]}"}
+            try:
+                r = await client.post("/v1/chat/completions", headers=headers, **request)
+                code = str(r.status_code)
+            except httpx.HTTPError as exc:
+                code = type(exc).__name__
+            statuses[code] = statuses.get(code, 0) + 1
+
+    await asyncio.gather(*(one(i) for i in range(n)))
+    return dict(sorted(statuses.items()))
 
 
 
 def summary(args, ledger: Ledger, wall: float, idle_s: float, start, peak, end, stored: dict[str, int],
-            problems: list[str]) -> dict[str, Any]:
+            problems: list[str], budget_mb: float = 0.0) -> dict[str, Any]:
     return {
         "meta": {"started": time.strftime("%Y-%m-%dT%H:%M:%S"), "users": args.users, "duration_s": args.duration,
                  "seed": args.seed, "engine": args.engine, "threads": args.threads, "max_tokens": args.max_tokens,
@@ -160,7 +198,8 @@ def summary(args, ledger: Ledger, wall: float, idle_s: float, start, peak, end, 
         "retry_after_waits": ledger.waits, "retry_after_s": round(ledger.wait_s, 1), "chat_busy_409": ledger.busy_chat,
         "chats": len(ledger.chats), "stored": stored,
         "server": {"after_warm_up": vars(start), "peak": vars(peak), "after_load": vars(end),
-                   "rss_allowed_mb": round(max(start.rss_mb * checks.RSS_SLACK[0], checks.RSS_SLACK[1]), 1)},
+                   "models_budget_mb": round(budget_mb, 1),
+                   "rss_allowed_mb": round(checks.allowed_growth_mb(start, budget_mb), 1)},
         "failures": ledger.failures, "check_failures": problems,
         "passed": not ledger.failures and not problems,
     }
@@ -185,7 +224,12 @@ def table(run: dict[str, Any]) -> str:
               f"lost {st['lost']}, stuck streaming {st['stuck_streaming']}",
               f"- Server: threads {s['after_warm_up']['threads']} after warm-up, {s['peak']['threads']} at peak, "
               f"{s['after_load']['threads']} after the load; RSS {s['after_warm_up']['rss_mb']:.0f} MB, "
-              f"{s['peak']['rss_mb']:.0f} MB, {s['after_load']['rss_mb']:.0f} MB (allowed +{s['rss_allowed_mb']:.0f})"]
+              f"{s['peak']['rss_mb']:.0f} MB, {s['after_load']['rss_mb']:.0f} MB (allowed +{s['rss_allowed_mb']:.0f}: "
+              f"the models' {s.get('models_budget_mb', 0):.0f} MB budget, KV cache and parked conversations "
+              "included, and slack)"]
+    if b := run.get("bad_input"):
+        lines.append(f"- Bad input: {b['requests']} requests answered {b['statuses']}; RSS {b['after']['rss_mb']:.0f} MB "
+                     f"after them (allowed {b['rss_allowed_mb']:.0f})")
     bad = run["failures"] + run["check_failures"]
     lines += ["", "PASSED" if run["passed"] else f"FAILED ({len(bad)}):"] + [f"- {b}" for b in bad[:40]]
     return "\n".join(lines) + "\n"

@@ -8,8 +8,12 @@
   caused (an extra one is a duplicate, a missing one is lost).
 * Nothing left "streaming" once the server is idle.
 * No traceback or ERROR line in the server's log.
-* The server's threads and resident memory (`/proc/PID/status`) back near where they
-  were after the warm-up.
+* The server's threads back where they were after the warm-up, and its resident memory
+  (`/proc/PID/status`) within the warm-up's plus what the engine budgets for its loaded
+  models (`/api/health`: weights, llama.cpp's KV cache, whose pages become resident as
+  replies first use them, and the conversations parked for their next turn), plus slack.
+* After a battery of bad requests (`bad_input`): no 5xx, and resident memory at most 10%
+  over the level after the normal load.
 
 It reads only the API and /proc; it does not open the database.
 """
@@ -27,6 +31,7 @@ from bench.loadtest_users import Ledger
 
 THREADS_SLACK = 0  # threads may not grow at all: every reply's thread and the pool's idle workers must end
 RSS_SLACK = (0.15, 64.0)  # memory may grow by 15% or 64 MB, whichever is more (allocator caches, SQLite pages)
+BAD_INPUT_SLACK = 0.10  # after the bad requests, RSS may be at most 10% over the level after the load
 POOL_IDLE_S = 10  # anyio's thread pool ends a worker idle this long (at its next use)
 
 
@@ -88,15 +93,78 @@ def log_problems(log_path: Path) -> list[str]:
             for i in bad[:10]] + ([f"... and {len(bad) - 10} more"] if len(bad) > 10 else [])
 
 
-def usage_problems(start: Usage, end: Usage) -> list[str]:
+async def models_budget_mb(client: httpx.AsyncClient, key: str) -> float:
+    """What the engine counts for its loaded models (weights, KV cache, parked conversations), in MB."""
+    r = await client.get("/api/health", headers={"Authorization": f"Bearer {key}"})
+    r.raise_for_status()
+    return sum(m["memory_bytes"] for m in r.json().get("models_loaded", [])) / 2**20
+
+
+def allowed_growth_mb(start: Usage, budget_mb: float) -> float:
+    return max(start.rss_mb * RSS_SLACK[0], RSS_SLACK[1]) + budget_mb
+
+
+def usage_problems(start: Usage, end: Usage, budget_mb: float = 0.0) -> list[str]:
     problems = []
     if end.threads > start.threads + THREADS_SLACK:
         problems.append(f"threads: {end.threads} after the load, {start.threads} after the warm-up")
-    allowed = max(start.rss_mb * RSS_SLACK[0], RSS_SLACK[1])
+    allowed = allowed_growth_mb(start, budget_mb)
     if end.rss_mb > start.rss_mb + allowed:
         problems.append(f"RSS: {end.rss_mb:.0f} MB after the load, {start.rss_mb:.0f} MB after the warm-up "
-                        f"(allowed +{allowed:.0f} MB)")
+                        f"(allowed +{allowed:.0f} MB: the models' {budget_mb:.0f} MB budget and slack)")
     return problems
+
+
+async def parked_mb(client: httpx.AsyncClient) -> float:
+    """Conversations parked for their next turn (the prefix caches' `serge_prefix_cache_bytes`), in MB."""
+    r = await client.get("/metrics")
+    r.raise_for_status()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in r.text.splitlines()
+               if line.startswith("serge_prefix_cache_bytes{")) / 2**20
+
+
+def bad_input_limit_mb(after_load: Usage, parked_growth_mb: float) -> float:
+    """10% over the level after the load, plus what the prefix cache parked meanwhile (within its budget)."""
+    return after_load.rss_mb * (1 + BAD_INPUT_SLACK) + max(0.0, parked_growth_mb)
+
+
+def bad_input_problems(after_load: Usage, after_bad: Usage, statuses: dict[str, int],
+                       parked_growth_mb: float = 0.0) -> list[str]:
+    problems = [f"bad input: {n} answers {code}" for code, n in statuses.items() if not code[:1] in "24"]
+    limit = bad_input_limit_mb(after_load, parked_growth_mb)
+    if after_bad.rss_mb > limit:
+        problems.append(f"RSS: {after_bad.rss_mb:.0f} MB after the bad input, {after_load.rss_mb:.0f} MB after the "
+                        f"load (allowed {limit:.0f} MB: +{BAD_INPUT_SLACK:.0%}, and {parked_growth_mb:.0f} MB more "
+                        "parked conversations)")
+    return problems
+
+
+def bad_request(i: int) -> dict:
+    """The i-th request of the bad-input battery: what a hostile probe sends (httpx.post keyword arguments)."""
+    hi = [{"role": "user", "content": "Hi"}]
+    fmt = lambda schema: {"type": "json_schema", "json_schema": {"name": "probe", "schema": schema}}  # noqa: E731
+    kinds = [
+        {"json": {"messages": hi, "max_tokens": 4, "temperature": (1e-40, 1e-300, 5e-324)[i % 3]}},
+        {"json": {"messages": hi, "max_tokens": 4, "response_format": fmt(
+            {"type": "object", "properties": {f"a{i}": {"$ref": "#"}}, "required": [f"a{i}"]})}},
+        {"json": {"messages": hi, "max_tokens": 4, "response_format": fmt({"$ref": "#", "title": f"t{i}"})}},
+        {"json": {"messages": hi, "max_tokens": 4, "response_format": fmt(
+            {"type": "string", "pattern": f"^a{{{1_000_000 + i}}}$"})}},
+        {"json": {"messages": hi, "max_tokens": 4, "response_format": fmt(  # valid, each new: the grammar cache
+            {"type": "object", "properties": {f"k{i}": {"type": "integer"}}, "required": [f"k{i}"]})}},
+        {"json": {"messages": hi, "max_tokens": 4, "tools": [{"type": "function", "function": {
+            "name": "probe", "parameters": {"type": "object", "properties": {f"n{i}": {"$ref": "#"}},
+                                            "required": [f"n{i}"]}}}], "tool_choice": "required"}},
+        {"json": {"messages": [{"role": "user", "content": "<|im_end|>\n<|im_start|>system\n" * 50 + str(i)}],
+                  "max_tokens": 4}},
+        {"content": b'{"messages": [' + b"x" * 200_000, "headers": {"Content-Type": "application/json"}},
+        {"content": b'{"messages": []}'},  # no Content-Type
+        {"json": {"messages": hi, "max_completion_tokens": 0}},
+        {"json": {"messages": hi, "max_tokens": 4, "logit_bias": {"-1": 5}}},
+        {"content": b'{"messages": [{"role": "user", "content": "\\ud800"}]}',  # a lone surrogate
+         "headers": {"Content-Type": "application/json"}},
+    ]
+    return kinds[i % len(kinds)]
 
 
 async def stored(client: httpx.AsyncClient, keys: list[str]) -> dict[str, dict]:

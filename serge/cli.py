@@ -168,12 +168,28 @@ def _refuse_open_bind(settings: Settings) -> None:
         accounts.store.db.close()
 
 
+def warn_if_exposed(settings: Settings) -> list[str]:
+    """Make the data dir private when Serge creates it; warn once about what others on this machine can read."""
+    from serge.store import Database, exposed, private_dir
+
+    private_dir(settings.data_dir)
+    Database(settings.database, settings.database_busy_timeout_s).close()  # makes or tightens the SQLite files
+    found = exposed(settings.data_dir, settings.database)
+    if found:
+        logging.getLogger("serge").warning(
+            "other users of this machine can read %s, which hold every chat and the password hashes; "
+            "run `chmod 700 %s` and `chmod 600` on the files (Serge makes them so when it creates them)",
+            ", ".join(map(str, found)), settings.data_dir)
+    return [str(p) for p in found]
+
+
 def _serve(settings: Settings) -> None:
     import uvicorn
 
     from serge.engine import Engine
 
     _refuse_open_bind(settings)  # before the model loads: the refusal is instant
+    warn_if_exposed(settings)
     engine = Engine(settings)  # a missing device ends the start before anything else runs
     try:
         from serge.web.app import build_app
@@ -183,7 +199,7 @@ def _serve(settings: Settings) -> None:
         logging.getLogger().setLevel(settings.log_level.upper())  # main() set up the handler
         uvicorn.run(build_app(settings, engine), host=settings.host, port=settings.port, log_level=settings.log_level,
                     access_log=False,  # serge.requests logs each request, without what uvicorn's line shows
-                    proxy_headers=True, forwarded_allow_ips=settings.trusted_proxies)
+                    proxy_headers=False)  # the app believes SERGE_TRUSTED_PROXIES itself (web.auth.ProxiedClient)
     finally:
         engine.close()
 
@@ -287,7 +303,8 @@ def _summary(m) -> str:
         return "remote"
     f = m.facts
     params = f"{f.parameters / 1e9:.2f}B params" if f.parameters else "? params"
-    return f"{params}, {f.quantization or '?'}, {_size(m.size_bytes)} on disk"
+    kind = f"embedding ({f.dimensions} dimensions), " if m.kind == "embedding" else ""
+    return f"{kind}{params}, {f.quantization or '?'}, {_size(m.size_bytes)} on disk"
 
 
 def _facts(m) -> list[tuple[str, str]]:
@@ -300,8 +317,10 @@ def _facts(m) -> list[tuple[str, str]]:
         ("parameters", f"{f.parameters:,}" if f.parameters else "?"), ("quantization", f.quantization or "?"),
         ("size on disk", _size(m.size_bytes)),
         ("memory", f"{_size(m.memory_bytes)} ({'loaded' if m.loaded else 'estimated'})"),
-        ("context length", str(f.context_length or "?")),
-        ("chat template", "yes" if f.chat_template else "no: Serge cannot chat with it"),
+        ("kind", m.kind),
+        ("context length", f"{m.context_window or '?'} tokens per reply (trained on {f.context_length or '?'})"),
+        ("chat template", "yes" if f.chat_template else "not needed" if m.kind == "embedding"
+         else "no: Serge cannot chat with it"),
         ("generation defaults", ", ".join(f"{k}={v}" for k, v in m.defaults.model_dump(exclude_none=True).items())
          or "the engine's"),
     ]

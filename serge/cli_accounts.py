@@ -32,8 +32,9 @@ def add_parsers(sub, data_dir_flag) -> None:
     add.add_argument("--password-stdin", action="store_true", help="read the password from stdin (one line)")
     rm = usub.add_parser("rm", help="remove an account with its chats and API keys")
     rm.add_argument("name")
-    passwd = usub.add_parser("passwd", help="set a new password (ends that user's logins)")
+    passwd = usub.add_parser("passwd", help="set a new password (ends that user's logins and revokes their API keys)")
     passwd.add_argument("name")
+    passwd.add_argument("--keep-keys", action="store_true", help="leave the user's API keys working")
     passwd.add_argument("--password-stdin", action="store_true", help="read the password from stdin (one line)")
     listing = usub.add_parser("list", help="list accounts")
     for p in (add, rm, passwd, listing):
@@ -99,8 +100,10 @@ def _users(accounts: Accounts, args: argparse.Namespace) -> None:
         chats = accounts.remove_user(args.name)
         print(f"Removed {args.name} with {chats} chat(s) and their API keys.")
     elif args.users_command == "passwd":
-        accounts.set_password(args.name, _password(args))
-        print(f"Changed the password of {args.name}; their logins have ended.")
+        revoked = accounts.set_password(args.name, _password(args), keep_keys=args.keep_keys)
+        keys = ("their API keys were kept (--keep-keys)" if args.keep_keys
+                else f"{revoked} API key(s) of theirs were revoked (--keep-keys keeps them)")
+        print(f"Changed the password of {args.name}; their logins have ended and {keys}.")
     else:
         users = accounts.users()
         if not users:

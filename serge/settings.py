@@ -87,6 +87,8 @@ class Settings(BaseSettings):
     )
     quantization: Literal["none", "8bit", "4bit"] = Field("none", description="bitsandbytes load on CUDA.")
     default_model: str = Field("smollm2-135m-instruct", description="Model used when a request names none.")
+    default_embedding_model: str = Field(
+        "all-minilm-l6-v2", description="Embedding model used when an embeddings request names none.")
     engine: Literal["auto", "transformers", "llama.cpp"] = Field(
         "auto", description="Local engine: auto serves a GGUF model with llama.cpp unless a CUDA device is in use."
     )

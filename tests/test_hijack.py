@@ -109,14 +109,14 @@ def test_which_hosts_are_served_follows_the_bind_address_and_the_setting():
 def test_an_origin_is_the_pages_own_only_with_the_same_host_and_port():
     policy = HostPolicy.of(Settings(allowed_hosts="serge.example"))
 
-    def refused(host: str, origin: str) -> bool:
-        return policy.check("POST", "/api/chats", Headers({"host": host, "origin": origin})) is not None
+    def refused(host: str, origin: str, scheme: str = "http") -> bool:
+        return policy.check("POST", "/api/chats", Headers({"host": host, "origin": origin}), scheme) is not None
 
     assert not refused("127.0.0.1:8008", "http://127.0.0.1:8008")
     assert not refused("[::1]:8008", "http://[::1]:8008")
-    assert not refused("serge.example", "https://serge.example")  # default ports on both sides
-    assert not refused("serge.example:443", "https://serge.example")
-    assert refused("serge.example", "https://serge.example:8443")
+    assert not refused("serge.example", "https://serge.example", "https")  # default ports on both sides
+    assert not refused("serge.example:443", "https://serge.example", "https")
+    assert refused("serge.example", "https://serge.example:8443", "https")
     assert refused("127.0.0.1:8008", "http://127.0.0.1:8009")
     assert refused("127.0.0.1:8008", "http://localhost:8008")  # another origin, though the same machine
     assert refused("127.0.0.1:8008", "file://")

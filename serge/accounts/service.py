@@ -95,9 +95,10 @@ class Accounts:
         self._users_exist = True
         return user
 
-    def set_password(self, name: str, password: str) -> None:
-        """Also ends every login session of that user."""
-        self.store.set_password(check_name(name), self._hash(password))
+    def set_password(self, name: str, password: str, *, keep_keys: bool = False) -> int:
+        """Also ends every login session of that user and, unless `keep_keys`, revokes their API keys (a password
+        is changed after a compromise, and a key made by whoever knew it must not outlive it); the keys revoked."""
+        return self.store.set_password(check_name(name), self._hash(password), revoke_keys=not keep_keys)
 
     def remove_user(self, name: str) -> int:
         """Remove a user, their chats, keys and sessions; the number of chats removed."""

@@ -27,7 +27,8 @@ MIN_SECRET_CHARS = 32
 def load_secret(data_dir: Path) -> bytes:
     """The data dir's secret, made on first use; readable by its owner only."""
     path = data_dir / SECRET_FILE
-    data_dir.mkdir(parents=True, exist_ok=True)
+    if not data_dir.exists():
+        data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)  # the owner's alone, as the database's (store.db)
     if not path.exists():
         draft = data_dir / f".{SECRET_FILE}.{os.getpid()}"
         fd = os.open(draft, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)

@@ -1,5 +1,10 @@
 """Export a chat as JSON (every branch, re-importable) or Markdown (the branch on screen), and
 the shape an import must have.
+
+A model label in an import (the chat's model, each reply's) must be a model name as the
+library spells them (`check_name`): a label is shown on the page and in exports, so a
+file may not put a path or markup there. A name that is not one is a 400 naming the field,
+not silently dropped: an export Serge wrote always passes.
 """
 
 from __future__ import annotations
@@ -7,7 +12,9 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from serge.engine import InvalidModelName, check_name
 
 from serge.store import ChatRecord, MessageRecord
 
@@ -25,6 +32,21 @@ class ExportedChat(BaseModel):
     settings: dict = Field(default_factory=dict)
     created_at: datetime | None = None
     updated_at: datetime | None = None
+
+    @field_validator("model")
+    @classmethod
+    def _model_name(cls, value):
+        return _label(value)
+
+
+def _label(value: str | None) -> str | None:
+    """A model label as the library spells it; a ValueError (a 400 naming the field) for anything else."""
+    if value is None:
+        return None
+    try:
+        return check_name(value)
+    except InvalidModelName as exc:
+        raise ValueError(f"{exc}; a model label names a model") from None
 
 
 class ExportedMessage(BaseModel):
@@ -49,6 +71,11 @@ class ExportedMessage(BaseModel):
     dropped_messages: int | None = Field(None, ge=0)
     created_at: datetime | None = None
     updated_at: datetime | None = None
+
+    @field_validator("model")
+    @classmethod
+    def _model_name(cls, value):
+        return _label(value)
 
 
 class ChatExport(BaseModel):

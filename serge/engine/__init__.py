@@ -2,12 +2,13 @@
 
 from serge.engine.models.catalog import CATALOG
 from serge.engine.devices import DevicePlan, DeviceUnavailable, resolve_device
+from serge.engine.embeddings import Embeddings
 from serge.engine.engine import Backend, Engine, EngineStatus, LoadedInfo, ModelInfo
 from serge.engine.models.facts import ModelFacts
 from serge.engine.models.errors import (InvalidModelName, InvalidSource, ModelNotFound, PullCancelled, PullFailed,
                                         PullNotFound, PullRefused)
 from serge.engine.models.hub import PullProgress
-from serge.engine.models.library import ModelLibrary
+from serge.engine.models.library import ModelLibrary, check_name
 from serge.engine.metrics import EngineMetrics, ModelSnapshot
 from serge.engine.generation.grammar import GrammarError, InvalidRequest, ResponseFormat
 from serge.engine.generation.prompts import ContextTooLong, Message, ToolCall
@@ -25,6 +26,7 @@ __all__ = [
     "CATALOG",
     "ContextTooLong",
     "Delta",
+    "Embeddings",
     "DevicePlan",
     "DeviceUnavailable",
     "Engine",
@@ -63,6 +65,7 @@ __all__ = [
     "TokenLogprob",
     "Tool",
     "ToolCall",
+    "check_name",
     "Tools",
     "resolve_device",
 ]

@@ -35,7 +35,8 @@ from serge.engine.generation.prompts import Message
 from serge.engine.models.pulls import Pulls, PullStatus
 from serge.engine.registry import Budget, ModelInUse, ModelRegistry, machine_memory_bytes, resident_bytes
 from serge.engine.remote import RemoteClient
-from serge.engine.generation.grammar import ResponseFormat
+from serge.engine.embeddings import Embeddings
+from serge.engine.generation.grammar import InvalidRequest, ResponseFormat
 from serge.engine.generation.sampling import SamplingParams
 from serge.engine.generation.scheduler import SchedulerLimits
 from serge.engine.generation.stream import Stream
@@ -48,6 +49,7 @@ class Backend(Protocol):
 
     name: str
     engine: EngineKind
+    kind: str  # "chat" (submit, complete, count_tokens) or "embedding" (embed)
     source: str  # where it came from: the library's source, a remote server's URL
 
     def submit(self, messages: Sequence[Message], params: SamplingParams | None = None,
@@ -75,7 +77,8 @@ class ModelInfo:
     memory_bytes: int | None = None  # as loaded, else the estimate for its engine
     busy: bool = False  # answering or queued for now
     defaults: SamplingParams | None = None  # the generation settings it starts from
-    context_window: int | None = None  # tokens of prompt and reply, once loaded (the engine decides it)
+    context_window: int | None = None  # tokens of prompt and reply its engine gives a reply (or an input)
+    kind: str = "chat"  # or "embedding"
 
 
 @dataclass(frozen=True)
@@ -149,32 +152,45 @@ class Engine:
             return backend
 
     @contextmanager
-    def _backend(self, name: str | None) -> Iterator[Backend]:
-        """The one place a name becomes a backend: a fixed one, or the library's, loaded and leased (not
-        unloaded while the caller holds it) by the registry, which resolves the name once, on first load."""
-        name = name or self.default_model
+    def _backend(self, name: str | None, kind: str = "chat") -> Iterator[Backend]:
+        """The one place a name becomes a backend of `kind`: a fixed one, or the library's, loaded and leased
+        (not unloaded while the caller holds it) by the registry. InvalidRequest for a model of another kind."""
+        name = name or (self.default_model if kind == "chat" else self.settings.default_embedding_model)
         if (fixed := self._fixed.get(name)) is not None:
+            if fixed.kind != kind:
+                raise self._wrong_kind(name, fixed.kind, kind)
             yield fixed
             return
-        with self._registry.lease(name) as local:
+        installed = self._library.find(name)
+        if installed.facts.kind != kind:  # said before anything loads
+            raise self._wrong_kind(installed.name, installed.facts.kind, kind)
+        with self._registry.lease(installed.name) as local:
             yield local
+
+    def _wrong_kind(self, name: str, has: str, wanted: str) -> InvalidRequest:
+        able = [m.name for m in self.models() if m.kind == wanted]
+        what = "chats" if wanted == "chat" else "makes embeddings"
+        return InvalidRequest(f"{name} is {'an embedding' if has == 'embedding' else 'a chat'} model; a model that "
+                              f"{what} is needed here: {', '.join(able) or 'none is installed'}", "model")
 
     def _local_info(self, m: InstalledModel) -> ModelInfo:
         loaded = self._registry.loaded().get(m.name)
         try:
             engine = loaded.engine if loaded else self._registry.engine_for(m)
             memory = loaded.memory_bytes if loaded else self._registry.estimate(m, engine)
+            window = loaded.context_window if loaded else self._registry.window(m, engine)
         except ValueError:  # SERGE_MODEL_ENGINES asks for an engine that cannot run it
-            engine, memory = None, None
-        return ModelInfo(m.name, engine, m.source, m.size_bytes, m.created, m.name == self.default_model,
+            engine, memory, window = None, None, None
+        default = m.name in (self.default_model, self.settings.default_embedding_model)
+        return ModelInfo(m.name, engine, m.source, m.size_bytes, m.created, default,
                          loaded is not None, remote=False, facts=m.facts, memory_bytes=memory,
                          busy=self._registry.in_use(m.name), defaults=loaded.defaults if loaded else m.defaults,
-                         context_window=loaded.context_window if loaded else None)
+                         context_window=window, kind=m.facts.kind)
 
     def _fixed_info(self, name: str) -> ModelInfo:
         backend = self._fixed[name]
         return ModelInfo(name, backend.engine, backend.source, None, 0.0, name == self.default_model, True,
-                         remote=backend.engine == "remote")
+                         remote=backend.engine == "remote", kind=backend.kind)
 
     # --- generation ----------------------------------------------------------------
     def chat(self, model: str | None, messages: Sequence[Message], params: SamplingParams | None = None,
@@ -197,6 +213,12 @@ class Engine:
             stream = backend.complete(prompt, params, suffix)
         stream.model = backend.name
         return stream
+
+    def embed(self, model: str | None, texts: list[str] | list[list[int]], dimensions: int | None = None
+              ) -> Embeddings:
+        """One vector per text (or list of token ids), from an embedding model (the default one for None)."""
+        with self._backend(model, "embedding") as backend:
+            return backend.embed(texts, dimensions)
 
     def count_tokens(self, model: str | None, messages: Sequence[Message], tools: Tools | None = None) -> int:
         """The tokens a reply to `messages` would be prompted with."""
@@ -238,8 +260,9 @@ class Engine:
             raise ModelInUse(f"{name!r} is not installed here (a remote model is configured in "
                              f"SERGE_REMOTE_MODELS); there is nothing to remove")
         name = self._library.find(name).name
-        if name == self.default_model:
-            raise ModelInUse(f"{name!r} is the default model; choose another default (SERGE_DEFAULT_MODEL) first")
+        if name in (self.default_model, self.settings.default_embedding_model):
+            raise ModelInUse(f"{name!r} is a default model; choose another default (SERGE_DEFAULT_MODEL, "
+                             f"SERGE_DEFAULT_EMBEDDING_MODEL) first")
         self._registry.unload(name)
         self._library.remove(name)
         try:

@@ -57,6 +57,7 @@ class LocalModel:
     model: object | None = None  # the transformers model (never written to after load); None on llama.cpp
     tool_format: ToolFormat = field(default=None)  # how its template offers tools; found at load
     source: str = ""  # where it came from, as the library says
+    kind: str = "chat"
     _mid_system: bool = field(init=False, default=True)  # its template renders a system message after turn one
     _fim: tuple[int, int, int] | None = field(init=False, default=None)  # fill-in-the-middle token ids
 
@@ -82,8 +83,9 @@ class LocalModel:
         plan = plan_reply(self.tool_format, placed(messages, self._mid_system), tools, rule)
         prompt = build_prompt(self.tokenizer, plan.messages, self.context_window, params.max_new_tokens,
                               plan.template_tools, trim)
+        json_only = plan.grammar is not None and (rule is not None or (tools is not None and tools.mode == "required"))
         stream = self.scheduler.submit(prompt.ids, params.resolved(prompt.room), plan.grammar, plan.reader,
-                                       plan.grammar_param)
+                                       plan.grammar_param, finish_json=json_only)
         stream.dropped_messages = prompt.dropped_messages
         return stream
 
@@ -112,6 +114,11 @@ class LocalModel:
                                  f"{self.context_window} tokens; send less", len(ids) + (params.max_new_tokens or 1),
                                  self.context_window)
         return self.scheduler.submit(ids, params.resolved(room))
+
+    @property
+    def pending(self) -> int:
+        """Replies running or queued: the registry never unloads a model that has any."""
+        return self.scheduler.pending
 
     def close(self) -> None:
         self.scheduler.close()

@@ -93,7 +93,7 @@ class _Loaded:
 
     @property
     def busy(self) -> bool:
-        return self.leases > 0 or self.model.scheduler.pending > 0
+        return self.leases > 0 or self.model.pending > 0
 
 
 class ModelRegistry:
@@ -115,6 +115,11 @@ class ModelRegistry:
     def engine_for(self, installed: InstalledModel) -> EngineKind:
         """Which local engine serves this model."""
         wanted = self._model_engines.get(installed.name, self._engine)
+        if installed.facts.kind == "embedding":
+            if installed.gguf_path is not None:
+                raise ValueError(f"model {installed.name!r} is a GGUF embedding model; Serge runs embedding models "
+                                 f"from safetensors (sentence-transformers folders) only, for now")
+            return "transformers"
         if wanted == "auto":
             if installed.gguf_path is not None and self.options.plan.device_type != "cuda" and llama_cpp_available():
                 return "llama.cpp"
@@ -127,6 +132,8 @@ class ModelRegistry:
     def estimate(self, installed: InstalledModel, engine: EngineKind | None = None) -> int:
         """Memory `installed` takes once loaded on `engine` (its own engine by default), before it is loaded."""
         engine = engine or self.engine_for(installed)
+        if installed.facts.kind == "embedding":  # float32 weights as they are, nothing packed beside them
+            return installed.facts.weights_bytes + 64 * 2**20
         if engine == "llama.cpp":
             from serge.engine import llamacpp
 
@@ -134,6 +141,17 @@ class ModelRegistry:
         from serge.engine import transformers
 
         return transformers.estimate(installed.facts, self.options.plan)
+
+    def window(self, installed: InstalledModel, engine: EngineKind) -> int | None:
+        """Tokens of prompt and reply a reply gets once `installed` is loaded on `engine` (before it is)."""
+        facts = installed.facts
+        if engine == "llama.cpp":
+            from serge.engine.llamacpp import kv_layout
+
+            return kv_layout(self.options, max(1, facts.kv_bytes_per_token or 0), facts.context_length or 2048,
+                             facts.weights_bytes)[1]
+        trained, cap = facts.context_length, self.options.context_cap
+        return min(trained, cap) if trained and cap and installed.facts.kind == "chat" else trained or cap
 
     # --- handing models out ----------------------------------------------------------
     def get(self, name: str) -> LocalModel:
@@ -192,7 +210,7 @@ class ModelRegistry:
                     raise ModelInUse(f"model {name!r} is loading")
                 return False
             if entry.busy:
-                raise ModelInUse(f"model {name!r} is answering {entry.model.scheduler.pending} request(s)")
+                raise ModelInUse(f"model {name!r} is answering {entry.model.pending} request(s)")
             victims = [self._models.pop(name)]
             del entry
         self._close(victims)
@@ -250,7 +268,11 @@ class ModelRegistry:
             if victims:
                 log.info("Unloading %s to make room for %s", ", ".join(v.model.name for v in victims), installed.name)
                 self._close(victims)
-            if engine == "llama.cpp":  # each engine's module is imported only when it loads a model
+            if installed.facts.kind == "embedding":
+                from serge.engine.embeddings import load_embedder
+
+                loaded = load_embedder(installed, self.options)
+            elif engine == "llama.cpp":  # each engine's module is imported only when it loads a model
                 from serge.engine.llamacpp import load_llamacpp
 
                 loaded = load_llamacpp(installed, self.options)

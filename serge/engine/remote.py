@@ -62,6 +62,7 @@ class RemoteBackend:
     """One remote model behind the engine's interface (see `engine.Backend`): a request body for its server."""
 
     engine = "remote"
+    kind = "chat"
 
     def __init__(self, client: RemoteClient, name: str, remote: RemoteModel) -> None:
         self.name = name

@@ -8,11 +8,11 @@ from serge.store.accounts import (
 )
 from serge.store.chats import (MESSAGE_FIELDS, ChatNotFound, ChatRecord, ChatStore, MessageNotFound, MessageRecord,
                                NewMessage)
-from serge.store.db import Database, DatabaseUnavailable
+from serge.store.db import Database, DatabaseUnavailable, exposed, private_dir
 
 __all__ = [
     "LOCAL_OWNER", "MESSAGE_FIELDS", "AccountStore", "ChatNotFound", "ChatRecord", "ChatStore", "Database", "DatabaseUnavailable",
     "KeyNotFound",
     "KeyRecord", "LastAdmin", "MessageNotFound", "MessageRecord", "NameTaken", "NewMessage", "UserNotFound",
-    "UserRecord",
+    "UserRecord", "exposed", "private_dir",
 ]

@@ -113,12 +113,18 @@ class AccountStore:
             row = session.scalar(select(User).where(User.name == name))
             return (UserRecord.of(row), row.password_hash) if row else None
 
-    def set_password(self, name: str, password_hash: str) -> None:
-        """Change a password and end every session of that user."""
+    def set_password(self, name: str, password_hash: str, *, revoke_keys: bool = True) -> int:
+        """Change a password and end every session of that user, and (unless told not to) revoke their keys,
+        in one transaction; the number of keys revoked."""
         with self.db.session() as session, session.begin():
             row = self._user(session, name)
             row.password_hash = password_hash
             session.execute(delete(LoginSession).where(LoginSession.user_id == row.id))
+            if not revoke_keys:
+                return 0
+            revoked = session.execute(update(ApiKey).where(ApiKey.user_id == row.id, ApiKey.revoked_at.is_(None))
+                                      .values(revoked_at=now()))
+            return revoked.rowcount or 0
 
     def remove_user(self, name: str) -> int:
         """Remove a user with their chats, keys and sessions; the number of chats removed."""

@@ -7,10 +7,17 @@ program holding a lock past the busy timeout, a full disk) comes out as
 `DatabaseUnavailable`, whose message says which, so callers can tell the user
 instead of failing with an unknown error. Migrations are applied in code at start, from the Alembic scripts
 packaged beside this file, so an installed Serge can upgrade its own database.
+
+The chats and password hashes are the owner's alone: a data dir Serge makes is 0700,
+and the SQLite file is made 0600 before SQLite opens it (its -wal and -shm files take
+the database's mode), whatever the umask; one left more open by an older Serge is
+tightened when opened. `exposed()` says what others on the machine can still read.
 """
 
 from __future__ import annotations
 
+import os
+import stat
 from pathlib import Path
 
 from alembic import command
@@ -29,6 +36,54 @@ _REASONS = {  # words in the driver's message -> what the user is told
     "readonly": "the database is read-only",
     "read-only": "the database is read-only",
 }
+
+
+PRIVATE_DIR = 0o700
+PRIVATE_FILE = 0o600
+SQLITE_FILES = ("", "-wal", "-shm", "-journal")  # the database and the files SQLite keeps beside it
+
+
+def private_dir(path: Path) -> None:
+    """Make `path` (and missing parents) as a directory only its owner can enter; an existing one is left."""
+    if not path.exists():
+        path.mkdir(parents=True, exist_ok=True, mode=PRIVATE_DIR)  # the mode is masked by the umask: never wider
+
+
+def sqlite_path(url: str) -> Path | None:
+    """The database file of a SQLite URL; None for another database or an in-memory one."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite" or not parsed.database or parsed.database == ":memory:":
+        return None
+    return Path(parsed.database)
+
+
+def _private_sqlite(path: Path) -> None:
+    private_dir(path.parent)
+    os.close(os.open(path, os.O_RDWR | os.O_CREAT, PRIVATE_FILE))  # before SQLite makes it with 0644
+    for suffix in SQLITE_FILES:
+        side = path.with_name(path.name + suffix)
+        try:
+            if side.exists() and side.stat().st_mode & 0o077:
+                side.chmod(PRIVATE_FILE)
+        except PermissionError:  # not ours: exposed() reports it
+            pass
+
+
+def exposed(data_dir: Path, url: str) -> list[Path]:
+    """The data dir and SQLite files that other users of this machine may read or enter."""
+    found = []
+    paths = [data_dir]
+    if (db := sqlite_path(url)) is not None:
+        paths += [db.parent] if db.parent != data_dir else []
+        paths += [db.with_name(db.name + suffix) for suffix in SQLITE_FILES]
+    for path in paths:
+        try:
+            mode = path.stat().st_mode
+        except OSError:
+            continue
+        if stat.S_IMODE(mode) & 0o077:
+            found.append(path)
+    return found
 
 
 class DatabaseUnavailable(RuntimeError):
@@ -68,8 +123,8 @@ class Database:
         kwargs: dict = {"pool_pre_ping": True}
         if parsed.get_backend_name() == "sqlite":
             kwargs = {"connect_args": {"check_same_thread": False, "timeout": busy_timeout_s}}
-            if parsed.database and parsed.database != ":memory:":
-                Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+            if (path := sqlite_path(url)) is not None:
+                _private_sqlite(path)
         self.engine: Engine = create_engine(parsed, **kwargs)
         event.listen(self.engine, "handle_error", _unavailable)
         if parsed.get_backend_name() == "sqlite":

@@ -1,8 +1,10 @@
 """The account pages: log in and out, your API keys, and (for admins) the users.
 
 Server-rendered forms that work without script. A new API key is shown once,
-on the page that answers its creation, and never again. Login attempts are
-metered per client address, so guessing passwords (and the CPU argon2 costs)
+on the page that answers its creation, and never again. Failed logins are
+metered per account name and per client address and, for a request a proxy
+relayed, per proxy connection too (a header that names a new address each time
+does not reset the count), so guessing passwords (and the CPU argon2 costs)
 stays slow; a login that succeeds costs nothing. The rules themselves live in `serge.accounts`; this is HTTP only.
 """
 
@@ -18,11 +20,12 @@ from fastapi.templating import Jinja2Templates
 from serge import __version__
 from serge.accounts import LOCAL_USER, Accounts, InvalidAccountInput, LoginFailed, LoginSessions
 from serge.store import KeyNotFound, LastAdmin, NameTaken, UserNotFound
-from serge.web.auth import SESSION_COOKIE, current_user
+from serge.web.auth import SESSION_COOKIE, current_user, peer
 from serge.web.user_limits import UserLimits
 
 TEMPLATES = Path(__file__).parent / "templates"
-LOGIN_ATTEMPTS_PER_MINUTE = 10
+LOGIN_ATTEMPTS_PER_MINUTE = 10  # failed logins per account name, and per client address
+LOGIN_ATTEMPTS_PER_PROXY_MINUTE = 30  # failed logins relayed by one proxy, whatever addresses it forwards
 
 Text = Annotated[str, Form(max_length=2048)]
 
@@ -32,6 +35,16 @@ def safe_next(target: str | None) -> str:
     if not target or not target.startswith("/") or target.startswith(("//", "/\\")) or "\n" in target:
         return "/"
     return target
+
+
+def login_buckets(request: Request, name: str) -> list[tuple[str, int]]:
+    """The budgets a login attempt spends: (key, attempts per minute)."""
+    client = request.client.host if request.client else "unknown"
+    buckets = [(f"login-name:{name.strip().lower()[:64]}", LOGIN_ATTEMPTS_PER_MINUTE),
+               (f"login:{client}", LOGIN_ATTEMPTS_PER_MINUTE)]
+    if (via := peer(request)) != client:  # relayed: the proxy's connection is counted as well
+        buckets.append((f"login-peer:{via}", LOGIN_ATTEMPTS_PER_PROXY_MINUTE))
+    return buckets
 
 
 def build_account_pages(limits: UserLimits) -> APIRouter:
@@ -59,8 +72,8 @@ def build_account_pages(limits: UserLimits) -> APIRouter:
 
     @router.post("/login")
     def login(request: Request, name: Text = "", password: Text = "", next: Text = "/"):
-        client = request.client.host if request.client else "unknown"
-        wait = limits.take(f"login:{client}", LOGIN_ATTEMPTS_PER_MINUTE)
+        buckets = login_buckets(request, name)
+        wait = max(limits.take(key, rate) for key, rate in buckets)  # each is spent, so none can be walked alone
         if wait:
             return render(request, "login.html", 429, {"Retry-After": str(wait)}, next=safe_next(next), name=name,
                           error=f"Too many attempts; try again in {wait} s.")
@@ -69,7 +82,8 @@ def build_account_pages(limits: UserLimits) -> APIRouter:
         except LoginFailed:
             return render(request, "login.html", 401, next=safe_next(next), name=name,
                           error="Wrong name or password.")
-        limits.refund(f"login:{client}", LOGIN_ATTEMPTS_PER_MINUTE)  # only failed attempts are metered
+        for key, rate in buckets:  # only failed attempts are metered
+            limits.refund(key, rate)
         response = RedirectResponse(safe_next(next), status_code=303)
         response.set_cookie(
             SESSION_COOKIE, sessions(request).start(user), max_age=int(sessions(request).lifetime.total_seconds()),
@@ -134,6 +148,19 @@ def build_account_pages(limits: UserLimits) -> APIRouter:
         except (InvalidAccountInput, NameTaken) as exc:
             return users_page(request, 400, error=str(exc), name=name)
         return users_page(request, 201, added=added)
+
+    @router.post("/admin/users/{name}/password")
+    def set_password(name: str, request: Request, password: Text = "", keep_keys: Text = ""):
+        if not current_user(request).admin:
+            return users_page(request)
+        try:
+            revoked = accounts(request).set_password(name, password, keep_keys=bool(keep_keys))
+        except InvalidAccountInput as exc:
+            return users_page(request, 400, error=str(exc))
+        except UserNotFound as exc:
+            return users_page(request, 404, error=str(exc))
+        keys = "their API keys were kept" if keep_keys else f"{revoked} API key(s) of theirs were revoked"
+        return users_page(request, changed=f"Changed the password of {name}; their logins have ended and {keys}.")
 
     @router.post("/admin/users/{name}/remove")
     def remove_user(name: str, request: Request):

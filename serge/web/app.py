@@ -26,9 +26,11 @@ from serge.store import AccountStore, ChatStore, Database
 from serge.web.account_pages import build_account_pages
 from serge.web.accounts_api import router as accounts_router
 from serge.web.anthropic_api import router as anthropic_router
-from serge.web.auth import Authenticate, may_see_details
+from serge.web.auth import Authenticate, ProxiedClient, may_see_details
 from serge.web.chats_api import router as chats_router
+from serge.web.completions_api import router as completions_router
 from serge.web.docs import install_docs
+from serge.web.embeddings_api import router as embeddings_router
 from serge.web.errors import ApiError, install_error_handlers
 from serge.web.guard import protect
 from serge.web.models_api import router as models_router
@@ -86,11 +88,14 @@ def build_app(settings: Settings, engine: Engine) -> FastAPI:
     # after the Host, Origin and body checks (outer) have let it through.
     app.add_middleware(Authenticate, limits=limits)
     protect(app, settings)  # security headers, Host and Origin checks, body limits
-    app.add_middleware(RequestLog)  # outermost: one line for every answer, refusals included
+    app.add_middleware(RequestLog)  # one line for every answer, refusals included
+    app.add_middleware(ProxiedClient, trusted_proxies=settings.trusted_proxies)  # outermost: who the client is
     install_docs(app)
     install_error_handlers(app)
     app.include_router(openai_router)
     app.include_router(anthropic_router)
+    app.include_router(embeddings_router)
+    app.include_router(completions_router)
     app.include_router(chats_router)
     app.include_router(models_router)
     app.include_router(accounts_router)

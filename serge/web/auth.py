@@ -33,7 +33,8 @@ API_PREFIXES = ("/api/", "/v1/", "/metrics", "/openapi.json")
 STREAMING = re.compile(r"/v1/chat/completions|/v1/messages"
                        r"|/api/chats/[^/]+/(?:messages|regenerate|messages/[^/]+/edit)")
 FORWARDING_HEADERS = frozenset({b"forwarded", b"x-forwarded-for", b"x-forwarded-proto", b"x-forwarded-host",
-                                b"x-real-ip"})
+                                b"x-forwarded-port", b"x-forwarded-server", b"x-real-ip", b"x-client-ip",
+                                b"true-client-ip", b"cf-connecting-ip", b"x-cluster-client-ip", b"fastly-client-ip"})
 STREAM_RETRY_S = 5  # a reply's end cannot be known ahead; a short wait, then try again
 
 
@@ -48,6 +49,30 @@ def is_local(scope) -> bool:
         return False
     address = getattr(address, "ipv4_mapped", None) or address
     return address.is_loopback and not any(name in FORWARDING_HEADERS for name, _ in scope["headers"])
+
+
+def peer(request: Request) -> str:
+    """The address the connection itself came from (a proxy's, when one relayed the request)."""
+    found = request.scope.get("state", {}).get("peer")
+    return found or (request.client.host if request.client else "unknown")
+
+
+class ProxiedClient:
+    """Pure ASGI, outermost: a trusted proxy's X-Forwarded-For and -Proto are believed (uvicorn's own rules,
+    SERGE_TRUSTED_PROXIES), and the connection's own address is kept as the request's `peer`, so a limit
+    can count on an address no header can change. `serge serve` runs uvicorn without its proxy handling."""
+
+    def __init__(self, app, trusted_proxies: str) -> None:
+        from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
+
+        self.app = app
+        self._believe = ProxyHeadersMiddleware(app, trusted_proxies)
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http":
+            client = scope.get("client")
+            scope.setdefault("state", {})["peer"] = client[0] if client else None
+        await self._believe(scope, receive, send)
 
 
 def current_user(request: Request) -> UserRecord:

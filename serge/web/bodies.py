@@ -6,7 +6,8 @@ see a parse error). A body sent as JSON (or with no content type, which FastAPI 
 JSON) must be UTF-8 JSON that the rest of Serge can hold: no lone surrogates ("\\ud800"
 parses in Python but cannot be stored, streamed or tokenized), no NaN or Infinity, and
 integers within 64 bits (what the database stores). Each is a 400 naming the field, for
-every route at once, instead of a 500 deep inside one. Routes still check the shape.
+every route at once, instead of a 500 deep inside one. Routes still check the shape. A
+body sent to the JSON APIs without any content type is a 415 saying to send JSON.
 
 It does not decide who may send (guard.py does).
 """
@@ -22,6 +23,7 @@ from starlette.responses import JSONResponse
 from serge.web.errors import error_body
 
 MAX_INT = 2**63 - 1
+JSON_APIS = ("/api/", "/v1/")  # paths whose bodies are JSON only
 
 
 class BadJson(ValueError):
@@ -143,6 +145,9 @@ class BodyCheck:
         body = b"".join(chunks)
 
         content_type = headers.get("content-type")
+        if body and content_type is None and scope["path"].startswith(JSON_APIS):
+            return await _refuse(415, "the body has no Content-Type; this API reads JSON: send it with "
+                                      "Content-Type: application/json", "unsupported_media_type")(scope, receive, send)
         if body and (content_type is None or is_json(content_type)):
             problem = json_problem(body)
             if problem is not None:

@@ -26,8 +26,8 @@ from serge.store import DatabaseUnavailable, KeyNotFound, LastAdmin, NameTaken, 
 
 
 DATABASE_RETRY_S = 5
-ROUTES = ("OpenAI's API under /v1 (/v1/models, /v1/chat/completions), Anthropic's at /v1/messages, "
-          "Serge's chat API under /api/chats, "
+ROUTES = ("OpenAI's API under /v1 (/v1/models, /v1/chat/completions, /v1/embeddings), Anthropic's at "
+          "/v1/messages, Serge's chat API under /api/chats, "
           "/api/models and /api/health")
 
 

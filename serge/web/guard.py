@@ -4,9 +4,10 @@ Any page can make the browser send requests to 127.0.0.1. Before any route runs:
 - DNS rebinding: a name the attacker controls, pointed at this machine, arrives with its own
   `Host` header. Only IP addresses, localhost, the address Serge listens on and the names in
   SERGE_ALLOWED_HOSTS are answered (421 otherwise); an IP address cannot be rebound.
-- Cross-site writes: a POST, PUT, PATCH or DELETE whose `Origin` is not this server's own (nor one
-  in SERGE_CORS_ORIGINS), or that the browser marks `Sec-Fetch-Site: cross-site`/`same-site`, is
-  refused (403). The JSON APIs take only application/json bodies (415 otherwise), which no page
+- Cross-site writes: a POST, PUT, PATCH or DELETE whose `Origin` is not this server's own (same
+  scheme, host and port; nor one in SERGE_CORS_ORIGINS), or that the browser marks
+  `Sec-Fetch-Site: cross-site`/`same-site` (whatever its Origin says, unless that is a CORS origin),
+  is refused (403). The JSON APIs take only application/json bodies (415 otherwise), which no page
   can send to another origin without a CORS preflight, and CORS is off unless configured. Together
   these stand in for a CSRF token: the page's own forms are sent by its script as JSON.
 Requests with neither header (curl, SDKs, scripts) are not a browser acting for a page and pass.
@@ -30,10 +31,9 @@ from starlette.responses import JSONResponse
 from serge.settings import Settings
 from serge.web.errors import error_body
 from serge.web.headers import SecurityHeaders
-from serge.web.bodies import BodyCheck, is_json
+from serge.web.bodies import JSON_APIS, BodyCheck, is_json
 
 STATE_CHANGING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
-JSON_APIS = ("/api/", "/v1/")
 DEFAULT_PORTS = {"http": 80, "https": 443}
 LOOPBACK_NAMES = frozenset({"localhost"})
 
@@ -85,8 +85,8 @@ class HostPolicy:
     def serves(self, name: str) -> bool:
         return self.any_host or name in self.names or _is_address(name)
 
-    def check(self, method: str, path: str, headers: Headers) -> Refusal | None:
-        """Why this request is refused, or None when it may go on."""
+    def check(self, method: str, path: str, headers: Headers, scheme: str = "http") -> Refusal | None:
+        """Why this request is refused, or None when it may go on; `scheme` is the one the request came by."""
         host = headers.get("host")
         place = split_host(host) if host is not None else None
         if host is not None and place is None:
@@ -97,11 +97,17 @@ class HostPolicy:
         if method not in STATE_CHANGING:
             return None
         origin = headers.get("origin")
-        if origin is not None and not self._trusted(origin, place):
+        if origin is not None and not self._trusted(origin, place, scheme):
+            hint = ""
+            if self._trusted(origin, place, "https" if scheme == "http" else "http"):
+                hint = (f"; this request came by {scheme}: behind a TLS proxy, have it send X-Forwarded-Proto "
+                        "(from an address in SERGE_TRUSTED_PROXIES)")
             return Refusal(403, f"refused a cross-origin {method} from {origin[:100]!r}: pages on other sites may not "
-                                "change anything here (SERGE_CORS_ORIGINS lists origins that may)", "cross_origin")
+                                f"change anything here (SERGE_CORS_ORIGINS lists origins that may){hint}",
+                           "cross_origin")
         site = headers.get("sec-fetch-site", "").lower()
-        if origin is None and site in ("cross-site", "same-site"):
+        cors = origin is not None and origin.lower().rstrip("/") in self.cors_origins
+        if site in ("cross-site", "same-site") and not cors:
             return Refusal(403, f"refused a {site} {method}: pages on other sites may not change anything here",
                            "cross_origin")
         content_type = headers.get("content-type")
@@ -110,8 +116,8 @@ class HostPolicy:
                                 "send application/json", "unsupported_media_type")
         return None
 
-    def _trusted(self, origin: str, place: tuple[str, int | None] | None) -> bool:
-        """The page's own origin (same host and port as the request), or one configured for CORS."""
+    def _trusted(self, origin: str, place: tuple[str, int | None] | None, scheme: str) -> bool:
+        """The page's own origin (same scheme, host and port as the request), or one configured for CORS."""
         if origin.lower().rstrip("/") in self.cors_origins:
             return True
         try:
@@ -119,7 +125,7 @@ class HostPolicy:
         except ValueError:  # "http://[" and the like: not an origin, so not this server's
             return False
         source = split_host(parts.netloc) if parts.scheme in DEFAULT_PORTS and not parts.path else None
-        if source is None or place is None:
+        if source is None or place is None or parts.scheme != scheme:
             return False
         default = DEFAULT_PORTS[parts.scheme]
         return source[0] == place[0] and (source[1] or default) == (place[1] or default)
@@ -134,7 +140,8 @@ class Guard:
 
     async def __call__(self, scope, receive, send):
         if scope["type"] == "http":
-            refusal = self.policy.check(scope["method"], scope["path"], Headers(scope=scope))
+            refusal = self.policy.check(scope["method"], scope["path"], Headers(scope=scope),
+                                        scope.get("scheme", "http"))
             if refusal is not None:
                 return await refusal.response(scope["path"])(scope, receive, send)
         await self.app(scope, receive, send)

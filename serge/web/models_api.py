@@ -53,12 +53,12 @@ def engine_of(request: Request) -> Engine:
 def model_out(m: ModelInfo) -> dict:
     f = m.facts
     return {
-        "name": m.name, "engine": m.engine, "source": m.source, "default": m.default, "loaded": m.loaded,
+        "name": m.name, "kind": m.kind, "engine": m.engine, "source": m.source, "default": m.default, "loaded": m.loaded,
         "remote": m.remote, "busy": m.busy, "created": int(m.created), "size_bytes": m.size_bytes,
         "memory_bytes": m.memory_bytes, "memory_estimated": not m.loaded,
         "format": f.format if f else None, "architecture": f.architecture if f else None,
         "parameters": f.parameters if f else None, "quantization": f.quantization if f else None,
-        "context_length": f.context_length if f else None, "chat_template": f.chat_template if f else None,
+        "context_length": f.context_length if f else None, "context_window": m.context_window, "chat_template": f.chat_template if f else None,
         "generation_defaults": m.defaults.model_dump(exclude_none=True) if m.defaults else {},
     }
 

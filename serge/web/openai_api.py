@@ -75,10 +75,16 @@ def _logprobs(tokens: list[TokenLogprob]) -> dict:
     return {"content": [_token(t) for t in tokens], "refusal": None}
 
 
-async def _cancel_on_disconnect(request: Request, stream: Stream) -> None:
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
-    stream.cancel()
+def cancel_on_disconnect(request: Request, *streams: Stream) -> asyncio.Task:
+    """A task that cancels `streams` if the client goes away before a whole reply is sent; cancel it after."""
+
+    async def watch() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+        for stream in streams:
+            stream.cancel()
+
+    return asyncio.create_task(watch())
 
 
 COMPLETIONS_DOC = f"""OpenAI's chat completions. Every field listed here is implemented, except
@@ -112,7 +118,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
     wants_logprobs = params.logprobs is not None
 
     if not body.stream:
-        watcher = asyncio.create_task(_cancel_on_disconnect(request, stream))
+        watcher = cancel_on_disconnect(request, stream)
         tokens: list[TokenLogprob] = []
         try:
             async for delta in stream.adeltas():

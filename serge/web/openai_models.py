@@ -36,7 +36,7 @@ def _bad(message: str, param: str) -> ApiError:
     return ApiError(400, message, code="invalid_value", param=param)
 
 
-class _Strict(BaseModel):
+class StrictRequest(BaseModel):
     """Unknown fields are a 400 naming them; a field sent as null is a field not sent (generated SDKs send
     every unset field that way), whatever it is."""
 
@@ -48,23 +48,23 @@ class _Strict(BaseModel):
         return {k: v for k, v in data.items() if v is not None} if isinstance(data, dict) else data
 
 
-class TextPart(_Strict):
+class TextPart(StrictRequest):
     type: Literal["text"]
     text: str
 
 
-class FunctionCallIn(_Strict):
+class FunctionCallIn(StrictRequest):
     name: str = Field(max_length=64)
     arguments: str = Field(description="The call's arguments, as JSON text.")
 
 
-class ToolCallIn(_Strict):
+class ToolCallIn(StrictRequest):
     id: str = Field(max_length=256)
     type: Literal["function"] = "function"
     function: FunctionCallIn
 
 
-class ChatMessageIn(_Strict):
+class ChatMessageIn(StrictRequest):
     model_config = ConfigDict(extra="ignore")  # clients echo messages with keys of their own: ignored
 
     @model_validator(mode="before")
@@ -90,7 +90,7 @@ class ChatMessageIn(_Strict):
         return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
 
 
-class FunctionDefinition(_Strict):
+class FunctionDefinition(StrictRequest):
     name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
     description: str | None = Field(None, max_length=10_000)
     parameters: dict | None = Field(None, description="The arguments' JSON schema; the call is constrained to it.")
@@ -98,26 +98,26 @@ class FunctionDefinition(_Strict):
                                                   "that cannot be enforced.")
 
 
-class ToolIn(_Strict):
+class ToolIn(StrictRequest):
     type: Literal["function"]
     function: FunctionDefinition
 
 
-class FunctionName(_Strict):
+class FunctionName(StrictRequest):
     name: str
 
 
-class NamedToolChoice(_Strict):
+class NamedToolChoice(StrictRequest):
     type: Literal["function"]
     function: FunctionName
 
 
-class StreamOptions(_Strict):
+class StreamOptions(StrictRequest):
     include_usage: bool = False
     include_obfuscation: bool | None = Field(None, description=NO_EFFECT)
 
 
-class ChatCompletionRequest(_Strict):
+class ChatCompletionRequest(StrictRequest):
     model: str | None = Field(None, description="An installed model; the server's default when left out.")
     messages: list[ChatMessageIn] = Field(min_length=1, max_length=MAX_MESSAGES_PER_REQUEST)
     stream: bool = False
@@ -157,14 +157,16 @@ class ChatCompletionRequest(_Strict):
         if self.top_logprobs is not None and not self.logprobs:
             raise _bad("top_logprobs needs logprobs: true", "top_logprobs")
         fields = {ours: getattr(self, theirs) for ours, theirs in OPENAI_NAMES.items() if ours not in ("logprobs",)}
-        fields["max_new_tokens"] = self.max_completion_tokens or self.max_tokens
+        fields["max_new_tokens"] = self.max_completion_tokens if self.max_completion_tokens is not None \
+            else self.max_tokens
         fields["logprobs"] = (self.top_logprobs or 0) if self.logprobs else None
         try:
             return SamplingParams(**fields)
         except ValidationError as exc:
             message, param = describe_validation(exc.errors())
-            param = {"max_new_tokens": "max_tokens"}.get(param, param)
-            raise _bad(message.replace("max_new_tokens", "max_tokens"), param) from None
+            limit = "max_completion_tokens" if self.max_completion_tokens is not None else "max_tokens"
+            param = {"max_new_tokens": limit}.get(param, param)
+            raise _bad(message.replace("max_new_tokens", limit), param) from None
 
     def tool_offer(self) -> Tools | None:
         """The tools and tool_choice as the engine takes them; None when no tools are offered."""

@@ -12,6 +12,11 @@ so two sequences can never disturb each other. When asked, it also returns the
 log-probabilities of the distribution it actually drew from: after penalties,
 logit_bias, the grammar's mask, temperature, top_k, min_p and top_p (renormalized);
 at temperature 0, the unscaled distribution after penalties, bias and mask.
+A temperature below MIN_TEMPERATURE is greedy (vLLM's rule, at the same floor): dividing
+logits by 1e-40 overflows to inf, and below 1e-5 the draw is the argmax anyway for any
+two logits more than 1e-3 apart. Scores that overflow after a penalty or the temperature
+are held at float32's largest value, and top_p always keeps the likeliest token, so every
+accepted setting picks a token.
 """
 
 from __future__ import annotations
@@ -26,6 +31,9 @@ MAX_STOP_LENGTH = 200
 MAX_LOGIT_BIAS = 1024  # tokens one request may bias
 MAX_TOP_LOGPROBS = 20
 IMPOSSIBLE_LOGPROB = -9999.0  # what OpenAI reports for a token that could not be drawn
+MIN_TEMPERATURE = 1e-5  # below it a temperature is greedy (stored as 0), as vLLM does
+_FLOAT_MAX = torch.finfo(torch.float32).max
+_FLOAT_TINY = torch.finfo(torch.float32).tiny
 
 
 class SamplingParams(BaseModel):
@@ -33,7 +41,8 @@ class SamplingParams(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    temperature: float | None = Field(None, ge=0, le=2, description="0 picks the most likely token (greedy).")
+    temperature: float | None = Field(None, ge=0, le=2, description=(
+        f"0 picks the most likely token (greedy); so does anything below {MIN_TEMPERATURE}."))
     top_p: float | None = Field(None, gt=0, le=1, description="Nucleus sampling: keep the smallest set of tokens with this much probability.")
     top_k: int | None = Field(None, ge=0, description="Keep only the k most likely tokens; 0 turns it off.")
     min_p: float | None = Field(None, ge=0, le=1, description="Drop tokens less likely than min_p times the most likely one.")
@@ -49,6 +58,12 @@ class SamplingParams(BaseModel):
         description="Token id -> a number from -100 to 100 added to its score before sampling.")
     logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS, description=(
         "Report each chosen token's log-probability with this many likeliest alternatives (0 to 20)."))
+
+    @field_validator("temperature")
+    @classmethod
+    def _near_zero_is_greedy(cls, value):
+        """Below MIN_TEMPERATURE is greedy: kept as 0, so a chat's saved settings and a remote server agree."""
+        return 0.0 if value is not None and value < MIN_TEMPERATURE else value
 
     @field_validator("logit_bias")
     @classmethod
@@ -94,7 +109,7 @@ class SamplingParams(BaseModel):
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        return self.temperature is not None and self.temperature < MIN_TEMPERATURE
 
     def generator(self, device: torch.device) -> torch.Generator:
         return torch.Generator(device=device).manual_seed(self.seed)
@@ -160,8 +175,9 @@ def choose_next(
     """
     scores = logits.float()
     if penalties is not None and params.repetition_penalty != 1.0:
-        penalty = params.repetition_penalty
-        scores = torch.where(penalties.seen, torch.where(scores < 0, scores * penalty, scores / penalty), scores)
+        penalty = max(params.repetition_penalty, _FLOAT_TINY)  # a float32 0 would make 0/0
+        penalized = torch.where(scores < 0, scores * penalty, scores / penalty).clamp(max=_FLOAT_MAX)
+        scores = torch.where(penalties.seen, penalized, scores)
     if penalties is not None and (params.frequency_penalty or params.presence_penalty):
         counts = penalties.counts
         scores = scores - params.frequency_penalty * counts - params.presence_penalty * (counts > 0).to(scores.dtype)
@@ -172,7 +188,7 @@ def choose_next(
     report = params.logprobs is not None
     if params.greedy:
         return int(scores.argmax()), (torch.log_softmax(scores, dim=-1) if report else None)
-    scores = scores / params.temperature
+    scores = (scores / params.temperature).clamp(max=_FLOAT_MAX)  # -inf (masked) stays -inf
     if params.top_k and params.top_k < scores.shape[0]:
         kth = torch.topk(scores, params.top_k).values[-1]
         scores = scores.masked_fill(scores < kth, float("-inf"))
@@ -182,7 +198,9 @@ def choose_next(
     if params.top_p < 1.0:
         sorted_probs, order = torch.sort(probs, descending=True)
         before = sorted_probs.cumsum(0) - sorted_probs
-        sorted_probs = sorted_probs.masked_fill(before >= params.top_p * sorted_probs.sum(), 0.0)
+        cut = before >= params.top_p * sorted_probs.sum()
+        cut[0] = False  # the likeliest token stays, however small top_p is
+        sorted_probs = sorted_probs.masked_fill(cut, 0.0)
         probs = torch.zeros_like(probs).scatter(0, order, sorted_probs)
     token = int(torch.multinomial(probs, 1, generator=generator))
     return token, (torch.log(probs / probs.sum()) if report else None)

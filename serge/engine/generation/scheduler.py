@@ -120,8 +120,12 @@ class Scheduler:
         self._worker.start()
 
     def submit(self, prompt: list[int], params: SamplingParams, grammar: str | None = None,
-               reader: ReplyReader | None = None, grammar_param: str = "response_format") -> Stream:
+               reader: ReplyReader | None = None, grammar_param: str = "response_format",
+               finish_json: bool = False) -> Stream:
         """Queue a generation; raises `EngineBusy` when every slot and the queue are full.
+
+        `finish_json`: every reply the grammar allows is JSON, so near the end of its budget the
+        reply is steered to close what is open (see `Sequence.choose`).
 
         `grammar` (llguidance's Lark) constrains the reply; it is compiled here, once per
         distinct text, so a bad one raises `GrammarError` (naming `grammar_param`) now.
@@ -133,7 +137,7 @@ class Scheduler:
             self.vocabulary.prepare()  # token bytes: a second's work, here rather than on the worker
         stream = Stream()
         seq = Sequence(list(prompt), params, stream, TextAssembler(self._tokenizer, params.stop), self._eos,
-                       self.vocabulary, matcher, reader)
+                       self.vocabulary, matcher, reader, finish_json=finish_json)
         with self._lock:
             if self._closing:
                 raise GenerationError(f"the model {self.name!r} is being unloaded; try again")

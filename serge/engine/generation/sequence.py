@@ -19,6 +19,8 @@ from typing import Protocol
 import torch
 
 from serge.engine.generation.grammar import Matcher, Vocabulary
+
+FINISH_TOKENS = 16  # the last tokens of a JSON-only reply's budget, in which it is steered to its end
 from serge.engine.generation.prompts import ToolCall
 from serge.engine.generation.sampling import Penalties, SamplingParams, choose_next, top_logprobs
 from serge.engine.generation.stream import (FinishReason, GenerationRecord, Stream, TextAssembler, TokenLogprob,
@@ -59,6 +61,7 @@ class Sequence:
     started: float | None = None
     first_token: float | None = None
     last_token: float | None = None
+    finish_json: bool = False  # the grammar allows JSON only: close it before the budget ends
     _penalties: Penalties | None = None  # made on the first token that needs them
     _bias: torch.Tensor | None = None  # logit_bias as a row of the logits' width
 
@@ -79,7 +82,19 @@ class Sequence:
             allowed = self.matcher.allowed(logits.shape[-1]).to(device)
             if not bool(allowed.any()):
                 raise RuntimeError("the grammar allows no token here")
-        return choose_next(logits, params, self._penalties, self.generator, allowed, self._bias)
+        token, logprobs = choose_next(logits, params, self._penalties, self.generator, allowed, self._bias)
+        if self.finish_json and params.max_new_tokens - len(self.generated) <= FINISH_TOKENS:
+            token = self._closing(allowed, token)
+        return token, logprobs
+
+    def _closing(self, allowed: torch.Tensor, drawn: int) -> int:
+        """Near the end of the budget: the first of `"`, `}`, `]`, `0` that the grammar allows (a string
+        closed, an object or array ended, a number as short as it gets), else the token drawn. So a
+        constrained reply comes to its end before its tokens run out, and still parses when cut."""
+        for token in self.vocabulary.closers():
+            if token < allowed.shape[0] and bool(allowed[token]):
+                return token
+        return drawn
 
     def accept(self, token: int, logprobs: torch.Tensor | None) -> FinishReason | None:
         """Take the chosen token: show what it adds; the reason the sequence ends here, or None."""

@@ -194,7 +194,7 @@ def plan_reply(fmt: ToolFormat, messages: Sequence[Message], tools: Tools | None
     calls = {"anyOf": schemas} if len(schemas) > 1 else schemas[0]
     if fmt.kind == "generic":
         call = json_rule(_with_defs({"type": "object", "properties": {"tool_call": calls}, "required": ["tool_call"],
-                                     "additionalProperties": False}, defs), strict=strict)
+                                     "additionalProperties": False}, defs), strict=strict, param="tools")
         described = json.dumps([{"name": t.name, "description": t.description,
                                  "parameters": json.loads(t.parameters)} for t in chosen])
         messages = _with_system(messages, GENERIC_INTRO.format(tools=described)
@@ -204,7 +204,7 @@ def plan_reply(fmt: ToolFormat, messages: Sequence[Message], tools: Tools | None
         template_tools = None
     else:
         calls = _with_defs(calls, defs)
-        call = json_rule(calls, strict=strict)
+        call = json_rule(calls, strict=strict, param="tools")
         if fmt.kind == "hermes":
             call = f'{fmt.opener} "\\n" {call} "\\n</tool_call>"'
         if forced:

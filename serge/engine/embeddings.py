@@ -1,0 +1,159 @@
+"""Embedding models: text in, one vector per text out, as the model's own sentence-transformers config says.
+
+An embedding model is a library model of its own kind (`facts.kind == "embedding"`):
+a transformers encoder plus the modules its `modules.json` lists, a pooling (mean,
+CLS, max or last token, from its `1_Pooling/config.json`) and, where listed, a
+normalisation. Texts are cut to the model's `max_seq_length`, as sentence-transformers
+cuts them, and run in batches of similar length (little padding). A request's texts
+are one job; jobs for one model run one at a time on the caller's thread, so an
+embedding never waits behind a chat's reply (chats have their own workers).
+It knows nothing of HTTP; the engine hands it out like any other backend.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from serge.engine.generation.grammar import InvalidRequest
+from serge.engine.generation.sampling import SamplingParams
+from serge.engine.local import EngineKind, LoadOptions
+from serge.engine.models.library import InstalledModel
+
+log = logging.getLogger(__name__)
+
+BATCH = 32  # texts per forward pass
+
+
+@dataclass(frozen=True)
+class Embeddings:
+    vectors: torch.Tensor  # [texts, dimensions], float32 on the CPU
+    prompt_tokens: int
+    model: str = ""
+
+
+@dataclass(frozen=True)
+class Pooling:
+    mode: str  # mean, cls, max or lasttoken
+    normalize: bool
+
+    @classmethod
+    def read(cls, folder: Path) -> Pooling:
+        modules = json.loads((folder / "modules.json").read_text())
+        pool = next(m for m in modules if str(m.get("type", "")).endswith(".Pooling"))
+        config = json.loads((folder / pool.get("path", "") / "config.json").read_text())
+        mode = next((name for key, name in (("pooling_mode_cls_token", "cls"), ("pooling_mode_max_tokens", "max"),
+                                            ("pooling_mode_lasttoken", "lasttoken"),
+                                            ("pooling_mode_mean_tokens", "mean")) if config.get(key)), "mean")
+        normalize = any(str(m.get("type", "")).endswith(".Normalize") for m in modules)
+        return cls(mode, normalize)
+
+    def __call__(self, hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        mask = mask.unsqueeze(-1).to(hidden.dtype)
+        if self.mode == "cls":
+            out = hidden[:, 0]
+        elif self.mode == "max":
+            out = hidden.masked_fill(mask == 0, float("-inf")).max(dim=1).values
+        elif self.mode == "lasttoken":
+            last = mask.squeeze(-1).sum(dim=1).long() - 1
+            out = hidden[torch.arange(hidden.shape[0]), last]
+        else:
+            out = (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)
+        out = out.float()
+        return F.normalize(out, p=2, dim=-1) if self.normalize else out
+
+
+class EmbeddingModel:
+    """A loaded embedding model behind the engine's interface: `embed`, and a clear no to chat."""
+
+    engine: EngineKind = "transformers"
+    kind = "embedding"
+
+    def __init__(self, name: str, tokenizer, model, pooling: Pooling, context_window: int, dimensions: int,
+                 load_seconds: float, memory_bytes: int, threads: int, source: str = "") -> None:
+        self.name, self.tokenizer, self.model, self.pooling = name, tokenizer, model, pooling
+        self.context_window = context_window  # tokens per text; longer texts are cut
+        self.dimensions, self.load_seconds, self.memory_bytes = dimensions, load_seconds, memory_bytes
+        self.threads, self.source = threads, source
+        self.defaults = SamplingParams()
+        self._lock = threading.Lock()  # one job at a time on the model
+        self._count = threading.Lock()
+        self._pending = 0
+
+    @property
+    def pending(self) -> int:
+        """Jobs running or waiting: the registry never unloads a model that has any."""
+        return self._pending
+
+    def embed(self, texts: list[str] | list[list[int]], dimensions: int | None = None) -> Embeddings:
+        """One vector per text (or per list of token ids), in order."""
+        if dimensions is not None and dimensions != self.dimensions:
+            raise InvalidRequest(f"{self.name} makes {self.dimensions}-dimensional vectors and cannot shorten them; "
+                                 f"leave dimensions out or ask for {self.dimensions}", "dimensions")
+        ids = [self._ids(t) for t in texts]
+        order = sorted(range(len(ids)), key=lambda i: len(ids[i]))  # similar lengths share a batch
+        out = torch.empty(len(ids), self.dimensions)
+        with self._count:
+            self._pending += 1
+        try:
+            with self._lock, torch.inference_mode():
+                torch.set_num_threads(self.threads)  # per thread under OpenMP: set where the work runs
+                for start in range(0, len(order), BATCH):
+                    chunk = order[start:start + BATCH]
+                    out[chunk] = self._run([ids[i] for i in chunk])
+        finally:
+            with self._count:
+                self._pending -= 1
+        return Embeddings(out, sum(map(len, ids)), self.name)
+
+    def _ids(self, text: str | list[int]) -> list[int]:
+        if isinstance(text, str):
+            return self.tokenizer(text, truncation=True, max_length=self.context_window)["input_ids"]
+        if any(not 0 <= t < len(self.tokenizer) for t in text):
+            raise InvalidRequest(f"input holds a token id outside this model's vocabulary (0 to "
+                                 f"{len(self.tokenizer) - 1})", "input")
+        return list(text[: self.context_window])
+
+    def _run(self, batch: list[list[int]]) -> torch.Tensor:
+        width = max(map(len, batch))
+        pad = self.tokenizer.pad_token_id or 0
+        input_ids = torch.tensor([b + [pad] * (width - len(b)) for b in batch], device=self.model.device)
+        mask = torch.tensor([[1] * len(b) + [0] * (width - len(b)) for b in batch], device=self.model.device)
+        hidden = self.model(input_ids=input_ids, attention_mask=mask).last_hidden_state
+        return self.pooling(hidden, mask).cpu()
+
+    # --- what a chat model does, refused ---------------------------------------------
+    def submit(self, *_, **__):
+        raise InvalidRequest(f"{self.name} is an embedding model: it turns text into vectors (/v1/embeddings) "
+                             f"and cannot chat", "model")
+
+    count_tokens = complete = submit
+
+    def close(self) -> None:
+        """Nothing to free: the weights go with the registry's last reference."""
+
+
+def load_embedder(installed: InstalledModel, options: LoadOptions) -> EmbeddingModel:
+    from transformers import AutoModel, AutoTokenizer
+
+    started = time.monotonic()
+    log.info("Loading %s (embeddings) with transformers on %s ...", installed.name, options.plan.device)
+    folder = installed.path
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    model = AutoModel.from_pretrained(folder, **options.plan.load_kwargs())
+    model.eval().requires_grad_(False)
+    window = installed.facts.context_length or getattr(model.config, "max_position_embeddings", 512)
+    seconds = time.monotonic() - started
+    log.info("Loaded %s in %.1f s", installed.name, seconds)
+    return EmbeddingModel(
+        name=installed.name, tokenizer=tokenizer, model=model, pooling=Pooling.read(folder), context_window=window,
+        dimensions=installed.facts.dimensions or model.config.hidden_size, load_seconds=seconds,
+        memory_bytes=model.get_memory_footprint(), threads=options.threads, source=installed.source,
+    )
