@@ -6,7 +6,7 @@ EMBEDDING_MODEL ?= all-minilm-l6-v2
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: run test model install install-dev bench loadtest clean
+.PHONY: run test model install install-dev bench loadtest clean FORCE
 
 run: install model
 	$(BIN)/serge serve
@@ -39,13 +39,25 @@ $(VENV)/.torch:
 	$(BIN)/python -m pip install "$(TORCH)"
 	touch $@
 
-# llama-cpp-python compiles llama.cpp from source the first time (~5 min on 2 idle cores);
-# pip keeps the built wheel in its cache, so later installs take seconds. Its multimodal
-# library (mtmd, ~10% of the C++) is left out: Serge serves text models only.
-$(VENV)/.llama: $(VENV)/.torch
-	@$(BIN)/python -c "import llama_cpp" 2>/dev/null || echo "Compiling llama.cpp for the llama.cpp engine (once; about 5 minutes on 2 idle cores) ..."
-	CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) CMAKE_ARGS="-DLLAVA_BUILD=OFF $$CMAKE_ARGS" $(BIN)/python -m pip install --progress-bar on "$$(grep -o 'llama-cpp-python==[0-9.]*' pyproject.toml)"
-	touch $@
+# llama-cpp-python compiles llama.cpp from source the first time (~5 min on 2 idle cores; longer
+# with CUDA). scripts/llama_build.py chooses the build and says why: CUDA where a CUDA toolkit is,
+# Metal on Apple Silicon, else the CPU; your own CMAKE_ARGS win. Its multimodal library (mtmd,
+# ~10% of the C++) is left out: Serge serves text models only. pip keeps each build's wheel in its
+# cache (the plain CPU build in pip's own, any other in a folder named for its flags, since pip
+# keys a wheel by its URL alone), so later installs take seconds. The stamp holds the build's
+# name: when the choice changes (a toolkit installed since, other CMAKE_ARGS), it is built again.
+$(VENV)/.llama: $(VENV)/.torch FORCE
+	@build=$$($(BIN)/python scripts/llama_build.py --shell) || exit 1; eval "$$build"; \
+	if [ -f $@ ] && [ "$$(cat $@)" = "$$LLAMA_BUILD" ]; then exit 0; fi; \
+	cache=""; if [ -n "$$LLAMA_BUILD" ] && dir=$$($(BIN)/python -m pip cache dir 2>/dev/null); then \
+	  cache="--cache-dir=$$dir/serge-llama/$$LLAMA_BUILD"; fi; \
+	again=""; if $(BIN)/python -c "import llama_cpp" 2>/dev/null; then again="--force-reinstall --no-deps"; \
+	  else echo "Compiling llama.cpp for the llama.cpp engine (once; about 5 minutes on 2 idle cores) ..."; fi; \
+	set -x; CMAKE_BUILD_PARALLEL_LEVEL=$$(getconf _NPROCESSORS_ONLN 2>/dev/null || nproc) CMAKE_ARGS="$$CMAKE_ARGS" \
+	  $(BIN)/python -m pip install --progress-bar on $$cache $$again "$$(grep -o 'llama-cpp-python==[0-9.]*' pyproject.toml)" \
+	  && echo "$$LLAMA_BUILD" > $@
+
+FORCE:
 
 $(VENV)/.installed: pyproject.toml $(VENV)/.llama
 	$(BIN)/python -m pip install --quiet -e .

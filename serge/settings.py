@@ -90,7 +90,8 @@ class Settings(BaseSettings):
     default_embedding_model: str = Field(
         "all-minilm-l6-v2", description="Embedding model used when an embeddings request names none.")
     engine: Literal["auto", "transformers", "llama.cpp"] = Field(
-        "auto", description="Local engine: auto serves a GGUF model with llama.cpp unless a CUDA device is in use."
+        "auto", description="Local engine: auto serves a GGUF model with llama.cpp on every device its build has (CUDA, Metal, "
+        "the CPU; transformers on CUDA only when llama.cpp's build has no GPU offload), other models with transformers."
     )
     model_engines: dict[str, Literal["auto", "transformers", "llama.cpp"]] = Field(
         default_factory=dict, description='The engine per model, over `engine`, as JSON: {"name": "transformers"}.'
@@ -99,6 +100,11 @@ class Settings(BaseSettings):
         None, ge=16, description="llama.cpp's key/value cache per model, one slice per running reply; default: "
         "MAX_RUNNING (8 on llama.cpp) slices of the context window, within half of what the models' memory budget "
         "leaves beside the weights.",
+    )
+    gpu_layers: int | None = Field(
+        None, ge=-1, description="Layers of a GGUF model llama.cpp puts on the GPU (llama.cpp's n_gpu_layers: the "
+        "repeating layers and the output layer; -1: all; 0: none); default: all of them and the KV cache when they "
+        "fit in the GPU's free memory and the models' budget, else as many as fit.",
     )
     max_loaded_models: int = Field(
         2, ge=1, description="Local models kept loaded at once; loading one more unloads the least recently used idle one."

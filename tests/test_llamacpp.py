@@ -31,6 +31,19 @@ def test_without_cuda_the_bundled_gguf_is_served_by_llama_cpp(engine, server):
     assert {"name": MODEL, "engine": "llama.cpp"}.items() <= health["models_loaded"][0].items()
 
 
+def test_on_a_cpu_build_of_llama_cpp_every_layer_stays_on_the_cpu_and_health_says_so(engine, server):
+    """llama.cpp's own build decides (llama_supports_gpu_offload), whatever the platform."""
+    import llama_cpp
+
+    if llama_cpp.llama_supports_gpu_offload():
+        pytest.skip("this llama.cpp build offloads to a GPU")
+    engine.model(MODEL)
+    loaded = httpx.get(f"{server}/api/health").json()["models_loaded"][0]
+    assert (loaded["device"], loaded["gpu_bytes"]) == ("CPU", 0)
+    listed = next(m for m in engine.models() if m.name == MODEL)
+    assert (listed.engine, listed.device, listed.gpu_bytes) == ("llama.cpp", "CPU", 0)
+
+
 def test_a_finished_reply_leaves_the_cpu_idle(llama):
     llama.chat(MODEL, QUESTION, GREEDY).text()
     time.sleep(0.3)  # let the worker reach its wait

@@ -252,7 +252,6 @@ UNSUPPORTED = {
     "functions": {"functions": [WEATHER["function"]]},
     "function_call": {"function_call": "auto"},
     "made_up_field": {"made_up_field": 1},
-    "messages.0.audio": {"messages": [{**HELLO[0], "audio": {"id": "x"}}]},
     "tools.0.type": {"tools": [{"type": "custom", "custom": {"name": "x"}}]},
     "response_format.json_schema.extra": {"response_format": {"type": "json_schema", "json_schema": {
         "name": "x", "schema": {"type": "object"}, "extra": 1}}},

@@ -97,14 +97,14 @@ def test_a_near_zero_temperature_is_greedy_and_is_saved_as_zero(temperature):
     assert SamplingParams(temperature=temperature).temperature == 0  # what a chat stores and a remote server gets
     # a value that bypassed the floor (stored by an older Serge, or made by hand) is greedy all the same
     resolved = SamplingParams().resolved(16).model_copy(update={"temperature": temperature})
-    token, _ = choose_next(torch.tensor([0.0, 30.0, 29.0, -1.0]), resolved, torch.tensor([], dtype=torch.long),
-                           torch.tensor([], dtype=torch.long), torch.Generator().manual_seed(1))
+    token, _ = choose_next(torch.tensor([0.0, 30.0, 29.0, -1.0]), resolved, None,
+                           torch.Generator().manual_seed(1))
     assert token == 1
 
 
 @pytest.mark.parametrize("top_p", [5e-324, 1e-45, 1e-30])
 def test_a_tiny_top_p_keeps_the_likeliest_token(top_p):
     resolved = SamplingParams(temperature=1.0, top_p=top_p).resolved(16)
-    token, _ = choose_next(torch.tensor([0.0, 3.0, 1.0]), resolved, torch.tensor([], dtype=torch.long),
-                           torch.tensor([], dtype=torch.long), torch.Generator().manual_seed(1))
+    token, _ = choose_next(torch.tensor([0.0, 3.0, 1.0]), resolved, None,
+                           torch.Generator().manual_seed(1))
     assert token == 1

@@ -4,6 +4,7 @@ admin page, near-zero temperatures, and the small 4xx answers.
 
 from __future__ import annotations
 
+import time
 from contextlib import closing
 
 import httpx
@@ -43,13 +44,15 @@ def guesses(url: str, names, addresses, limit: int = 80) -> list[int]:
 
 
 def test_rotating_x_forwarded_for_from_the_trusted_proxy_does_not_walk_the_throttle(guarded):
+    started = time.monotonic()
     one_name = guesses(guarded, lambda i: "bob", lambda i: f"198.51.100.{i + 1}")
     assert one_name[-1] == 429 and set(one_name[:-1]) == {401}, one_name
     assert LOGIN_ATTEMPTS_PER_MINUTE <= len(one_name) - 1 <= LOGIN_ATTEMPTS_PER_MINUTE + 2, "per account name"
     sprayed = guesses(guarded, lambda i: f"nobody{i}", lambda i: f"203.0.113.{i + 1}")
     assert sprayed[-1] == 429 and set(sprayed[:-1]) == {401}, sprayed
     spent = len(one_name) - 1 + len(sprayed) - 1
-    assert spent <= LOGIN_ATTEMPTS_PER_PROXY_MINUTE + 3, f"the proxy's connection allowed {spent} guesses"
+    refilled = (time.monotonic() - started) * LOGIN_ATTEMPTS_PER_PROXY_MINUTE / 60  # a busy machine takes a while
+    assert spent <= LOGIN_ATTEMPTS_PER_PROXY_MINUTE + 3 + refilled, f"the proxy's connection allowed {spent} guesses"
     refused = httpx.post(f"{guarded}/login", data={"name": "carol", "password": PASSWORDS["carol"]},
                          headers={"X-Forwarded-For": "192.0.2.77"})
     assert refused.status_code == 429 and refused.headers["retry-after"].isdigit()

@@ -83,6 +83,8 @@ class EmbeddingModel:
         self.dimensions, self.load_seconds, self.memory_bytes = dimensions, load_seconds, memory_bytes
         self.threads, self.source = threads, source
         self.defaults = SamplingParams()
+        self.device: str | None = None  # the plan's, where every transformers load goes
+        self.gpu_bytes = 0
         self._lock = threading.Lock()  # one job at a time on the model
         self._count = threading.Lock()
         self._pending = 0

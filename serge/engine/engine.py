@@ -33,7 +33,8 @@ from serge.engine.local import EngineKind, LoadOptions
 from serge.engine.metrics import EngineMetrics, ModelSnapshot
 from serge.engine.generation.prompts import Message
 from serge.engine.models.pulls import Pulls, PullStatus
-from serge.engine.registry import Budget, ModelInUse, ModelRegistry, machine_memory_bytes, resident_bytes
+from serge.engine.registry import (Budget, ModelInUse, ModelRegistry, auto_engine, llama_cpp_available,
+                                   llama_cpp_offloads, machine_memory_bytes, resident_bytes)
 from serge.engine.remote import RemoteClient
 from serge.engine.embeddings import Embeddings
 from serge.engine.generation.grammar import InvalidRequest, ResponseFormat
@@ -79,6 +80,8 @@ class ModelInfo:
     defaults: SamplingParams | None = None  # the generation settings it starts from
     context_window: int | None = None  # tokens of prompt and reply its engine gives a reply (or an input)
     kind: str = "chat"  # or "embedding"
+    device: str | None = None  # where it runs (or would): cuda:0, cpu, or llama.cpp's split (CUDA0: 25/25 layers, ...)
+    gpu_bytes: int | None = None  # of memory_bytes, what is (or would be) on a GPU
 
 
 @dataclass(frozen=True)
@@ -89,6 +92,8 @@ class LoadedInfo:
     load_seconds: float
     context_window: int
     busy: bool
+    device: str = ""  # cuda:0, mps, cpu; on llama.cpp its layer split: "CUDA0: 25/25 layers, KV cache on the GPU"
+    gpu_bytes: int = 0  # of memory_bytes, on a GPU
 
 
 @dataclass(frozen=True)
@@ -117,7 +122,7 @@ class Engine:
         self._limits = SchedulerLimits.from_settings(settings)
         budget = self._budget()
         options = LoadOptions(self.plan, settings.torch_threads, settings.context_window, self._limits,
-                              self.metrics, settings.llama_kv_cache_mb, budget.memory_bytes)
+                              self.metrics, settings.llama_kv_cache_mb, budget.memory_bytes, settings.gpu_layers)
         self._registry = ModelRegistry(self._library, options, settings.engine, settings.model_engines, budget)
         self._remote = RemoteClient(settings.remote_timeout_s)
         # Models that are not in the library: remote servers' and those given in code. Fixed at start.
@@ -179,13 +184,15 @@ class Engine:
             engine = loaded.engine if loaded else self._registry.engine_for(m)
             memory = loaded.memory_bytes if loaded else self._registry.estimate(m, engine)
             window = loaded.context_window if loaded else self._registry.window(m, engine)
+            device, gpu_bytes = ((loaded.device or self.plan.device, loaded.gpu_bytes) if loaded
+                                 else self._registry.device(m, engine))
         except ValueError:  # SERGE_MODEL_ENGINES asks for an engine that cannot run it
-            engine, memory, window = None, None, None
+            engine, memory, window, device, gpu_bytes = None, None, None, None, None
         default = m.name in (self.default_model, self.settings.default_embedding_model)
         return ModelInfo(m.name, engine, m.source, m.size_bytes, m.created, default,
                          loaded is not None, remote=False, facts=m.facts, memory_bytes=memory,
                          busy=self._registry.in_use(m.name), defaults=loaded.defaults if loaded else m.defaults,
-                         context_window=window, kind=m.facts.kind)
+                         context_window=window, kind=m.facts.kind, device=device, gpu_bytes=gpu_bytes)
 
     def _fixed_info(self, name: str) -> ModelInfo:
         backend = self._fixed[name]
@@ -228,9 +235,12 @@ class Engine:
     # --- the library ------------------------------------------------------------------
     @property
     def prefers_gguf(self) -> bool:
-        """Take a catalog model's GGUF where llama.cpp will serve it: everywhere but CUDA, unless told otherwise."""
+        """Take a catalog model's GGUF where llama.cpp will serve it: `auto_engine`'s choice for a GGUF here."""
         engine = self.settings.engine
-        return engine == "llama.cpp" or (engine == "auto" and self.plan.device_type != "cuda")
+        if engine != "auto":
+            return engine == "llama.cpp"
+        installed = llama_cpp_available()
+        return auto_engine(True, self.plan.device_type, installed, installed and llama_cpp_offloads())[0] == "llama.cpp"
 
     def pull(self, spec: str, name: str | None = None, progress: PullProgress | None = None,
              log: Callable[[str], None] = print) -> ModelInfo:
@@ -297,7 +307,8 @@ class Engine:
 
     def status(self) -> EngineStatus:
         loaded = [LoadedInfo(m.name, m.engine, m.memory_bytes, m.load_seconds, m.context_window,
-                             self._registry.in_use(m.name))
+                             self._registry.in_use(m.name), m.device or self.plan.device,
+                             m.gpu_bytes if m.device else (m.memory_bytes if self.plan.device_type != "cpu" else 0))
                   for m in self._registry.loaded().values()]
         budget = self._registry.budget
         return EngineStatus(

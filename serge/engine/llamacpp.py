@@ -16,6 +16,10 @@ alone or batched. A finished conversation kept for prefix reuse leaves its slice
 host memory (`llama_state_seq_get_data`) and is copied into a free slice when its
 next turn starts.
 
+Layers go to the GPU where this llama.cpp build has one (CUDA, Metal), as many as fit
+(`llama_offload.plan_offload`); each layer's slice of the KV cache lives with its layer,
+and the logits always come back to the host, where sampling runs.
+
 Every call happens on the scheduler's worker thread. It knows nothing of prompts,
 streams or HTTP.
 """
@@ -26,6 +30,7 @@ import ctypes
 import dataclasses
 import logging
 import time
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -33,6 +38,7 @@ import torch
 from serge.engine.models.library import InstalledModel
 from serge.engine.generation.sampling import SamplingParams
 from serge.engine.generation.scheduler import Scheduler
+from serge.engine.llama_offload import Offload, offload_for, plan_offload
 from serge.engine.local import LoadOptions, LocalModel, check_chat_template, eos_ids, load_tokenizer
 from serge.engine.models.facts import ModelFacts
 
@@ -89,14 +95,14 @@ class LlamaForward:
 
     device = torch.device("cpu")  # the logits come back to the host; sampling runs there
 
-    def __init__(self, path: str, threads: int, max_batch: int) -> None:
+    def __init__(self, path: str, threads: int, max_batch: int, gpu_layers: int = 0) -> None:
         import llama_cpp as lc
 
         self._lc = lc
         logging.getLogger("llama-cpp-python").setLevel(logging.ERROR)  # its C logs go to stderr otherwise
         lc.llama_backend_init()
         params = lc.llama_model_default_params()
-        params.n_gpu_layers = 0
+        params.n_gpu_layers = gpu_layers  # of n_layer + 1 (the output layer); each layer's KV cache goes with it
         # llama.cpp's AMX kernels (Intel Sapphire Rapids and later) crashed in their first matrix product
         # on Q4_1 weights here (a segfault in ggml_backend_amx_mul_mat): keep its other repacked layouts
         # only where the CPU has no AMX.
@@ -107,6 +113,7 @@ class LlamaForward:
         self.vocab = lc.llama_model_get_vocab(self._model)
         self.n_vocab = lc.llama_vocab_n_tokens(self.vocab)
         self.n_ctx_train = lc.llama_model_n_ctx_train(self._model)
+        self.n_layer = lc.llama_model_n_layer(self._model)
         heads = lc.llama_model_n_head(self._model)
         head_dim = lc.llama_model_n_embd(self._model) // max(1, heads)
         kv_heads = lc.llama_model_n_head_kv(self._model)
@@ -148,6 +155,7 @@ class LlamaForward:
         params.n_threads = params.n_threads_batch = self._threads
         params.kv_unified = False  # a slice of the cache per sequence id
         params.no_perf = True
+        params.offload_kqv = True  # a layer's keys and values where the layer is (llama.cpp's default, said here)
         params.flash_attn_type = _FLASH_ATTENTION
         self._ctx = lc.llama_init_from_model(self._model, params)
         if not self._ctx:
@@ -261,36 +269,71 @@ def kv_layout(options: LoadOptions, bytes_per_token: int, trained: int, weights_
     return slices, min(cells, max(256, room // slices))
 
 
-def estimate(facts: ModelFacts, options: LoadOptions) -> int:
-    """Memory the model takes once loaded, from its facts (before it is loaded): the loader's own layout."""
+@dataclass(frozen=True)
+class Footprint:
+    """Memory a loaded model takes, the GPU's apart from the host's; the models' budget counts both (`total`)."""
+
+    host_bytes: int
+    gpu_bytes: int
+    offload: Offload | None = None
+
+    @property
+    def total(self) -> int:
+        return self.host_bytes + self.gpu_bytes
+
+
+def placement(facts: ModelFacts, options: LoadOptions) -> Footprint:
+    """Where the model would go and what it would take, from its facts (before it is loaded): the loader's own
+    layout, on the GPUs llama.cpp sees now."""
     per_token = max(1, facts.kv_bytes_per_token or 0)
     slices, cells = kv_layout(options, per_token, facts.context_length or 2048, facts.weights_bytes)
-    return footprint(facts.weights_bytes, slices * cells * (facts.kv_bytes_per_token or 0), options)
+    kv_bytes = slices * cells * (facts.kv_bytes_per_token or 0)
+    offload = offload_for(facts.layers or 1, facts.weights_bytes, kv_bytes, options.memory_bytes, options.gpu_layers)
+    return footprint(facts.weights_bytes, kv_bytes, options, offload)
 
 
-def footprint(weights_bytes: int, kv_bytes: int, options: LoadOptions) -> int:
-    """Memory a loaded model takes: weights, its KV cache, and the conversations parked beside it."""
-    return weights_bytes + kv_bytes + min(kv_bytes, options.limits.prefix_cache_mb * 2**20)
+def estimate(facts: ModelFacts, options: LoadOptions) -> int:
+    """Memory the model takes once loaded, host and GPU together (see `placement` for the two apart)."""
+    return placement(facts, options).total
+
+
+def footprint(weights_bytes: int, kv_bytes: int, options: LoadOptions, offload: Offload | None = None) -> Footprint:
+    """Memory a loaded model takes: weights, its KV cache, and the conversations parked beside it (in host
+    memory, always); what `offload` puts on the GPU is counted there and not on the host. (llama.cpp keeps
+    no host copy of an offloaded layer; its compute buffers are left out of both, `GPU_RESERVE` aside.)"""
+    gpu = min(offload.gpu_bytes, weights_bytes + kv_bytes) if offload else 0
+    parked = min(kv_bytes, options.limits.prefix_cache_mb * 2**20)
+    return Footprint(weights_bytes + kv_bytes + parked - gpu, gpu, offload)
 
 
 def load_llamacpp(installed: InstalledModel, options: LoadOptions) -> LocalModel:
-    """Load a GGUF model on llama.cpp (CPU), with its Hugging Face tokenizer for prompts and text."""
+    """Load a GGUF model on llama.cpp, on the GPU as far as it fits, with its Hugging Face tokenizer."""
     if installed.gguf_path is None:
         raise ValueError(f"model {installed.name!r} has no GGUF file; llama.cpp cannot run it")
     started = time.monotonic()
-    log.info("Loading %s with llama.cpp (%d threads) ...", installed.name, options.threads)
+    planned = placement(installed.facts, options).offload  # decided from the facts: n_gpu_layers is a load param
+    log.info("Loading %s with llama.cpp (%d threads; %s, as %s) ...", installed.name, options.threads,
+             planned.describe(), planned.why)
     tokenizer = load_tokenizer(installed)
     check_chat_template(installed.name, tokenizer)
-    forward = LlamaForward(str(installed.gguf_path), options.threads, max_batch=options.limits.prefill_chunk)
+    forward = LlamaForward(str(installed.gguf_path), options.threads, max_batch=options.limits.prefill_chunk,
+                           gpu_layers=planned.n_gpu_layers)
     forward.size(*kv_layout(options, forward.bytes_per_token, forward.n_ctx_train or 2048, forward.weights_bytes))
     kv_bytes = forward.kv_bytes
+    offload = planned  # the same split, counted again on the model's own numbers and its KV cache as made
+    if planned.n_gpu_layers:
+        offload = dataclasses.replace(plan_offload(forward.n_layer, forward.weights_bytes // (forward.n_layer + 1),
+                                                   kv_bytes, 0, None, planned.n_gpu_layers, planned.device),
+                                      why=planned.why)
+    memory = footprint(forward.weights_bytes, kv_bytes, options, offload)
     eos = eos_ids(tokenizer) | forward.eog_ids()
     limits = dataclasses.replace(options.limits, max_running=forward.slices)
     scheduler = Scheduler(forward, tokenizer, frozenset(eos), options.threads, installed.name, limits,
                           options.metrics, prefix_cache_bytes=kv_bytes)  # parked in host memory
     seconds = time.monotonic() - started
-    log.info("Loaded %s in %.1f s (%d replies at once, %d tokens each; KV cache %.0f MB)", installed.name, seconds,
-             forward.slices, forward.cells, kv_bytes / 2**20)
+    log.info("Loaded %s in %.1f s on %s (%d replies at once, %d tokens each; KV cache %.0f MB; %.0f MB on the GPU, "
+             "%.0f MB in host memory)", installed.name, seconds, offload.describe(), forward.slices, forward.cells,
+             kv_bytes / 2**20, memory.gpu_bytes / 2**20, memory.host_bytes / 2**20)
     return LocalModel(
         name=installed.name,
         engine="llama.cpp",
@@ -300,5 +343,7 @@ def load_llamacpp(installed: InstalledModel, options: LoadOptions) -> LocalModel
         source=installed.source,
         scheduler=scheduler,
         load_seconds=seconds,
-        memory_bytes=footprint(forward.weights_bytes, kv_bytes, options),
+        memory_bytes=memory.total,
+        device=offload.describe(),
+        gpu_bytes=memory.gpu_bytes,
     )

@@ -42,6 +42,7 @@ class LoadOptions:
     metrics: EngineMetrics
     kv_cache_mb: int | None = None  # llama.cpp's fixed KV cache (the transformers engine grows its own)
     memory_bytes: int | None = None  # the models' memory budget: llama.cpp sizes its default KV cache within it
+    gpu_layers: int | None = None  # SERGE_GPU_LAYERS: llama.cpp's n_gpu_layers, over its own choice
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,8 @@ class LocalModel:
     tool_format: ToolFormat = field(default=None)  # how its template offers tools; found at load
     source: str = ""  # where it came from, as the library says
     kind: str = "chat"
+    device: str = ""  # where it runs, when the engine says more than the device plan (llama.cpp's layer split)
+    gpu_bytes: int = 0  # of memory_bytes, what is on the GPU (llama.cpp; transformers on CUDA has it all there)
     _mid_system: bool = field(init=False, default=True)  # its template renders a system message after turn one
     _fim: tuple[int, int, int] | None = field(init=False, default=None)  # fill-in-the-middle token ids
 

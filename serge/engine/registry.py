@@ -3,8 +3,8 @@
 `ModelRegistry.get` loads an installed model once, under a per-name lock, however
 many requests ask for it at the same moment, and hands out the same read-only
 `LocalModel` to all of them. It decides which local engine serves a model: the
-setting for that model, else llama.cpp for a GGUF when no CUDA device is in use,
-else transformers.
+setting for that model, else (`auto_engine`) llama.cpp for a GGUF on every device
+its build has (CUDA, Metal, the CPU), else transformers.
 
 Loaded models stay within a `Budget`: at most `max_models`, and their memory
 (estimated before a load, measured after) within `memory_bytes`. Loading one more
@@ -39,6 +39,29 @@ def llama_cpp_available() -> bool:
     except ImportError:
         return False
     return True
+
+
+def llama_cpp_offloads() -> bool:
+    """Whether the installed llama.cpp build can put layers on a GPU (CUDA, Metal, ...)."""
+    from serge.engine.llama_offload import can_offload
+
+    return can_offload()
+
+
+def auto_engine(gguf: bool, device_type: str, llama_installed: bool, llama_offloads: bool) -> tuple[EngineKind, str]:
+    """`engine: auto`'s choice for a chat model, and why: llama.cpp for a GGUF on the CPU, on Apple's Metal and on
+    any GPU its build can offload to; transformers for the rest, and for a GGUF on CUDA only when llama.cpp's
+    build has no GPU offload (transformers dequantizes the GGUF, in several times its memory)."""
+    if not gguf:
+        return "transformers", "the model is not a GGUF"
+    if not llama_installed:
+        return "transformers", "llama-cpp-python is not installed"
+    if device_type == "cuda" and not llama_offloads:
+        return "transformers", ("the device is CUDA and this llama.cpp build has no GPU offload (rebuild it with "
+                                "CMAKE_ARGS=-DGGML_CUDA=on, see the README); transformers runs the GGUF dequantized")
+    if llama_offloads and device_type != "cpu":
+        return "llama.cpp", "the model is a GGUF and llama.cpp's build offloads to the GPU"
+    return "llama.cpp", "the model is a GGUF"
 
 
 def machine_memory_bytes() -> int:
@@ -111,6 +134,7 @@ class ModelRegistry:
         self.loading: set[str] = set()
         self.loads = 0  # how many times a model was actually loaded
         self.unloads = 0
+        self._told: set[str] = set()  # models whose engine choice was logged
 
     def engine_for(self, installed: InstalledModel) -> EngineKind:
         """Which local engine serves this model."""
@@ -121,9 +145,14 @@ class ModelRegistry:
                                  f"from safetensors (sentence-transformers folders) only, for now")
             return "transformers"
         if wanted == "auto":
-            if installed.gguf_path is not None and self.options.plan.device_type != "cuda" and llama_cpp_available():
-                return "llama.cpp"
-            return "transformers"
+            gguf = installed.gguf_path is not None
+            installed_llama = gguf and llama_cpp_available()
+            engine, why = auto_engine(gguf, self.options.plan.device_type, installed_llama,
+                                      installed_llama and llama_cpp_offloads())
+            if gguf and engine == "transformers" and installed.name not in self._told:
+                self._told.add(installed.name)
+                log.warning("%s is a GGUF, served by transformers: %s", installed.name, why)
+            return engine
         if wanted == "llama.cpp" and installed.gguf_path is None:
             raise ValueError(f"model {installed.name!r} has no GGUF file; llama.cpp cannot run it "
                              f"(use the transformers engine for it)")
@@ -141,6 +170,17 @@ class ModelRegistry:
         from serge.engine import transformers
 
         return transformers.estimate(installed.facts, self.options.plan)
+
+    def device(self, installed: InstalledModel, engine: EngineKind) -> tuple[str, int]:
+        """Where `installed` would run on `engine`, and the bytes it would put on a GPU (before it is loaded)."""
+        if engine == "llama.cpp" and installed.facts.kind == "chat":
+            from serge.engine.llamacpp import placement
+
+            planned = placement(installed.facts, self.options)
+            return planned.offload.describe(), planned.gpu_bytes
+        plan = self.options.plan
+        on_gpu = plan.device_type != "cpu"
+        return plan.device, self.estimate(installed, engine) if on_gpu else 0
 
     def window(self, installed: InstalledModel, engine: EngineKind) -> int | None:
         """Tokens of prompt and reply a reply gets once `installed` is loaded on `engine` (before it is)."""

@@ -146,7 +146,7 @@ class BodyCheck:
 
         content_type = headers.get("content-type")
         if body and content_type is None and scope["path"].startswith(JSON_APIS):
-            return await _refuse(415, "the body has no Content-Type; this API reads JSON: send it with "
+            return await _refuse(scope["path"], 415, "the body has no Content-Type; this API reads JSON: send it with "
                                       "Content-Type: application/json", "unsupported_media_type")(scope, receive, send)
         if body and (content_type is None or is_json(content_type)):
             problem = json_problem(body)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from serge.engine.generation.sampling import GENERATION_CONFIG_KEYS, GGUF_KEYS
 
-VERSION = 2  # of the facts kept in a manifest; another version is read again from the files
+VERSION = 3  # of the facts kept in a manifest; another version is read again from the files
 
 _DTYPE_NAMES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "F64": "float64", "I8": "int8",
                 "U8": "uint8", "F8_E4M3": "float8_e4m3", "F8_E5M2": "float8_e5m2"}
@@ -37,6 +37,7 @@ class ModelFacts:
     kv_bytes_per_token: int | None = None  # keys and values of one token in float16, all layers
     kind: str = "chat"  # "chat", or "embedding" (text in, a vector out: a sentence-transformers folder)
     dimensions: int | None = None  # an embedding model's vector length
+    layers: int | None = None  # repeating (transformer) layers: llama.cpp offloads them one by one
 
     def to_json(self) -> dict:
         return {"version": VERSION, **asdict(self)}
@@ -142,6 +143,7 @@ def _transformers_facts(folder: Path) -> ModelFacts:
                                      head_dim),
         kind="embedding" if embedding else "chat",
         dimensions=(dimensions or text.get("hidden_size")) if embedding else None,
+        layers=text.get("num_hidden_layers"),
     )
 
 
@@ -183,4 +185,5 @@ def _gguf_facts(path: Path) -> ModelFacts:
         generation=generation,
         kv_bytes_per_token=_kv_bytes(value(f"{arch}.block_count"), value(f"{arch}.attention.head_count_kv") or heads,
                                      head_dim),
+        layers=value(f"{arch}.block_count"),
     )

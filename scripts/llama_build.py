@@ -1,0 +1,98 @@
+"""Which llama.cpp build `make run` compiles: CUDA, Metal or the CPU, and why.
+
+    python scripts/llama_build.py            # the CMake flags, on stdout; the reason, on stderr
+    python scripts/llama_build.py --shell    # CMAKE_ARGS=... and LLAMA_BUILD=... for the Makefile's eval
+
+- `CMAKE_ARGS` set by the user: used as given (after `-DLLAVA_BUILD=OFF`, so the user's flags win);
+- a CUDA toolkit (`nvcc` on the PATH, or `$CUDA_HOME/bin/nvcc`): `-DGGML_CUDA=on`;
+- Apple Silicon (Darwin, arm64): Metal, which is llama-cpp-python's own default there;
+- else the CPU; where `nvidia-smi` answers but there is no toolkit, one line says how to get the GPU build.
+
+`LLAMA_BUILD` names the build for pip's wheel cache: pip caches a built wheel by the package's URL
+alone, not by its flags, so every build but the plain CPU one gets a cache folder of its own
+(empty: pip's own cache, as before). It reads the machine through `uname`, `nvcc` and `nvidia-smi`
+found on the PATH, so a test can fake each. It compiles nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import shlex
+import shutil
+import subprocess
+import sys
+
+BASE = "-DLLAVA_BUILD=OFF"  # Serge serves text models: llama.cpp's multimodal library stays out
+
+
+def _uname(flag: str, fallback: str) -> str:
+    tool = shutil.which("uname")
+    if tool is None:
+        return fallback
+    try:
+        return subprocess.run([tool, flag], capture_output=True, text=True, timeout=10).stdout.strip() or fallback
+    except (OSError, subprocess.SubprocessError):
+        return fallback
+
+
+def _nvcc() -> str | None:
+    found = shutil.which("nvcc")
+    if found:
+        return found
+    home = os.environ.get("CUDA_HOME")
+    candidate = os.path.join(home, "bin", "nvcc") if home else None
+    return candidate if candidate and os.access(candidate, os.X_OK) else None
+
+
+def _nvidia_gpu() -> bool:
+    tool = shutil.which("nvidia-smi")
+    if tool is None:
+        return False
+    try:
+        return subprocess.run([tool, "-L"], capture_output=True, timeout=20).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
+def choose() -> tuple[str, str, str, str | None]:
+    """(kind, CMAKE_ARGS, why, a hint or None): kind is custom, cuda, metal or cpu."""
+    own = os.environ.get("CMAKE_ARGS", "").strip()
+    if own:
+        return "custom", f"{BASE} {own}", "CMAKE_ARGS is set, so it is used as given", None
+    if nvcc := _nvcc():
+        return "cuda", f"{BASE} -DGGML_CUDA=on", f"a CUDA toolkit is here ({nvcc})", None
+    system, machine = _uname("-s", platform.system()), _uname("-m", platform.machine())
+    if system == "Darwin" and machine == "arm64":
+        return "metal", BASE, "this is Apple Silicon, where llama.cpp builds Metal by default", None
+    hint = None
+    if _nvidia_gpu():
+        hint = ("an NVIDIA GPU is here (nvidia-smi) but no CUDA toolkit (no nvcc on the PATH or in $CUDA_HOME/bin): "
+                "install the CUDA toolkit, then `rm .venv/.llama && make run` builds llama.cpp for the GPU")
+    return "cpu", BASE, f"no CUDA toolkit and not Apple Silicon ({system} {machine})", hint
+
+
+def cache_key(kind: str, cmake_args: str) -> str:
+    """'' for the plain CPU build (pip's own cache); else the build's kind and a hash of its flags."""
+    if cmake_args == BASE and kind in ("cpu", "metal"):  # one machine never has both, so they share
+        return ""
+    return f"{kind}-{hashlib.sha256(cmake_args.encode()).hexdigest()[:10]}"
+
+
+def main(argv: list[str]) -> int:
+    kind, args, why, hint = choose()
+    names = {"custom": "your CMAKE_ARGS", "cuda": "CUDA", "metal": "Metal", "cpu": "the CPU"}
+    print(f"llama.cpp build: {names[kind]}, because {why} (CMAKE_ARGS={args})", file=sys.stderr)
+    if hint:
+        print(f"llama.cpp build: {hint}", file=sys.stderr)
+    if "--shell" in argv:
+        print(f"CMAKE_ARGS={shlex.quote(args)}")
+        print(f"LLAMA_BUILD={shlex.quote(cache_key(kind, args))}")
+    else:
+        print(args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
