@@ -89,7 +89,8 @@ def test_a_stream_sends_every_event_in_order_and_adds_up_to_the_whole_reply(clie
     assert all(d["delta"]["type"] == "text_delta" for k, d in seen if k == "content_block_delta")
     assert text == whole.content[0].text
     end = seen[-2][1]
-    assert end["delta"]["stop_reason"] == whole.stop_reason and end["usage"]["output_tokens"] == whole.usage.output_tokens
+    assert end["delta"]["stop_reason"] == whole.stop_reason
+    assert end["usage"]["output_tokens"] == whole.usage.output_tokens
     with client.messages.stream(model=MODEL, max_tokens=30, messages=HELLO, extra_body=GREEDY) as stream:
         final = stream.get_final_message()
     assert final.content[0].text == whole.content[0].text and final.usage.output_tokens == whole.usage.output_tokens
@@ -165,7 +166,8 @@ class Customer(BaseModel):
 
 
 def test_a_tool_whose_input_schema_has_defs_is_used_validly(client):
-    tool = {"name": "record_customer", "description": "Record a customer.", "input_schema": Customer.model_json_schema()}
+    tool = {"name": "record_customer", "description": "Record a customer.",
+            "input_schema": Customer.model_json_schema()}
     assert "$defs" in tool["input_schema"]
     message = client.messages.create(model=MODEL, max_tokens=200, messages=ASK_WEATHER, tools=[tool],
                                      tool_choice={"type": "any"})
@@ -224,6 +226,10 @@ def test_fields_without_effect_are_accepted(client, url):
         extra_headers={"anthropic-beta": "prompt-caching-2024-07-31", "anthropic-version": "2023-06-01"},
         extra_query={"beta": "true"})
     assert message.content[0].type == "text"
+    echoed = httpx.post(f"{url}/v1/messages", timeout=120, json={
+        "model": MODEL, "max_tokens": 3, "stream": None, "system": None, "tools": None, "temperature": None,
+        "messages": [{"role": "user", "content": "Hi", "id": "msg_from_an_earlier_reply"}]})
+    assert echoed.status_code == 200, "null is a field not sent; a message's own unknown keys are ignored"
     doc = httpx.get(f"{url}/openapi.json").json()["paths"]["/v1/messages"]["post"]
     for field in ("cache_control", "thinking", "context_management", "output_config.effort", "beta=true"):
         assert field in doc["description"], field

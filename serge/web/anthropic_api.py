@@ -16,15 +16,72 @@ import asyncio
 import json
 import uuid
 
+from typing import Annotated, Any, Literal
+
 from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import StreamingResponse
+from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 
 from serge.engine import ContextTooLong, Engine, FinishReason, GenerationRecord, Message, Stream, Tools
-from serge.web.anthropic_models import (NO_EFFECT_FIELDS, AnthropicErrorResponse, CountTokensRequest, MessageOut, MessagesRequest,
-                                        TextOut, TokenCountOut, ToolUseOut, UsageOut)
+from serge.web.anthropic_models import NO_EFFECT_FIELDS, CountTokensRequest, MessagesRequest
 from serge.web.errors import ApiError, error_body
 from serge.web.request_log import note_generation
+
+# --- the reply ------------------------------------------------------------------------------------------
+StopReason = Literal["end_turn", "max_tokens", "stop_sequence", "tool_use"]
+
+
+class TextOut(BaseModel):
+    type: Literal["text"] = "text"
+    text: str
+
+
+class ToolUseOut(BaseModel):
+    type: Literal["tool_use"] = "tool_use"
+    id: str = Field(description="toolu_...: a tool_result answers it with this tool_use_id.")
+    name: str
+    input: dict[str, Any] = Field(description="Valid against the tool's input_schema.")
+
+
+class UsageOut(BaseModel):
+    input_tokens: int
+    output_tokens: int
+    cache_creation_input_tokens: int = Field(0, description="Always 0: Serge reuses shared prefixes on its own.")
+    cache_read_input_tokens: int = Field(0, description="Always 0.")
+
+
+class MessageOut(BaseModel):
+    """A created message: Anthropic's shape."""
+
+    id: str = Field(description="msg_...")
+    type: Literal["message"] = "message"
+    role: Literal["assistant"] = "assistant"
+    model: str = Field(description="The model that answered, as the library names it.")
+    content: list[Annotated[TextOut | ToolUseOut, Field(discriminator="type")]]
+    stop_reason: StopReason | None
+    stop_sequence: str | None = Field(description="With stop_reason stop_sequence: the one that ended the reply.")
+    usage: UsageOut
+
+
+class TokenCountOut(BaseModel):
+    input_tokens: int = Field(description="The prompt's tokens, as the model's chat template renders it with "
+                                          "the tools.")
+
+
+class AnthropicErrorDetail(BaseModel):
+    type: str = Field(description="invalid_request_error (400 and other 4xx), authentication_error (401), "
+                                  "permission_error (403), not_found_error (404), request_too_large (413), "
+                                  "rate_limit_error (429), api_error (500, 502), overloaded_error (503).")
+    message: str = Field(description="What went wrong and what to change; it names the field at fault.")
+
+
+class AnthropicErrorResponse(BaseModel):
+    """The body of every error answer of /v1/messages: Anthropic's shape."""
+
+    type: Literal["error"] = "error"
+    error: AnthropicErrorDetail
+
 
 router = APIRouter(prefix="/v1", tags=["Anthropic-compatible"])
 

@@ -1,23 +1,28 @@
-"""The bodies of `/v1/messages` (Anthropic's Messages API) as Serge understands them, their translation
-into the engine's own values (`Message`, `SamplingParams`, `Tools`, `ResponseFormat`), and the shapes
-of its replies (for the API reference; `anthropic_api` fills them).
+"""The bodies of `/v1/messages` (Anthropic's Messages API) as Serge understands them, and their
+translation into the engine's own values (`Message`, `SamplingParams`, `Tools`, `ResponseFormat`).
 
 Every field declared here is implemented, or accepted without effect where it asks nothing of a
 local model (`NO_EFFECT_FIELDS`, listed in the route's docs); anything else, at any level, is a 400
-naming it (the models forbid unknown fields). An image is a 400 saying the model cannot see images.
-It runs nothing and streams nothing.
+naming it (the models forbid unknown fields; only a message's own unknown keys are ignored, as clients
+echo messages with keys of their own, and logged at debug level). A field sent as null is one not
+sent. An image is a 400 saying the model cannot see images.
+This module formats no replies (`anthropic_api` does, with their shapes).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import ConfigDict, Field, ValidationError, model_validator
 
 from serge.chats import MAX_MESSAGE_CHARS
 from serge.engine import ANTHROPIC_NAMES, Message, ResponseFormat, SamplingParams, Tool, ToolCall, Tools
 from serge.web.errors import ApiError, describe_validation
+from serge.web.openai_models import StrictRequest
+
+log = logging.getLogger(__name__)
 
 MAX_MESSAGES_PER_REQUEST = 500
 MAX_BLOCKS = 500  # content blocks in one message, or in the system prompt
@@ -35,8 +40,8 @@ def _bad(message: str, param: str) -> ApiError:
     return ApiError(400, message, code="invalid_value", param=param)
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class _Strict(StrictRequest):
+    """Unknown fields are a 400 naming them; null is a field not sent."""
 
 
 class CacheControl(_Strict):
@@ -90,6 +95,15 @@ Block = Annotated[TextBlock | ImageBlock | ToolUseBlock | ToolResultBlock | Thin
 
 
 class MessageIn(_Strict):
+    model_config = ConfigDict(extra="ignore")  # clients echo messages with keys of their own: ignored
+
+    @model_validator(mode="before")
+    @classmethod
+    def _note_unknown(cls, data):
+        if isinstance(data, dict) and (unknown := sorted(set(data) - set(cls.model_fields))):
+            log.debug("ignored in a message: %s", ", ".join(map(str, unknown))[:200])
+        return data
+
     role: Literal["user", "assistant", "system"] = Field(
         description="system is not Anthropic's, but some clients send it: it counts as a system prompt there.")
     content: str | Annotated[list[Block], Field(max_length=MAX_BLOCKS)]
@@ -292,58 +306,3 @@ def _merge(out: list[Message], message: Message) -> None:
         out[-1] = Message(last.role, text, last.tool_calls + message.tool_calls)
     else:
         out.append(message)
-
-
-# --- the reply ------------------------------------------------------------------------------------------
-StopReason = Literal["end_turn", "max_tokens", "stop_sequence", "tool_use"]
-
-
-class TextOut(BaseModel):
-    type: Literal["text"] = "text"
-    text: str
-
-
-class ToolUseOut(BaseModel):
-    type: Literal["tool_use"] = "tool_use"
-    id: str = Field(description="toolu_...: a tool_result answers it with this tool_use_id.")
-    name: str
-    input: dict[str, Any] = Field(description="Valid against the tool's input_schema.")
-
-
-class UsageOut(BaseModel):
-    input_tokens: int
-    output_tokens: int
-    cache_creation_input_tokens: int = Field(0, description="Always 0: Serge reuses shared prefixes on its own.")
-    cache_read_input_tokens: int = Field(0, description="Always 0.")
-
-
-class MessageOut(BaseModel):
-    """A created message: Anthropic's shape."""
-
-    id: str = Field(description="msg_...")
-    type: Literal["message"] = "message"
-    role: Literal["assistant"] = "assistant"
-    model: str = Field(description="The model that answered, as the library names it.")
-    content: list[Annotated[TextOut | ToolUseOut, Field(discriminator="type")]]
-    stop_reason: StopReason | None
-    stop_sequence: str | None = Field(description="With stop_reason stop_sequence: the one that ended the reply.")
-    usage: UsageOut
-
-
-class TokenCountOut(BaseModel):
-    input_tokens: int = Field(description="The prompt's tokens, as the model's chat template renders it with "
-                                          "the tools.")
-
-
-class AnthropicErrorDetail(BaseModel):
-    type: str = Field(description="invalid_request_error (400 and other 4xx), authentication_error (401), "
-                                  "permission_error (403), not_found_error (404), request_too_large (413), "
-                                  "rate_limit_error (429), api_error (500, 502), overloaded_error (503).")
-    message: str = Field(description="What went wrong and what to change; it names the field at fault.")
-
-
-class AnthropicErrorResponse(BaseModel):
-    """The body of every error answer of /v1/messages: Anthropic's shape."""
-
-    type: Literal["error"] = "error"
-    error: AnthropicErrorDetail
