@@ -178,6 +178,7 @@ async def create_message(
 ):
     engine = _engine(request)
     messages, tools, response_format = body.conversation(), body.tool_offer(), body.response_format()
+    body.sampling()  # a bad setting is refused before the model is asked anything
     max_tokens, prompt = await run_in_threadpool(_capped, engine, body.model, messages, tools, body.max_tokens)
     stream = await run_in_threadpool(engine.chat, body.model, messages, body.sampling(max_tokens), tools,
                                      response_format, False)
