@@ -15,13 +15,14 @@ from serge.engine.generation.prompts import ContextTooLong, Message, ToolCall
 from serge.engine.models.pulls import PullStatus
 from serge.engine.local import ModelLoadFailed
 from serge.engine.registry import ModelInUse, ModelTooLarge
-from serge.engine.generation.sampling import (MAX_TOP_LOGPROBS, OLLAMA_OPTIONS, OPENAI_NAMES, RESPONSES_NAMES,
-                                             SamplingParams)
+from serge.engine.generation.sampling import (ANTHROPIC_NAMES, MAX_TOP_LOGPROBS, OLLAMA_OPTIONS, OPENAI_NAMES,
+                                             RESPONSES_NAMES, SamplingParams)
 from serge.engine.generation.scheduler import EngineBusy, SchedulerLimits
 from serge.engine.generation.stream import Delta, FinishReason, GenerationError, GenerationRecord, Stream, TokenLogprob
 from serge.engine.generation.tools import Tool, Tools
 
 __all__ = [
+    "ANTHROPIC_NAMES",
     "Backend",
     "CATALOG",
     "ContextTooLong",

@@ -25,6 +25,7 @@ from serge.settings import Settings
 from serge.store import AccountStore, ChatStore, Database, ResponseStore
 from serge.web.account_pages import build_account_pages
 from serge.web.accounts_api import router as accounts_router
+from serge.web.anthropic_api import router as anthropic_router
 from serge.web.auth import Authenticate, ProxiedClient, may_see_details
 from serge.web.chats_api import router as chats_router
 from serge.web.completions_api import router as completions_router
@@ -95,6 +96,7 @@ def build_app(settings: Settings, engine: Engine) -> FastAPI:
     install_docs(app)
     install_error_handlers(app)
     app.include_router(openai_router)
+    app.include_router(anthropic_router)
     app.include_router(embeddings_router)
     app.include_router(completions_router)
     app.include_router(ollama_router)

@@ -1,7 +1,8 @@
 """Who is asking: every request is resolved to a user before any route runs, and metered.
 
 A request proves who it is with the cookie of a login session or, on the API, with
-a key (`Authorization: Bearer sk-serge-...`). While Serge has no accounts, requests
+a key (`Authorization: Bearer sk-serge-...`, or `x-api-key: sk-serge-...` as Anthropic's
+clients send it). While Serge has no accounts, requests
 made on this machine are the local user, as before accounts existed, and others
 are refused. Once any account exists, everything but the login page, static
 files, the health status and the metrics (whose routes decide what to show)
@@ -29,7 +30,7 @@ SESSION_COOKIE = "serge_session"
 OPEN_PATHS = frozenset({"/login", "/api/health", "/metrics"})
 STATIC_PREFIX = "/static/"
 API_PREFIXES = ("/api/", "/v1/", "/metrics", "/openapi.json")
-STREAMING = re.compile(r"/v1/chat/completions|/api/(?:chat|generate)"
+STREAMING = re.compile(r"/v1/(?:chat/completions|completions|responses|messages)|/api/(?:chat|generate)"
                        r"|/api/chats/[^/]+/(?:messages|regenerate|messages/[^/]+/edit)")
 FORWARDING_HEADERS = frozenset({b"forwarded", b"x-forwarded-for", b"x-forwarded-proto", b"x-forwarded-host",
                                 b"x-forwarded-port", b"x-forwarded-server", b"x-real-ip", b"x-client-ip",
@@ -87,13 +88,20 @@ def may_see_details(request: Request) -> bool:
     return bool(user and user.admin) or is_local(request.scope)
 
 
+def api_key(request: Request) -> str:
+    """The key a request carries: `Authorization: Bearer ...` (OpenAI's clients), else `x-api-key` (Anthropic's)."""
+    scheme, _, credential = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() == "bearer" and credential.strip():
+        return credential.strip()
+    return request.headers.get("x-api-key", "").strip()
+
+
 def _resolve(accounts: Accounts, sessions: LoginSessions, request: Request
              ) -> tuple[UserRecord | None, str | None, bool, bool]:
     """(the user or None, the id of the key used, whether a key was sent and refused, whether accounts exist)."""
     accounts_exist = accounts.has_users()
-    scheme, _, credential = request.headers.get("authorization", "").partition(" ")
-    credential = credential.strip()
-    if scheme.lower() == "bearer" and credential and request.scope["path"].startswith(API_PREFIXES):
+    credential = api_key(request)
+    if credential and request.scope["path"].startswith(API_PREFIXES):
         if found := accounts.user_for_key(credential):
             return found[0], found[1], False, True
         if accounts_exist:  # with no accounts, clients may send anything ("unused")
@@ -135,7 +143,8 @@ class Authenticate:
                 response = RedirectResponse(f"/login?next={quote(target, safe='')}", status_code=303)
                 return await response(scope, receive, send)
             return await self._refuse(scope, receive, send, 401, "log in first: on the page at /login, or from a "
-                                      "program with an API key as `Authorization: Bearer sk-serge-...`",
+                                      "program with an API key as `Authorization: Bearer sk-serge-...` or "
+                                      "`x-api-key: sk-serge-...`",
                                       "unauthorized", {"WWW-Authenticate": 'Bearer realm="serge"'})
         scope.setdefault("state", {})["user"] = user
         scope["state"]["key_id"] = key_id  # for the request log

@@ -27,8 +27,9 @@ from serge.store import DatabaseUnavailable, KeyNotFound, LastAdmin, NameTaken, 
 
 DATABASE_RETRY_S = 5
 ROUTES = ("OpenAI's API under /v1 (/v1/models, /v1/chat/completions, /v1/responses, /v1/completions, "
-          "/v1/embeddings), Serge's chat API under /api/chats, /api/models and /api/health, Ollama's /api/chat, "
-          "/api/generate, /api/embed, /api/tags, /api/show, /api/ps, /api/version, /api/pull and /api/delete")
+          "/v1/embeddings), Anthropic's at /v1/messages, Serge's chat API under /api/chats, /api/models and "
+          "/api/health, Ollama's /api/chat, /api/generate, /api/embed, /api/tags, /api/show, /api/ps, /api/version, "
+          "/api/pull and /api/delete")
 
 
 class ApiError(Exception):
@@ -65,11 +66,22 @@ def _ollama_error(message: str, status: int, code: str | None, param: str | None
 # too, so an Ollama client reads why). /api/chat is Ollama's; /api/chats, Serge's.
 OLLAMA_PATHS = ("/api/chat", "/api/generate", "/api/embed", "/api/embeddings", "/api/tags", "/api/show", "/api/ps",
                 "/api/version", "/api/pull", "/api/delete", "/api/copy", "/api/create", "/api/push", "/api/blobs")
+# Anthropic's error types, by status; other statuses: invalid_request_error below 500, api_error from it.
+ANTHROPIC_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                         404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error",
+                         500: "api_error", 503: "overloaded_error", 529: "overloaded_error"}
+
+
+def anthropic_error(message: str, status: int, code: str | None, param: str | None) -> dict:
+    kind = ANTHROPIC_ERROR_TYPES.get(status, "invalid_request_error" if status < 500 else "api_error")
+    return {"type": "error", "error": {"type": kind, "message": message}}
+
 
 # Each API dialect answers errors in its own shape: (a path or a folder of paths, how its body looks).
 # Anything else (Serge's own API, the pages, /v1's OpenAI routes) answers in OpenAI's shape.
 DIALECT_ERRORS: tuple[tuple[str, Callable[[str, int, str | None, str | None], dict]], ...] = (
     *((path, _ollama_error) for path in OLLAMA_PATHS),
+    ("/v1/messages", anthropic_error),
 )
 
 

@@ -153,5 +153,6 @@ def protect(app: FastAPI, settings: Settings) -> None:
     app.add_middleware(Guard, policy=HostPolicy.of(settings))
     if settings.cors_origins:  # API keys, not the browser's cookies, cross origins
         app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins, allow_methods=["*"],
-                           allow_headers=["Authorization", "Content-Type"], allow_credentials=False)
+                           allow_headers=["Authorization", "Content-Type", "x-api-key", "anthropic-version",
+                                          "anthropic-beta"], allow_credentials=False)
     app.add_middleware(SecurityHeaders)

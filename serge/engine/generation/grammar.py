@@ -25,6 +25,7 @@ naming the request field (response_format or tools) and what to simplify.
 from __future__ import annotations
 
 import json
+import re
 import threading
 from collections import OrderedDict
 from typing import Literal
@@ -268,7 +269,7 @@ class Vocabulary:
         compiled = LLMatcher(ll, LLMatcher.grammar_from_lark(grammar), log_level=0,  # outside the lock
                              limits=LLParserLimits(**GRAMMAR_LIMITS, verbose_errors=False))
         if compiled.is_error():
-            raise GrammarError(f"{param}: {_first_line(compiled.get_error())}; {SIMPLIFY}", param)
+            raise GrammarError(_refusal(param, compiled.get_error()), param)
         if (problem := _probe(compiled.deep_copy(), ll.vocab_size)) is not None:
             raise GrammarError(f"{param}: the schema compiles but cannot be matched within Serge's limits "
                                f"({problem}); {SIMPLIFY}", param)
@@ -310,6 +311,25 @@ def _probe(matcher, vocab_size: int) -> str | None:
             break
         matcher.consume_tokens(forced)
     return _first_line(matcher.get_error()) if matcher.is_error() else None
+
+
+# Places in Serge's own grammar text, which the client never wrote: "at 2(7): ", and the listing after.
+_AT = re.compile(r"^at \d+\(\d+\): ")
+_LISTING = re.compile(r"^\s*\d+ \| ")
+WHAT_TO_CHANGE = {"tools": "change that part of the tool's parameters schema: refs must be local (#/$defs/..., "
+                           "#/definitions/..., #), keywords Serge cannot enforce are refused with strict on; or "}
+
+
+def _refusal(param: str, error: str) -> str:
+    """llguidance's reason on one line (a regex error spans several), without places in Serge's grammar."""
+    lines = []
+    for line in error.splitlines():
+        if _LISTING.match(line):
+            break
+        lines.append(line.strip())
+    error = _AT.sub("", " ".join(line for line in lines if line)[:500])
+    error = error or "the grammar is invalid"
+    return f"{param}: {error}; {WHAT_TO_CHANGE.get(param, '')}{SIMPLIFY}"
 
 
 def _first_line(error: str) -> str:

@@ -139,6 +139,9 @@ OLLAMA_OPTIONS = {"num_predict": "max_new_tokens", "temperature": "temperature",
                   "frequency_penalty": "frequency_penalty", "seed": "seed", "stop": "stop"}
 # OpenAI's Responses API (/v1/responses): the fields it has (logprobs come from its top_logprobs and include).
 RESPONSES_NAMES = {"temperature": "temperature", "top_p": "top_p", "max_new_tokens": "max_output_tokens"}
+# Anthropic's Messages API (Serge's /v1/messages):
+ANTHROPIC_NAMES = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "max_new_tokens": "max_tokens",
+                   "stop": "stop_sequences"}
 # A model's generation_config.json, when it asks for sampling (do_sample):
 GENERATION_CONFIG_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 # A GGUF's `general.sampling.*` metadata:

@@ -168,4 +168,5 @@ class Sequence:
             duration_s=now - started,
             error=error,
             tool_calls=reader.calls if reader is not None else (),
+            stop_sequence=self.assembler.matched,
         )

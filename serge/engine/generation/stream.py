@@ -92,6 +92,7 @@ class GenerationRecord:
     error: str | None = None
     tool_calls: tuple[ToolCall, ...] = ()
     remote_error: bool = False  # the error was a remote model's server's (silent, hung up, refused), not Serge's
+    stop_sequence: str | None = None  # the stop string that ended the reply, where the engine knows it
 
     @property
     def tokens_per_s(self) -> float:
@@ -277,6 +278,7 @@ class TextAssembler:
         self._text = ""
         self._emitted = 0
         self.stopped = False
+        self.matched: str | None = None  # the stop string that ended the reply
 
     def _decode(self, ids: list[int]) -> str:
         return self._tokenizer.decode(ids, skip_special_tokens=True)
@@ -298,10 +300,11 @@ class TextAssembler:
         if self._stop:
             longest = max(map(len, self._stop))
             start = max(0, self._emitted - longest + 1)
-            hits = [i for s in self._stop if (i := text.find(s, start)) != -1]
+            hits = [(i, s) for s in self._stop if (i := text.find(s, start)) != -1]
             if hits:
                 self.stopped = True
-                self._text = text = text[: min(hits)]
+                at, self.matched = min(hits)
+                self._text = text = text[:at]
                 safe = len(text)
             else:
                 safe -= self._held_back(text)

@@ -50,10 +50,64 @@ class Tool:
         return {"type": "function", "function": {"name": self.name, "description": self.description,
                                                  "parameters": json.loads(self.parameters)}}
 
-    def call_schema(self, arguments_key: str) -> dict:
-        return {"type": "object", "properties": {"name": {"const": self.name},
-                                                 arguments_key: json.loads(self.parameters)},
+    def call_schema(self, arguments_key: str, defs: dict[str, dict]) -> dict:
+        """One call of this tool as a JSON schema; the arguments' `$defs` / `definitions` go into `defs`
+        (the combined schema's root, where their refs, rewritten, can find them)."""
+        arguments = _hoisted(json.loads(self.parameters), self.name, defs)
+        return {"type": "object", "properties": {"name": {"const": self.name}, arguments_key: arguments},
                 "required": ["name", arguments_key], "additionalProperties": False}
+
+
+_DEF_FOLDERS = ("$defs", "definitions")
+
+
+def _hoisted(schema, tool: str, defs: dict[str, dict]):
+    """`schema` (a tool's parameters) ready to sit anywhere inside a larger schema.
+
+    A local `$ref` points from the root of the document it is in; once the schema is nested
+    (under `arguments`, inside `tool_call`), `#/$defs/Address` would point at nothing. So the
+    root's `$defs` and `definitions` move to `defs` under names prefixed by the tool's (two tools'
+    `Address` never collide, nor a `$defs` and a `definitions` entry of one), and every local ref
+    is rewritten to match: into a hoisted definition, or, for `#` (recursion to the root) and any
+    other pointer, into the schema itself, which is then hoisted too and referred to. A schema
+    without refs stays where it is.
+    """
+    if not isinstance(schema, dict) or not _has_refs(schema):
+        return schema
+    prefix = f"serge_tool.{tool}"  # a tool's name has no dots: no two tools' names can meet
+    root = {k: v for k, v in schema.items() if k not in _DEF_FOLDERS}
+
+    def target(ref: str) -> str:
+        pointer = ref[1:]
+        for folder in _DEF_FOLDERS:
+            head = f"/{folder}/"
+            if pointer.startswith(head) and isinstance(schema.get(folder), dict):
+                name, _, rest = pointer[len(head):].partition("/")
+                return f"#/$defs/{prefix}.{folder}.{name}" + (f"/{rest}" if rest else "")
+        return f"#/$defs/{prefix}{pointer}"
+
+    for folder in _DEF_FOLDERS:
+        found = schema.get(folder)
+        for name, sub in found.items() if isinstance(found, dict) else ():
+            defs[f"{prefix}.{folder}.{name}"] = _rewritten(sub, target)  # "/" in a name: "~1" in refs, both
+    defs[prefix] = _rewritten(root, target)
+    return {"$ref": f"#/$defs/{prefix}"}
+
+
+def _has_refs(node) -> bool:
+    if isinstance(node, dict):
+        return any(k in _DEF_FOLDERS or (k == "$ref" and isinstance(v, str)) or _has_refs(v) for k, v in node.items())
+    return isinstance(node, list) and any(_has_refs(v) for v in node)
+
+
+def _rewritten(node, target):
+    """A copy of `node` with every local `$ref` ("#...") passed through `target`."""
+    if isinstance(node, dict):
+        return {k: target(v) if k == "$ref" and isinstance(v, str) and v.startswith("#") else _rewritten(v, target)
+                for k, v in node.items()}
+    if isinstance(node, list):
+        return [_rewritten(v, target) for v in node]
+    return node
 
 
 @dataclass(frozen=True)
@@ -135,10 +189,12 @@ def plan_reply(fmt: ToolFormat, messages: Sequence[Message], tools: Tools | None
     forced = tools.mode == "required"
     key = "arguments" if fmt.kind == "generic" else fmt.arguments_key
     strict = all(t.strict for t in chosen)
-    calls = {"anyOf": [t.call_schema(key) for t in chosen]} if len(chosen) > 1 else chosen[0].call_schema(key)
+    defs: dict[str, dict] = {}  # every tool's definitions, at the root of the schema of a call
+    schemas = [t.call_schema(key, defs) for t in chosen]
+    calls = {"anyOf": schemas} if len(schemas) > 1 else schemas[0]
     if fmt.kind == "generic":
-        call = json_rule({"type": "object", "properties": {"tool_call": calls}, "required": ["tool_call"],
-                          "additionalProperties": False}, strict=strict, param="tools")
+        call = json_rule(_with_defs({"type": "object", "properties": {"tool_call": calls}, "required": ["tool_call"],
+                                     "additionalProperties": False}, defs), strict=strict, param="tools")
         described = json.dumps([{"name": t.name, "description": t.description,
                                  "parameters": json.loads(t.parameters)} for t in chosen])
         messages = _with_system(messages, GENERIC_INTRO.format(tools=described)
@@ -147,6 +203,7 @@ def plan_reply(fmt: ToolFormat, messages: Sequence[Message], tools: Tools | None
         grammar = f"start: call\ncall: {call}\n" if forced else f"start: call | reply\ncall: {call}\nreply: {reply}\n"
         template_tools = None
     else:
+        calls = _with_defs(calls, defs)
         call = json_rule(calls, strict=strict, param="tools")
         if fmt.kind == "hermes":
             call = f'{fmt.opener} "\\n" {call} "\\n</tool_call>"'
@@ -158,6 +215,10 @@ def plan_reply(fmt: ToolFormat, messages: Sequence[Message], tools: Tools | None
             grammar = None  # the model's own format, read back by CallReader
         template_tools = [t.as_openai() for t in tools.functions]
     return ToolPlan(messages, template_tools, grammar, "tools", CallReader(fmt, tools.parallel))
+
+
+def _with_defs(schema: dict, defs: dict[str, dict]) -> dict:
+    return {**schema, "$defs": defs} if defs else schema
 
 
 def _named_results(messages: Sequence[Message]) -> list[Message]:
