@@ -99,3 +99,18 @@ def test_ollama_chat_gives_the_thoughts_in_thinking_and_think_false_turns_them_o
     thought, answered = chat(), chat(think=False)
     assert thought.get("thinking") and not thought["content"], thought
     assert answered["content"] and "thinking" not in answered, answered
+
+
+def test_anthropic_messages_give_the_thoughts_as_a_thinking_block(thinking_server):
+    from anthropic import Anthropic
+
+    client = Anthropic(base_url=thinking_server, api_key="unused")
+    ask_it = {"model": "thinker", "max_tokens": 12, "messages": [{"role": "user", "content": "Capital of France?"}],
+              "extra_body": {"temperature": 0}}
+    thought = client.messages.create(**ask_it)
+    assert [b.type for b in thought.content][0] == "thinking" and thought.content[0].thinking
+    answered = client.messages.create(**ask_it, thinking={"type": "disabled"})
+    assert [b.type for b in answered.content] == ["text"] and answered.content[0].text
+    with client.messages.stream(**ask_it) as stream:
+        kinds = [e.delta.type for e in stream if e.type == "content_block_delta"]
+    assert kinds and set(kinds) == {"thinking_delta"}

@@ -12,7 +12,6 @@ the largest hosted models. A client that goes away cancels its generation.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import uuid
 
@@ -24,6 +23,7 @@ from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 
 from serge.engine import ContextTooLong, Engine, FinishReason, GenerationRecord, Message, Stream, Tools
+from serge.web.openai_api import cancel_on_disconnect
 from serge.web.anthropic_models import NO_EFFECT_FIELDS, CountTokensRequest, MessagesRequest
 from serge.web.errors import ApiError, error_body
 from serge.web.request_log import note_generation
@@ -35,6 +35,12 @@ StopReason = Literal["end_turn", "max_tokens", "stop_sequence", "tool_use"]
 class TextOut(BaseModel):
     type: Literal["text"] = "text"
     text: str
+
+
+class ThinkingOut(BaseModel):
+    type: Literal["thinking"] = "thinking"
+    thinking: str = Field(description="A thinking model's thoughts before its answer.")
+    signature: str = Field("", description="Empty: Serge's thoughts need no signature to be sent back.")
 
 
 class ToolUseOut(BaseModel):
@@ -58,7 +64,7 @@ class MessageOut(BaseModel):
     type: Literal["message"] = "message"
     role: Literal["assistant"] = "assistant"
     model: str = Field(description="The model that answered, as the library names it.")
-    content: list[Annotated[TextOut | ToolUseOut, Field(discriminator="type")]]
+    content: list[Annotated[ThinkingOut | TextOut | ToolUseOut, Field(discriminator="type")]]
     stop_reason: StopReason | None
     stop_sequence: str | None = Field(description="With stop_reason stop_sequence: the one that ended the reply.")
     usage: UsageOut
@@ -161,12 +167,6 @@ def _capped(engine: Engine, model: str, messages: list[Message], tools: Tools | 
     return min(max_tokens, window - prompt), prompt
 
 
-async def _cancel_on_disconnect(request: Request, stream: Stream) -> None:
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
-    stream.cancel()
-
-
 @router.post("/messages", summary="Create a message (Anthropic's Messages API; streamed or not)",
              description=MESSAGES_DOC, response_model=MessageOut, responses=RESPONSES)
 async def create_message(
@@ -180,14 +180,15 @@ async def create_message(
     messages, tools, response_format = body.conversation(), body.tool_offer(), body.response_format()
     body.sampling()  # a bad setting is refused before the model is asked anything
     max_tokens, prompt = await run_in_threadpool(_capped, engine, body.model, messages, tools, body.max_tokens)
+    think = None if body.thinking is None else body.thinking.get("type") != "disabled"
     stream = await run_in_threadpool(engine.chat, body.model, messages, body.sampling(max_tokens), tools,
-                                     response_format, False)
+                                     response_format, False, think)
     note_generation(request, stream.model, stream)
     message_id = f"msg_{uuid.uuid4().hex[:24]}"
     if body.stream:
         return StreamingResponse(_events(stream, message_id, prompt or 0), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-    watcher = asyncio.create_task(_cancel_on_disconnect(request, stream))
+    watcher = cancel_on_disconnect(request, stream)
     try:
         async for _ in stream.adeltas():
             pass
@@ -197,7 +198,8 @@ async def create_message(
     if record.finish_reason is FinishReason.ERROR:  # 502: the remote model's server failed, not Serge
         raise ApiError(502 if record.remote_error else 500, f"generation failed: {record.error}",
                        code="remote_model_failed" if record.remote_error else "generation_failed")
-    content: list = [TextOut(text=record.text)] if record.text or not record.tool_calls else []
+    content: list = [ThinkingOut(thinking=record.reasoning)] if record.reasoning else []
+    content += [TextOut(text=record.text)] if record.text or not record.tool_calls else []
     content += [ToolUseOut(id=_tool_use_id(c.id), name=c.name, input=_input(c.arguments)) for c in record.tool_calls]
     return MessageOut(id=message_id, model=stream.model, content=content, stop_reason=_stop_reason(record),
                       stop_sequence=record.stop_sequence, usage=_usage(record))
@@ -222,6 +224,13 @@ async def _events(stream: Stream, message_id: str, prompt_tokens: int):
             "stop_reason": None, "stop_sequence": None, "usage": {"input_tokens": prompt_tokens, "output_tokens": 0}})
         yield _sse("ping")
         async for delta in stream.adeltas():
+            if delta.reasoning:
+                if open_kind != "thinking":
+                    if open_kind is not None:
+                        yield _sse("content_block_stop", index=index)
+                    yield start("thinking", {"type": "thinking", "thinking": "", "signature": ""})
+                yield _sse("content_block_delta", index=index,
+                           delta={"type": "thinking_delta", "thinking": delta.reasoning})
             if delta.text:
                 if open_kind != "text":
                     if open_kind is not None:

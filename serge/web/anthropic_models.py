@@ -29,7 +29,7 @@ MAX_BLOCKS = 500  # content blocks in one message, or in the system prompt
 MAX_TOOLS = 128
 NO_EFFECT = "Accepted for compatibility with Anthropic's API; it has no effect in Serge."
 # Fields clients send that change nothing a local model does: accepted, without effect (declared below).
-NO_EFFECT_FIELDS = ("cache_control (on the request, blocks and tools)", "thinking (the model does not think)",
+NO_EFFECT_FIELDS = ("cache_control (on the request, blocks and tools)", "thinking (budget_tokens: a model that thinks thinks as its template says; type disabled asks it not to)",
                     "context_management", "output_config.effort", "service_tier", "inference_geo", "speed",
                     "metadata", "citations on text blocks", "eager_input_streaming", "thinking and "
                     "redacted_thinking blocks in earlier turns (left out of the prompt)",
@@ -164,7 +164,9 @@ class _Conversation(_Strict):
     tools: list[ToolIn] | None = Field(None, max_length=MAX_TOOLS)
     tool_choice: ToolChoice | None = None
     output_config: OutputConfig | None = None
-    thinking: dict[str, Any] | None = Field(None, description=NO_EFFECT + " (the model does not think.)")
+    thinking: dict[str, Any] | None = Field(None, description=(
+        "A model that thinks gives its thoughts as thinking blocks; {\"type\": \"disabled\"} asks its template not "
+        "to think, where it can. budget_tokens has no effect."))
     context_management: dict[str, Any] | None = Field(None, description=NO_EFFECT)
     cache_control: CacheControl | None = Field(None, description=NO_EFFECT)
 
