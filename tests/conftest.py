@@ -37,12 +37,19 @@ REAL_FIXTURES = {"engines", "small_engine", "fake_hub"}  # the fixtures that loa
 
 
 def pytest_collection_modifyitems(config, items):
-    """A test that reaches the real model through a fixture must say so (`real_model`), so that
-    `-m "not real_model"` never loads it."""
-    unmarked = [item.nodeid for item in items if REAL_FIXTURES & set(getattr(item, "fixturenames", ()))
-                and item.get_closest_marker("real_model") is None]
+    """A test that reaches the real model through one of these fixtures must say so (`real_model`), so that
+    `-m "not real_model"` never loads it. A module's own fixture of the same name (a stand-in) is not one."""
+    unmarked = [item.nodeid for item in items if item.get_closest_marker("real_model") is None
+                and any(_from_here(item, name) for name in REAL_FIXTURES)]
     if unmarked:
         raise pytest.UsageError("these tests use the real model without the real_model mark: " + ", ".join(unmarked))
+
+
+def _from_here(item, name: str) -> bool:
+    """Does `item` use this conftest's fixture `name`?"""
+    info = getattr(item, "_fixtureinfo", None)
+    defs = info.name2fixturedefs.get(name) if info is not None else None
+    return bool(defs) and defs[-1].func.__module__ == __name__ and name in item.fixturenames  # the last one wins
 
 
 def models_dir() -> Path:

@@ -19,11 +19,12 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import MODEL, ServerThread, free_port, models_dir
+from conftest import MODEL as REAL_MODEL, ServerThread, free_port, models_dir
+from standin import NAME as MODEL, standin_engine
 from sqlalchemy import event
 from test_chats_api import read_events, wait_for
 
-from serge.engine import Engine, ModelLibrary
+from serge.engine import ModelLibrary
 from serge.settings import RemoteModel, Settings
 from serge.web.app import build_app
 
@@ -76,9 +77,9 @@ def answers_then_hangs_up(conn: socket.socket) -> None:
 
 
 def install_broken_model(models: Path) -> None:
-    """The bundled GGUF installed by the library under another name, then its weights cut in half."""
-    good = ModelLibrary(models_dir()).find(MODEL)
-    (models / good.folder.name).symlink_to(good.folder)  # the good model, as it is
+    """The bundled GGUF installed by the library under another name, then its weights cut in half
+    (the real model's file is read, never loaded)."""
+    good = ModelLibrary(models_dir()).find(REAL_MODEL)
     installed = ModelLibrary(models).import_path(good.gguf_path, BROKEN, log=lambda _: None)
     half = installed.gguf_path.with_suffix(".half")
     with open(good.gguf_path, "rb") as whole:
@@ -88,15 +89,16 @@ def install_broken_model(models: Path) -> None:
 
 @pytest.fixture(scope="module")
 def faulty(tmp_path_factory, settings):
-    """A server with the good model, a broken one, two bad far servers and a short database busy timeout."""
+    """A server with the good model (the stand-in, the default), a broken one in its library, two bad far
+    servers and a short database busy timeout."""
     root = tmp_path_factory.mktemp("faults")
     (root / "models").mkdir()
     install_broken_model(root / "models")
     hang, drop = FarServer(never_answers), FarServer(answers_then_hangs_up)
     own = Settings(data_dir=root / "data", models_dir=root / "models", torch_threads=settings.torch_threads,
                    remote_models={"far-hang": RemoteModel(url=hang.url), "far-drop": RemoteModel(url=drop.url)},
-                   remote_timeout_s=REMOTE_TIMEOUT_S, database_busy_timeout_s=0.5)
-    with Engine(own) as engine:
+                   remote_timeout_s=REMOTE_TIMEOUT_S, database_busy_timeout_s=0.5, default_model=MODEL)
+    with standin_engine(own) as engine:
         app = build_app(own, engine)
         with ServerThread(app, free_port()) as server, httpx.Client(base_url=server.url, timeout=120) as http:
             http.app, http.db_path = app, own.data_dir / "serge.db"
