@@ -2,15 +2,16 @@
 a remote server that hangs or drops. Each time the user is told, nothing is lost silently, and the server
 goes on serving. (A kill mid-reply is tests/test_restart.py's.)
 
-Everything is real: the library installs a model whose weights file is then cut in half (as an interrupted
-copy or a failing disk leaves it); another connection holds the SQLite file locked past the busy timeout;
+Everything but the good model is real (that one is the stand-in, standin.py): an installed model has its
+weights file cut in half (as an interrupted copy or a failing disk leaves it); another connection holds the SQLite file locked past the busy timeout;
 SQLite's own page limit stands in for a full disk (no small file system can be mounted here), so the error
 is SQLite's real SQLITE_FULL; the far servers are sockets on 127.0.0.1 that never answer, or hang up.
 """
 
 from __future__ import annotations
 
-import os
+import json
+import shutil
 import socket
 import sqlite3
 import threading
@@ -25,6 +26,7 @@ from sqlalchemy import event
 from test_chats_api import read_events, wait_for
 
 from serge.engine import ModelLibrary
+from serge.engine.models.library import MANIFEST, folder_name
 from serge.settings import RemoteModel, Settings
 from serge.web.app import build_app
 
@@ -77,14 +79,20 @@ def answers_then_hangs_up(conn: socket.socket) -> None:
 
 
 def install_broken_model(models: Path) -> None:
-    """The bundled GGUF installed by the library under another name, then its weights cut in half
-    (the real model's file is read, never loaded)."""
+    """The bundled model as the library installed it, under another name, then its weights cut in half.
+    (Its installed folder is copied rather than imported again: reading the tokenizer out of the GGUF takes
+    the library 15 s here. The real model's file is read, never loaded.)"""
     good = ModelLibrary(models_dir()).find(REAL_MODEL)
-    installed = ModelLibrary(models).import_path(good.gguf_path, BROKEN, log=lambda _: None)
-    half = installed.gguf_path.with_suffix(".half")
+    folder = models / folder_name(BROKEN)
+    folder.mkdir()
+    for file in good.folder.iterdir():
+        if file.is_file() and file != good.gguf_path:
+            shutil.copyfile(file, folder / file.name)
+    manifest = json.loads((folder / MANIFEST).read_text())
+    (folder / MANIFEST).write_text(json.dumps({**manifest, "name": BROKEN}))
     with open(good.gguf_path, "rb") as whole:
-        half.write_bytes(whole.read(good.gguf_path.stat().st_size // 2))
-    os.replace(half, installed.gguf_path)  # a new file: the hard-linked original is untouched
+        (folder / good.gguf_path.name).write_bytes(whole.read(good.gguf_path.stat().st_size // 2))
+    assert ModelLibrary(models).find(BROKEN).gguf_path is not None
 
 
 @pytest.fixture(scope="module")
