@@ -3,8 +3,8 @@ a remote server that hangs or drops. Each time the user is told, nothing is lost
 goes on serving. (A kill mid-reply is tests/test_restart.py's.)
 
 Everything but the good model is real (that one is the stand-in, standin.py): an installed model has its
-weights file cut in half (as an interrupted copy or a failing disk leaves it); another connection holds the SQLite file locked past the busy timeout;
-SQLite's own page limit stands in for a full disk (no small file system can be mounted here), so the error
+weights file cut in half (as an interrupted copy or a failing disk leaves it); another connection holds the
+SQLite file locked past the busy timeout; SQLite's own page limit stands in for a full disk (no small file system can be mounted here), so the error
 is SQLite's real SQLITE_FULL; the far servers are sockets on 127.0.0.1 that never answer, or hang up.
 """
 
@@ -86,13 +86,12 @@ def install_broken_model(models: Path) -> None:
     folder = models / folder_name(BROKEN)
     folder.mkdir()
     for file in good.folder.iterdir():
-        if file.is_file() and file != good.gguf_path:
+        if file.is_file() and file not in (good.gguf_path, good.folder / MANIFEST):
             shutil.copyfile(file, folder / file.name)
-    manifest = json.loads((folder / MANIFEST).read_text())
-    (folder / MANIFEST).write_text(json.dumps({**manifest, "name": BROKEN}))
+    manifest = {**json.loads((good.folder / MANIFEST).read_text()), "name": BROKEN, "facts": good.facts.to_json()}
+    (folder / MANIFEST).write_text(json.dumps(manifest))  # the facts as this library reads them, from the whole file
     with open(good.gguf_path, "rb") as whole:
         (folder / good.gguf_path.name).write_bytes(whole.read(good.gguf_path.stat().st_size // 2))
-    assert ModelLibrary(models).find(BROKEN).gguf_path is not None
 
 
 @pytest.fixture(scope="module")
