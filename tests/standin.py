@@ -104,7 +104,7 @@ def _scores(order: bytes | list[int], step: float, rest: float) -> torch.Tensor:
     """Logits falling by `step` along `order`, then every other token below `rest`, by id."""
     row = torch.empty(VOCAB)
     ranked = list(dict.fromkeys(order))
-    others = [t for t in range(VOCAB) if t not in set(ranked)]
+    others = sorted(set(range(VOCAB)) - set(ranked))
     for rank, token in enumerate(ranked):
         row[token] = -step * rank
     for rank, token in enumerate(others):
@@ -134,6 +134,8 @@ class StandInKV:
         return len(self.tokens)
 
     def feed(self, tokens: list[int]) -> None:
+        if self.released:
+            raise RuntimeError("a released KV was fed: the protocol says it is never used again")
         for token in tokens:
             if token == IM_START:
                 self._starts.append(len(self.tokens))
