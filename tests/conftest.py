@@ -1,9 +1,17 @@
-"""Shared fixtures: real engines (one per local engine kind), and a real HTTP server on 127.0.0.1.
+"""Shared fixtures: the stand-in engine and server, real engines (one per local engine kind), and a real
+HTTP server on 127.0.0.1 over each.
 
-The model comes from the models dir that `make test` fills (`serge models pull`);
-SERGE_TEST_MODELS_DIR points elsewhere. `engine` is what `make run` serves on this
-machine (llama.cpp for the bundled GGUF without CUDA); a module that tests an engine
-promise overrides it with `both_engines`, so the promise is checked on each.
+Most tests run on the stand-in model (`standin.py`: canned logits under the real
+scheduler), served through the real engine door: a module says so by taking
+`standin_engine`, `standin_settings` and `standin_server` as its `engine`, `settings`
+and `server`. The tests that prove a promise of the real model are marked
+`real_model` (pyproject's markers; `pytest -m "not real_model"` runs the rest), and
+a test that reaches a real engine through these fixtures without the mark is a
+collection error. The model comes from the models dir that `make test` fills
+(`serge models pull`); SERGE_TEST_MODELS_DIR points elsewhere. `engine` is what
+`make run` serves on this machine (llama.cpp for the bundled GGUF without CUDA); a
+module that tests an engine promise overrides it with `both_engines`, so the promise
+is checked on each.
 """
 
 from __future__ import annotations
@@ -25,6 +33,23 @@ from serge.settings import Settings
 from serge.web.app import build_app
 
 MODEL = "smollm2-135m-instruct"
+REAL_FIXTURES = {"engines", "small_engine", "fake_hub"}  # the fixtures that load or read the real model
+
+
+def pytest_collection_modifyitems(config, items):
+    """A test that reaches the real model through one of these fixtures must say so (`real_model`), so that
+    `-m "not real_model"` never loads it. A module's own fixture of the same name (a stand-in) is not one."""
+    unmarked = [item.nodeid for item in items if item.get_closest_marker("real_model") is None
+                and any(_from_here(item, name) for name in REAL_FIXTURES)]
+    if unmarked:
+        raise pytest.UsageError("these tests use the real model without the real_model mark: " + ", ".join(unmarked))
+
+
+def _from_here(item, name: str) -> bool:
+    """Does `item` use this conftest's fixture `name`?"""
+    info = getattr(item, "_fixtureinfo", None)
+    defs = info.name2fixturedefs.get(name) if info is not None else None
+    return bool(defs) and defs[-1].func.__module__ == __name__ and name in item.fixturenames  # the last one wins
 
 
 def models_dir() -> Path:
@@ -103,6 +128,24 @@ def small_engine(settings):
         yield engine
 
 
+@pytest.fixture(scope="session")
+def standin_settings(tmp_path_factory) -> Settings:
+    """Settings whose default model is the stand-in, over an empty models dir: no real model can load."""
+    from standin import NAME
+
+    return Settings(data_dir=tmp_path_factory.mktemp("standin-data"), models_dir=tmp_path_factory.mktemp("no-models"),
+                    port=free_port(), default_model=NAME)
+
+
+@pytest.fixture(scope="session")
+def standin_engine(standin_settings):
+    """The real `Engine` serving the stand-in model (`standin.NAME`) as a backend made in code."""
+    from standin import standin_engine
+
+    with standin_engine(standin_settings, limits=SchedulerLimits(max_running=16)) as engine:
+        yield engine
+
+
 class ServerThread:
     """uvicorn serving an app on 127.0.0.1 from a thread of the test process."""
 
@@ -133,6 +176,13 @@ class ServerThread:
 def server(settings, engine):
     """Base URL of a real Serge server sharing the session's engine."""
     with ServerThread(build_app(settings, engine), settings.port) as running:
+        yield running.url
+
+
+@pytest.fixture(scope="session")
+def standin_server(standin_settings, standin_engine):
+    """Base URL of a real Serge server over the stand-in engine."""
+    with ServerThread(build_app(standin_settings, standin_engine), standin_settings.port) as running:
         yield running.url
 
 

@@ -1,4 +1,4 @@
-"""Accounts on a real server with the real model: logins, keys, whose chats are whose, and the limits.
+"""Accounts on a real server over the stand-in model: logins, keys, whose chats are whose, and the limits.
 
 Accounts are made the way an administrator makes them, with `serge users add`
 and `serge keys create` on the server's data dir while it runs.
@@ -21,6 +21,18 @@ from test_chats_api import LONG, SHORT, STORY, read_events, send, wait_for
 from serge.cli import main as serge_main
 from serge.settings import Settings
 from serge.web.app import build_app
+
+
+# On the stand-in model (standin.py): nothing here needs the real one.
+@pytest.fixture(scope="module")
+def settings(standin_settings):
+    return standin_settings
+
+
+@pytest.fixture(scope="module")
+def engine(standin_engine):
+    return standin_engine
+
 
 PASSWORDS = {"alice": "alice-password", "bob": "bob-password", "carol": "carol-password", "dave": "dave-password"}
 REMOTE = {"X-Forwarded-For": "203.0.113.9"}  # relayed by the (trusted, loopback) proxy: not this machine

@@ -10,6 +10,8 @@ from conftest import free_port, models_dir
 
 from serge.cli import main
 
+pytestmark = pytest.mark.real_model
+
 
 def serge(*args: str, stdin: str = "", timeout: float = 120) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "serge", *args], input=stdin, capture_output=True, text=True,

@@ -7,28 +7,29 @@ import json
 import httpx
 import pytest
 
-from serge.engine import Engine
 from serge.settings import Settings
 from serge.web.app import build_app
 
 from conftest import ServerThread, free_port
+from standin import NAME, standin_engine
 
 LONG = {"messages": [{"role": "user", "content": "Write a long story."}], "max_tokens": 200, "ignore_eos": True,
         "temperature": 0, "stream": True}
 
 
 def _one_slot(settings, data_dir, max_queue: int):
-    """A server of its own that decodes one generation at a time."""
-    own = Settings(data_dir=data_dir, models_dir=settings.models_path, port=free_port(),
+    """A server of its own over a stand-in model that decodes one generation at a time, at 10 ms a token
+    (a 200-token reply holds the slot for 2 s)."""
+    own = Settings(data_dir=data_dir, models_dir=settings.models_path, port=free_port(), default_model=NAME,
                    max_running=1, max_queue=max_queue)
-    with Engine(own) as engine, ServerThread(build_app(own, engine), own.port) as running:
+    with standin_engine(own, step_s=0.01) as engine, ServerThread(build_app(own, engine), own.port) as running:
         yield running.url
 
 
 @pytest.fixture(scope="module")
-def tiny_server(settings, tmp_path_factory):
+def tiny_server(standin_settings, tmp_path_factory):
     """One slot and no queue."""
-    yield from _one_slot(settings, tmp_path_factory.mktemp("tiny"), max_queue=0)
+    yield from _one_slot(standin_settings, tmp_path_factory.mktemp("tiny"), max_queue=0)
 
 
 def test_a_full_server_answers_503_with_retry_after(tiny_server):
@@ -49,9 +50,9 @@ def test_a_full_server_answers_503_with_retry_after(tiny_server):
 
 
 @pytest.fixture(scope="module")
-def one_slot_server(settings, tmp_path_factory):
+def one_slot_server(standin_settings, tmp_path_factory):
     """One slot, and room for others to wait."""
-    yield from _one_slot(settings, tmp_path_factory.mktemp("one-slot"), max_queue=4)
+    yield from _one_slot(standin_settings, tmp_path_factory.mktemp("one-slot"), max_queue=4)
 
 
 def _events(response):

@@ -1,4 +1,6 @@
-"""Continuous batching, admission control and prefix reuse, on the real bundled model.
+"""Continuous batching and prefix reuse on the real bundled model: greedy replies are the same alone and
+batched, a cancelled one leaves the others unchanged, a reused prefix gives the cold text. (Admission,
+the queue and prefill counts are tests/test_scheduler.py's, on the stand-in.)
 
 Replies are kept short (16 to 32 tokens): the promises hold at any length, and
 this machine is slow.
@@ -6,15 +8,14 @@ this machine is slow.
 
 from __future__ import annotations
 
-import time
-
 import pytest
 import torch
 
-from serge.engine import EngineBusy, FinishReason, Message, SamplingParams
+from serge.engine import FinishReason, Message, SamplingParams
 from serge.engine.generation.prompts import build_prompt
 
-from conftest import MODEL, registry_for
+
+pytestmark = pytest.mark.real_model
 
 GREEDY = SamplingParams(temperature=0, max_new_tokens=16)
 QUESTIONS = [
@@ -43,24 +44,6 @@ def single_stream(engine) -> dict[str, str]:
         scheduler.forget_prefixes()
         texts[question] = engine.chat(None, [Message("user", question)], GREEDY).text()
     return texts
-
-
-class _Small:
-    """A second copy of the model with tight limits, its own scheduler, closed after use."""
-
-    def __init__(self, engine, **limits) -> None:
-        self._registry = registry_for(engine, **limits)
-        self._model = self._registry.get(MODEL)
-
-    def submit(self, prompt, params):
-        return self._model.scheduler.submit(prompt, params)
-
-    def close(self) -> None:
-        self._registry.close()
-
-
-def _small_scheduler(engine, **limits) -> _Small:
-    return _Small(engine, **limits)
 
 
 def _prompt(engine, messages: list[Message]) -> list[int]:
@@ -98,46 +81,6 @@ def test_a_cancelled_reply_leaves_at_once_while_the_others_continue_unchanged(en
     assert [s.text() for s in others] == [single_stream[q] for q in QUESTIONS[:3]]
 
 
-def test_a_full_queue_answers_engine_busy_and_tells_queued_requests_their_place(engine):
-    scheduler = _small_scheduler(engine, max_running=1, max_queue=1, prefix_cache_mb=0)
-    try:
-        params = SamplingParams(temperature=0, max_new_tokens=64, ignore_eos=True).resolved(1000)
-        prompt = _prompt(engine, [Message("user", "Tell me a story.")])
-        running = scheduler.submit(prompt, params)
-        queued = scheduler.submit(prompt, params)
-        with pytest.raises(EngineBusy) as busy:
-            scheduler.submit(prompt, params)
-        assert busy.value.retry_after_s > 0
-        deadline = time.monotonic() + 30
-        while running.queue_position is not None and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert running.queue_position is None
-        assert queued.queue_position == 0
-    finally:
-        scheduler.close()
-    assert running.record.finish_reason is FinishReason.CANCELLED
-    assert queued.record.finish_reason is FinishReason.CANCELLED
-
-
-def test_a_request_waiting_past_its_timeout_ends_with_a_clear_error(engine):
-    scheduler = _small_scheduler(engine, max_running=1, max_queue=4, queue_timeout_s=0.5, prefix_cache_mb=0)
-    try:
-        params = SamplingParams(temperature=0, max_new_tokens=256, ignore_eos=True).resolved(1000)
-        prompt = _prompt(engine, [Message("user", "Tell me a story.")])
-        running = scheduler.submit(prompt, params)
-        deltas = iter(running)  # kept: a dropped iterator closes its stream
-        next(deltas)  # it holds the only slot
-        waiting = scheduler.submit(prompt, params)
-        assert waiting.text() == ""
-        record = waiting.record
-        assert record.finish_reason is FinishReason.ERROR
-        assert "waiting for a free slot; the server is busy" in record.error
-        assert record.error.startswith("timed out after ")
-        assert not running.done
-    finally:
-        scheduler.close()
-
-
 def test_prefix_reuse_gives_the_cold_text_and_prefills_only_what_is_new(engine):
     scheduler = engine.model().scheduler
     scheduler.forget_prefixes()
@@ -157,21 +100,6 @@ def test_prefix_reuse_gives_the_cold_text_and_prefills_only_what_is_new(engine):
     cold = engine.chat(None, second, GREEDY).text()
     assert _counts(engine)[0] - before[0] == whole
     assert warm == cold
-
-
-def test_the_tenth_turn_of_a_chat_prefills_about_as_much_as_the_first(engine):
-    engine.model().scheduler.forget_prefixes()
-    messages: list[Message] = []
-    prefilled = []
-    params = SamplingParams(temperature=0, max_new_tokens=6)
-    for turn in range(10):
-        messages.append(Message("user", f"Turn {turn}: say a word."))
-        before = _counts(engine)[0]
-        reply = "".join(engine.chat(None, messages, params))
-        prefilled.append(_counts(engine)[0] - before)
-        messages.append(Message("assistant", reply))
-    # The tenth turn runs only what is new, about as much as the first (time to first token follows).
-    assert prefilled[-1] <= 1.5 * prefilled[0], prefilled
 
 
 def test_a_rows_logits_have_the_same_bits_whatever_runs_beside_it(engine):

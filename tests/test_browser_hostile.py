@@ -22,6 +22,7 @@ from serge.web.app import build_app
 CHROMIUM = Path("/usr/bin/chromium")
 
 pytestmark = [
+    pytest.mark.real_model,
     pytest.mark.browser,
     pytest.mark.skipif(not CHROMIUM.exists(), reason="Debian's Chromium is not installed (apt-get install chromium)"),
 ]

@@ -14,6 +14,7 @@ from serge.settings import Settings
 from serge.web.app import build_app
 
 pytestmark = [
+    pytest.mark.real_model,
     pytest.mark.browser,
     pytest.mark.skipif(not CHROMIUM.exists(), reason="Debian's Chromium is not installed (apt-get install chromium)"),
 ]

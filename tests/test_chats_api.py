@@ -1,4 +1,4 @@
-"""The chat API on a real server with the real model: what a person's chats can rely on."""
+"""The chat API on a real server over the stand-in model: what a person's chats can rely on."""
 
 from __future__ import annotations
 
@@ -13,6 +13,18 @@ from conftest import ServerThread, free_port
 
 from serge.settings import Settings
 from serge.web.app import build_app
+
+
+# On the stand-in model (standin.py): nothing here needs the real one.
+@pytest.fixture(scope="module")
+def settings(standin_settings):
+    return standin_settings
+
+
+@pytest.fixture(scope="module")
+def engine(standin_engine):
+    return standin_engine
+
 
 SHORT = {"max_new_tokens": 6, "temperature": 0}
 LONG = {"max_new_tokens": 200, "temperature": 0}

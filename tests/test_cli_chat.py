@@ -11,6 +11,9 @@ import threading
 import time
 
 from conftest import models_dir
+import pytest
+
+pytestmark = pytest.mark.real_model
 
 
 def _reader(pipe, lines: queue.Queue) -> None:

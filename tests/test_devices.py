@@ -16,6 +16,8 @@ from serge.engine.models.library import ModelLibrary
 
 from conftest import MODEL, registry_for
 
+pytestmark = pytest.mark.real_model
+
 
 @pytest.fixture
 def no_gpu(monkeypatch):

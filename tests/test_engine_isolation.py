@@ -26,6 +26,7 @@ def engine(both_engines):
     return both_engines
 
 
+@pytest.mark.real_model
 def test_greedy_reply_is_the_same_before_during_and_after_other_settings(engine):
     model = engine.model(MODEL).model  # transformers only: llama.cpp's weights are not Python objects
     config_before = model.generation_config.to_dict() if model is not None else None
@@ -48,6 +49,7 @@ def test_greedy_reply_is_the_same_before_during_and_after_other_settings(engine)
         assert set(vars(model)) == attributes_before, "a request left state on the shared model"
 
 
+@pytest.mark.real_model
 def test_same_seed_same_sample_whatever_ran_in_between(engine):
     sampled = SamplingParams(temperature=1.0, seed=1234, max_new_tokens=12)
     first = engine.chat(MODEL, QUESTION, sampled).text()
@@ -55,6 +57,7 @@ def test_same_seed_same_sample_whatever_ran_in_between(engine):
     assert engine.chat(MODEL, QUESTION, sampled).text() == first
 
 
+@pytest.mark.real_model
 def test_eight_threads_asking_for_one_model_cause_exactly_one_load(engine):
     registry = registry_for(engine)
     got, barrier = [], threading.Barrier(8)

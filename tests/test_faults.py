@@ -2,15 +2,16 @@
 a remote server that hangs or drops. Each time the user is told, nothing is lost silently, and the server
 goes on serving. (A kill mid-reply is tests/test_restart.py's.)
 
-Everything is real: the library installs a model whose weights file is then cut in half (as an interrupted
-copy or a failing disk leaves it); another connection holds the SQLite file locked past the busy timeout;
-SQLite's own page limit stands in for a full disk (no small file system can be mounted here), so the error
+Everything but the good model is real (that one is the stand-in, standin.py): an installed model has its
+weights file cut in half (as an interrupted copy or a failing disk leaves it); another connection holds the
+SQLite file locked past the busy timeout; SQLite's own page limit stands in for a full disk (no small file system can be mounted here), so the error
 is SQLite's real SQLITE_FULL; the far servers are sockets on 127.0.0.1 that never answer, or hang up.
 """
 
 from __future__ import annotations
 
-import os
+import json
+import shutil
 import socket
 import sqlite3
 import threading
@@ -19,11 +20,13 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import MODEL, ServerThread, free_port, models_dir
+from conftest import MODEL as REAL_MODEL, ServerThread, free_port, models_dir
+from standin import NAME as MODEL, standin_engine
 from sqlalchemy import event
 from test_chats_api import read_events, wait_for
 
-from serge.engine import Engine, ModelLibrary
+from serge.engine import ModelLibrary
+from serge.engine.models.library import MANIFEST, folder_name
 from serge.settings import RemoteModel, Settings
 from serge.web.app import build_app
 
@@ -76,27 +79,33 @@ def answers_then_hangs_up(conn: socket.socket) -> None:
 
 
 def install_broken_model(models: Path) -> None:
-    """The bundled GGUF installed by the library under another name, then its weights cut in half."""
-    good = ModelLibrary(models_dir()).find(MODEL)
-    (models / good.folder.name).symlink_to(good.folder)  # the good model, as it is
-    installed = ModelLibrary(models).import_path(good.gguf_path, BROKEN, log=lambda _: None)
-    half = installed.gguf_path.with_suffix(".half")
+    """The bundled model as the library installed it, under another name, then its weights cut in half.
+    (Its installed folder is copied rather than imported again: reading the tokenizer out of the GGUF takes
+    the library 15 s here. The real model's file is read, never loaded.)"""
+    good = ModelLibrary(models_dir()).find(REAL_MODEL)
+    folder = models / folder_name(BROKEN)
+    folder.mkdir()
+    for file in good.folder.iterdir():
+        if file.is_file() and file not in (good.gguf_path, good.folder / MANIFEST):
+            shutil.copyfile(file, folder / file.name)
+    manifest = {**json.loads((good.folder / MANIFEST).read_text()), "name": BROKEN, "facts": good.facts.to_json()}
+    (folder / MANIFEST).write_text(json.dumps(manifest))  # the facts as this library reads them, from the whole file
     with open(good.gguf_path, "rb") as whole:
-        half.write_bytes(whole.read(good.gguf_path.stat().st_size // 2))
-    os.replace(half, installed.gguf_path)  # a new file: the hard-linked original is untouched
+        (folder / good.gguf_path.name).write_bytes(whole.read(good.gguf_path.stat().st_size // 2))
 
 
 @pytest.fixture(scope="module")
 def faulty(tmp_path_factory, settings):
-    """A server with the good model, a broken one, two bad far servers and a short database busy timeout."""
+    """A server with the good model (the stand-in, the default), a broken one in its library, two bad far
+    servers and a short database busy timeout."""
     root = tmp_path_factory.mktemp("faults")
     (root / "models").mkdir()
     install_broken_model(root / "models")
     hang, drop = FarServer(never_answers), FarServer(answers_then_hangs_up)
     own = Settings(data_dir=root / "data", models_dir=root / "models", torch_threads=settings.torch_threads,
                    remote_models={"far-hang": RemoteModel(url=hang.url), "far-drop": RemoteModel(url=drop.url)},
-                   remote_timeout_s=REMOTE_TIMEOUT_S, database_busy_timeout_s=0.5)
-    with Engine(own) as engine:
+                   remote_timeout_s=REMOTE_TIMEOUT_S, database_busy_timeout_s=0.5, default_model=MODEL)
+    with standin_engine(own) as engine:
         app = build_app(own, engine)
         with ServerThread(app, free_port()) as server, httpx.Client(base_url=server.url, timeout=120) as http:
             http.app, http.db_path = app, own.data_dir / "serge.db"

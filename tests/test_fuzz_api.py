@@ -30,6 +30,13 @@ from schemathesis.specs.openapi.checks import (content_type_conformance, respons
 from serge.settings import Settings
 from serge.web.app import build_app
 
+
+# On the stand-in model (standin.py): nothing here needs the real one.
+@pytest.fixture(scope="module")
+def engine(standin_engine):
+    return standin_engine
+
+
 EXAMPLES = 15  # per operation and per mode (valid, invalid)
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_headers_conformance,
           response_schema_conformance]
@@ -43,9 +50,9 @@ OPERATIONS = [result.ok() for result in SCHEMA.get_all_operations()]
 
 
 @pytest.fixture(scope="module")
-def fuzzed(settings, engine, tmp_path_factory):
-    own = Settings(data_dir=tmp_path_factory.mktemp("fuzz"), models_dir=settings.models_dir,
-                   torch_threads=settings.torch_threads, context_window=64)
+def fuzzed(standin_settings, engine, tmp_path_factory):
+    own = Settings(data_dir=tmp_path_factory.mktemp("fuzz"), models_dir=standin_settings.models_dir,
+                   torch_threads=standin_settings.torch_threads, context_window=64)
     with ServerThread(build_app(own, engine), free_port()) as running:
         yield running.url
 

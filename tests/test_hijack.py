@@ -13,7 +13,8 @@ import re
 
 import httpx
 import pytest
-from conftest import MODEL, ServerThread, free_port
+from standin import NAME as MODEL
+from conftest import ServerThread, free_port
 from starlette.datastructures import Headers
 
 from serge.settings import Settings
@@ -21,6 +22,18 @@ from serge.web.app import build_app
 from serge.web.guard import HostPolicy
 from serge.web.headers import SecurityHeaders
 from serge.web.markdown import MarkdownRenderer
+
+
+# On the stand-in model (standin.py): nothing here needs the real one.
+@pytest.fixture(scope="module")
+def settings(standin_settings):
+    return standin_settings
+
+
+@pytest.fixture(scope="module")
+def engine(standin_engine):
+    return standin_engine
+
 
 EVIL = "http://evil.example"
 HELLO = {"messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 2, "temperature": 0}

@@ -14,6 +14,8 @@ from serge.engine import InvalidSource, ModelLibrary, PullCancelled, PullFailed,
 
 from conftest import BASE_REPO, EMBEDDING_REPO, GGUF_REPO, SAFETENSORS_REPO
 
+pytestmark = pytest.mark.real_model
+
 Q4 = "SmolLM2-135M-Instruct-Q4_K_M.gguf"
 
 

@@ -10,6 +10,7 @@ from serge.engine.models.library import check_name, folder_name, name_for
 from conftest import MODEL
 
 
+@pytest.mark.real_model
 def test_the_bundled_default_is_installed_with_its_source_size_and_facts(settings):
     installed = {m.name: m for m in ModelLibrary(settings.models_path).installed()}
     model = installed[MODEL]
@@ -25,6 +26,7 @@ def test_the_bundled_default_is_installed_with_its_source_size_and_facts(setting
 
 @pytest.mark.parametrize("spelling", ["{path}", "{path}/", "{folder}/./{name}", "{folder}", "../{name}", "./{name}",
                                       "{name}/", "{name}/.", "{name}\x00", "~/{name}"])
+@pytest.mark.real_model
 def test_a_path_on_disk_is_never_a_model_name(settings, spelling):
     library = ModelLibrary(settings.models_path)
     installed = library.find(MODEL)
@@ -33,6 +35,7 @@ def test_a_path_on_disk_is_never_a_model_name(settings, spelling):
         library.find(name)
 
 
+@pytest.mark.real_model
 def test_a_name_is_found_however_it_is_capitalised(settings):
     assert ModelLibrary(settings.models_path).find(MODEL.upper()).name == MODEL
 

@@ -15,6 +15,8 @@ from serge.engine.generation.scheduler import SchedulerLimits
 
 from conftest import MODEL, registry_for
 
+pytestmark = pytest.mark.real_model
+
 QUESTION = [Message("user", "What is the capital of France?")]
 GREEDY = SamplingParams(temperature=0, max_new_tokens=12)
 

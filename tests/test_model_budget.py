@@ -13,6 +13,8 @@ from serge.engine.generation.scheduler import SchedulerLimits
 
 from conftest import MODEL, models_dir
 
+pytestmark = pytest.mark.real_model
+
 GiB = 2**30
 
 

@@ -18,6 +18,8 @@ from serge.web.models_api import require_admin
 
 from conftest import GGUF_REPO, MODEL, SAFETENSORS_REPO, ServerThread, free_port, models_dir
 
+pytestmark = pytest.mark.real_model
+
 REMOTE = "remote-default"
 
 

@@ -1,4 +1,4 @@
-"""The OpenAI-compatible API on a real server: replies, streams, and clear 4xx errors."""
+"""The OpenAI-compatible API on a real server over the stand-in model: replies, streams, and clear 4xx errors."""
 
 from __future__ import annotations
 
@@ -11,7 +11,24 @@ from openai import OpenAI
 
 from serge.engine import resolve_device
 
-from conftest import MODEL
+from standin import NAME as MODEL
+
+
+# On the stand-in model (standin.py): nothing here needs the real one.
+@pytest.fixture(scope="module")
+def settings(standin_settings):
+    return standin_settings
+
+
+@pytest.fixture(scope="module")
+def engine(standin_engine):
+    return standin_engine
+
+
+@pytest.fixture(scope="module")
+def server(standin_server):
+    return standin_server
+
 
 HELLO = [{"role": "user", "content": "What is the capital of France?"}]
 
@@ -25,7 +42,7 @@ def test_health_says_ready_with_device_and_model(server, settings):
     plan = resolve_device(settings.device, settings.dtype, settings.quantization)
     assert body["status"] == "ok"
     assert (body["device"], body["dtype"]) == (plan.device, plan.dtype_name), "what the device resolver chose"
-    assert MODEL in [m["name"] for m in body["models_loaded"]]
+    assert body["default_model"] == MODEL  # a model made in code is never in the registry's models_loaded
     assert body["version"]
 
 

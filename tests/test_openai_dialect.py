@@ -1,4 +1,4 @@
-"""The OpenAI dialect agents rely on, on each local engine, through the official client:
+"""The OpenAI dialect agents rely on, on the stand-in model, through the official client:
 structured output, tool calls, logprobs, logit_bias, roles, and no field silently ignored."""
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ from pydantic import BaseModel, Field
 from serge.engine import Message, ResponseFormat, SamplingParams
 from serge.web.app import build_app
 
-from conftest import MODEL, ServerThread, free_port
+from conftest import ServerThread, free_port
+from standin import NAME as MODEL
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Get the current weather in a city.",
@@ -27,6 +28,7 @@ CLOCK = {"type": "function", "function": {
                    "required": ["timezone"]}}}
 ASK_WEATHER = [{"role": "user", "content": "What is the weather like in Paris today?"}]
 HELLO = [{"role": "user", "content": "What is the capital of France?"}]
+TOOL_ROOM = 120  # tokens for a tool call: the stand-in's tokens are bytes, and a call is about 70
 
 
 class City(BaseModel):
@@ -37,8 +39,13 @@ class City(BaseModel):
 
 
 @pytest.fixture(scope="module")
-def engine(both_engines):
-    return both_engines
+def settings(standin_settings):
+    return standin_settings
+
+
+@pytest.fixture(scope="module")
+def engine(standin_engine):
+    return standin_engine
 
 
 @pytest.fixture(scope="module")
@@ -141,7 +148,7 @@ def test_a_constrained_and_a_free_reply_share_a_batch_and_the_free_one_is_unchan
 # --- tools -------------------------------------------------------------------------------------
 def test_a_required_tool_call_round_trip(client):
     first = client.chat.completions.create(model=MODEL, messages=ASK_WEATHER, tools=[WEATHER],
-                                           tool_choice="required", temperature=0, max_tokens=60)
+                                           tool_choice="required", temperature=0, max_tokens=TOOL_ROOM)
     choice = first.choices[0]
     assert choice.finish_reason == "tool_calls"
     call = choice.message.tool_calls[0]
@@ -159,9 +166,9 @@ def test_a_required_tool_call_round_trip(client):
 
 def test_a_tool_call_streams_its_name_first_then_its_arguments(client):
     whole = client.chat.completions.create(model=MODEL, messages=ASK_WEATHER, tools=[WEATHER, CLOCK],
-                                           tool_choice="required", temperature=0, max_tokens=60)
+                                           tool_choice="required", temperature=0, max_tokens=TOOL_ROOM)
     chunks = list(client.chat.completions.create(model=MODEL, messages=ASK_WEATHER, tools=[WEATHER, CLOCK],
-                                                 tool_choice="required", temperature=0, max_tokens=60, stream=True))
+                                                 tool_choice="required", temperature=0, max_tokens=TOOL_ROOM, stream=True))
     pieces = [p for c in chunks if c.choices for p in c.choices[0].delta.tool_calls or ()]
     assert pieces[0].id and pieces[0].type == "function" and pieces[0].function.name
     assert all(p.id is None and p.function.name is None for p in pieces[1:]) and len(pieces) > 2
@@ -174,7 +181,7 @@ def test_a_tool_call_streams_its_name_first_then_its_arguments(client):
 def test_a_named_tool_choice_calls_that_tool(client):
     reply = client.chat.completions.create(model=MODEL, messages=ASK_WEATHER, tools=[WEATHER, CLOCK],
                                            tool_choice={"type": "function", "function": {"name": "get_time"}},
-                                           temperature=0, max_tokens=60)
+                                           temperature=0, max_tokens=TOOL_ROOM)
     call = reply.choices[0].message.tool_calls[0]
     assert call.function.name == "get_time" and isinstance(json.loads(call.function.arguments)["timezone"], str)
 
@@ -182,7 +189,7 @@ def test_a_named_tool_choice_calls_that_tool(client):
 def test_auto_lets_the_model_answer_in_text_or_call_validly(client):
     for seed in (1, 2, 3):
         reply = client.chat.completions.create(model=MODEL, messages=ASK_WEATHER, tools=[WEATHER],
-                                               temperature=1.0, seed=seed, max_tokens=60)
+                                               temperature=1.0, seed=seed, max_tokens=TOOL_ROOM)
         message = reply.choices[0].message
         for call in message.tool_calls or ():
             assert call.function.name == "get_weather" and "city" in json.loads(call.function.arguments)
@@ -221,14 +228,15 @@ def test_logprobs_come_from_the_distribution_sampled_and_stream_like_whole_repli
 
 def test_logit_bias_forbids_and_forces_tokens(server, engine):
     vocabulary = engine.model(MODEL).scheduler.vocabulary
-    paris = engine.model(MODEL).tokenizer.encode(" Paris", add_special_tokens=False)[0]
+    tokenizer = engine.model(MODEL).tokenizer
+    paris = tokenizer.encode("Paris", add_special_tokens=False)[0]  # the stand-in's tokens are bytes: "P"
     ask = {"messages": HELLO, "temperature": 0, "max_tokens": 8, "logprobs": True}
     first = bytes(post(server, ask).json()["choices"][0]["logprobs"]["content"][0]["bytes"])
     banned = next(i for i in range(len(engine.model(MODEL).tokenizer)) if vocabulary.token_bytes(i) == first)
     reply = post(server, {**ask, "logit_bias": {str(banned): -100}}).json()["choices"][0]
     assert all(bytes(t["bytes"]) != first for t in reply["logprobs"]["content"])
     forced = post(server, {**ask, "max_tokens": 3, "logit_bias": {str(paris): 100}}).json()
-    assert forced["choices"][0]["message"]["content"] == " Paris Paris Paris"
+    assert forced["choices"][0]["message"]["content"] == tokenizer.decode([paris]) * 3 == "PPP"
     too_big = post(server, {"messages": HELLO, "logit_bias": {"99999999": 1}})
     assert too_big.status_code == 400 and too_big.json()["error"]["param"] == "logit_bias"
 

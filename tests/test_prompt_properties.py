@@ -17,6 +17,8 @@ from hypothesis import strategies as st
 from serge.engine import ContextTooLong, Message
 from serge.engine.generation.prompts import DEFAULT_REPLY_ROOM, build_prompt
 
+pytestmark = pytest.mark.real_model
+
 PROPERTY = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                                            HealthCheck.function_scoped_fixture])
 

@@ -9,6 +9,8 @@ from serge.engine.generation.prompts import build_prompt
 
 from conftest import MODEL
 
+pytestmark = pytest.mark.real_model
+
 
 def _conversation(turns: int) -> list[Message]:
     messages = [Message("system", "You are Serge, a helpful assistant.")]

@@ -11,7 +11,25 @@ import pytest
 from serge.engine import Engine, FinishReason, Message, ResponseFormat, SamplingParams, Tool, Tools
 from serge.settings import RemoteModel, Settings
 
-from conftest import MODEL, free_port
+from conftest import free_port
+from standin import NAME as MODEL
+
+
+# On the stand-in model (standin.py): nothing here needs the real one.
+@pytest.fixture(scope="module")
+def settings(standin_settings):
+    return standin_settings
+
+
+@pytest.fixture(scope="module")
+def engine(standin_engine):
+    return standin_engine
+
+
+@pytest.fixture(scope="module")
+def server(standin_server):
+    return standin_server
+
 
 QUESTION = [Message("user", "What is the capital of France?")]
 
@@ -83,7 +101,7 @@ def test_structured_output_tools_and_logprobs_pass_through(front):
                    json.dumps({"type": "object", "properties": {"city": {"type": "string", "maxLength": 30}},
                                "required": ["city"]}))
     stream = front.chat(None, [Message("user", "What is the weather in Paris?")],
-                        SamplingParams(temperature=0, max_new_tokens=60), Tools((weather,), "required"))
+                        SamplingParams(temperature=0, max_new_tokens=120), Tools((weather,), "required"))  # bytes
     stream.text()
     [call] = stream.record.tool_calls
     assert call.name == "get_weather" and isinstance(json.loads(call.arguments)["city"], str)

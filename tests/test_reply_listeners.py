@@ -10,7 +10,8 @@ import re
 
 import httpx
 import pytest
-from conftest import MODEL, SMALL_WINDOW, ServerThread, free_port
+from conftest import ServerThread, free_port
+from standin import NAME as MODEL, standin_engine
 
 from serge.chats import ChatService
 from serge.engine import Engine, Message, SamplingParams
@@ -20,6 +21,21 @@ from serge.store import ChatStore, Database
 from serge.web.app import build_app
 
 SHORT = {"max_new_tokens": 8, "temperature": 0}
+SMALL_WINDOW = 2048  # bytes, the stand-in's tokens: about 512 of a real model's
+
+
+# On the stand-in model (standin.py): nothing here needs the real one.
+@pytest.fixture(scope="module")
+def engine(standin_engine):
+    return standin_engine
+
+
+@pytest.fixture(scope="module")
+def small_engine(standin_settings):
+    """A second engine: one slot, room for four to wait, and a small context window."""
+    own = standin_settings.model_copy(update={"max_running": 1, "max_queue": 4})
+    with standin_engine(own, context_window=SMALL_WINDOW) as engine:
+        yield engine
 
 
 class NoThreads(concurrent.futures.ThreadPoolExecutor):

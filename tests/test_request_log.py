@@ -8,13 +8,26 @@ import re
 
 import httpx
 import pytest
-from conftest import MODEL, ServerThread, free_port
+from standin import NAME as MODEL
+from conftest import ServerThread, free_port
 from test_chats_api import read_events
 
 from serge.accounts import Accounts
 from serge.settings import Settings
 from serge.store import AccountStore, Database
 from serge.web.app import build_app
+
+
+# On the stand-in model (standin.py): nothing here needs the real one.
+@pytest.fixture(scope="module")
+def settings(standin_settings):
+    return standin_settings
+
+
+@pytest.fixture(scope="module")
+def engine(standin_engine):
+    return standin_engine
+
 
 SECRET = "my-bank-pin-is-8531"
 PASSWORD = "correct horse battery staple"

@@ -13,6 +13,8 @@ import pytest
 from conftest import free_port, models_dir
 from test_chats_api import LONG, SHORT, STORY, read_events, send, wait_for
 
+pytestmark = pytest.mark.real_model
+
 
 class Serve:
     """`python -m serge serve` on a data dir, until stopped or killed."""

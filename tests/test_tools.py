@@ -1,4 +1,4 @@
-"""Tool formats, the call reader and grammars, with no model: the bundled model's tokenizer at most."""
+"""Tool formats, the call reader and grammars, with no model: a byte tokenizer with SmolLM2's template at most."""
 
 from __future__ import annotations
 
@@ -6,15 +6,13 @@ import copy
 import json
 
 import pytest
-from transformers import AutoTokenizer
-
 from serge.engine import GrammarError, Message, Tool, ToolCall, Tools
 from serge.engine.generation.grammar import Vocabulary
 from serge.engine.generation.jsonspans import JsonSpans
 from serge.engine.generation.prompts import build_prompt
 from serge.engine.generation.tools import CallReader, ToolFormat, find_tool_format, plan_reply
 
-from conftest import MODEL, models_dir
+from standin import byte_tokenizer
 
 WEATHER = Tool("get_weather", "Get the weather in a city.",
                json.dumps({"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}))
@@ -47,12 +45,7 @@ HISTORY = [Message("user", "Weather in Paris?"),
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    return AutoTokenizer.from_pretrained(_tokenizer_folder())
-
-
-def _tokenizer_folder():
-    folder = models_dir() / MODEL
-    return folder if (folder / "tokenizer_config.json").is_file() else folder / "transformers"
+    return byte_tokenizer()
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,5 @@
 """top_k and min_p change what can be sampled: at a high temperature, either one cut to the likeliest
-token makes every seed give the greedy reply, and without them seeds differ (real model, engine level)."""
+token makes every seed give the greedy reply, and without them seeds differ (the stand-in model, engine level)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,14 @@ import pytest
 
 from serge.engine import Message, SamplingParams
 
-from conftest import MODEL
+from standin import NAME as MODEL
+
+
+# On the stand-in model (standin.py): nothing here needs the real one.
+@pytest.fixture(scope="module")
+def engine(standin_engine):
+    return standin_engine
+
 
 STORY = [Message("user", "Tell me a short story about a cat.")]
 SEEDS = range(6)

@@ -11,11 +11,9 @@ generator. A sequence that finishes, stops, fails or is
 cancelled leaves the batch in the same step, and its KV goes to the prefix cache,
 from which the next turn of the same chat takes what it shares.
 
-The scheduler runs any *forward*: an object with `device`, `prepare()` (on the
-worker, before the first pass), `new_kv()`, `decode(kvs, tokens)` (one row of
-logits per sequence), `prefill(kv, tokens)` (the logits after the chunk) and
-`close()` (on the worker, after the last pass): `forward.BatchForward` for
-transformers, `llamacpp.LlamaForward` for llama.cpp. So sampling, stop strings,
+The scheduler runs any *forward*, as `forward.Forward` writes it down (and each
+sequence's KV as `forward.KV`): `transformers.BatchForward` for transformers,
+`llamacpp.LlamaForward` for llama.cpp, a stand-in in tests. So sampling, stop strings,
 prefix reuse, admission, metrics, constrained decoding (`grammar`) and logprobs are
 one piece of code for every local engine; what one sequence does with its logits
 is `sequence.Sequence`'s. Neither forward runs out of KV memory mid-reply: the
@@ -35,6 +33,7 @@ from dataclasses import dataclass
 
 import torch
 
+from serge.engine.generation.forward import Forward
 from serge.engine.generation.grammar import Vocabulary
 from serge.engine.generation.kvcache import PrefixCache
 from serge.engine.metrics import EngineMetrics
@@ -85,7 +84,7 @@ def _message(exc: BaseException) -> str:
 class Scheduler:
     def __init__(
         self,
-        forward,
+        forward: Forward,
         tokenizer,
         eos: frozenset[int],
         threads: int,

@@ -1,0 +1,78 @@
+"""The forward protocol: what the `Scheduler` asks of a model's forward passes, and of one sequence's KV.
+
+Three forwards implement it: transformers' (`transformers.BatchForward` over
+`kvcache.SequenceKV`), llama.cpp's (`llamacpp.LlamaForward` over `llamacpp.LlamaKV`)
+and the tests' stand-in (`tests/standin.py`). Everything above it (sampling,
+grammars, tools, stop strings, streams, prefix reuse, admission, metrics) is one
+piece of code for all of them. This module only writes the contract down; it runs nothing.
+
+Every call is made on the scheduler's worker thread, one at a time.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+
+class KV(Protocol):
+    """One sequence's keys and values, as the scheduler and `kvcache.PrefixCache` use them."""
+
+    @property
+    def length(self) -> int:
+        """Positions held: every token fed to the sequence by a pass that succeeded."""
+        ...
+
+    def copy(self, length: int) -> KV:
+        """A new, independent sequence holding this one's first `length` positions (a prefix-cache hit)."""
+        ...
+
+    def shrink(self) -> None:
+        """Give back what is held beyond `length` (room reserved, a device slot) before being kept for long."""
+        ...
+
+    @property
+    def nbytes(self) -> int:
+        """Memory it holds, for the prefix cache's budget."""
+        ...
+
+    def release(self) -> None:
+        """Done with for good: free what must be given back (a llama.cpp slice); never used again."""
+        ...
+
+
+class Forward(Protocol):
+    """A model's forward passes over sequences that each keep their own `KV`.
+
+    A pass that raises leaves each sequence's `length` as it was, so the scheduler
+    can end those sequences and keep serving the others.
+    """
+
+    @property
+    def device(self) -> torch.device:
+        """Where the logits live: the scheduler samples there."""
+        ...
+
+    def prepare(self) -> None:
+        """Before the first pass, on the worker thread (its thread pool, a measurement of its kernels)."""
+        ...
+
+    def new_kv(self) -> KV:
+        """An empty sequence; may raise when no room is left for one (the reply then fails alone)."""
+        ...
+
+    def decode(self, kvs: list[KV], tokens: list[int]) -> torch.Tensor:
+        """Feed `tokens[i]` to `kvs[i]`, each one position longer after; next-token logits
+        as [len(kvs), vocabulary], one row per sequence in the callers' order, each row what
+        that sequence would get alone."""
+        ...
+
+    def prefill(self, kv: KV, tokens: list[int]) -> torch.Tensor:
+        """Feed a chunk of one sequence's prompt (`kv.length` grows by `len(tokens)`);
+        the next-token logits after its last token, as [vocabulary]."""
+        ...
+
+    def close(self) -> None:
+        """After the last pass, on the worker thread: free what the forward holds."""
+        ...
