@@ -19,6 +19,8 @@ from serge.web.app import build_app
 from conftest import MODEL, SMALL_WINDOW, ServerThread, free_port
 from test_accounts_api import add_user, serge
 
+pytestmark = pytest.mark.real_model  # the real model on a real server: the product's own promises
+
 WEATHER = {"name": "get_weather", "description": "Get the current weather in a city.",
            "input_schema": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 40}},
                             "required": ["city"]}}

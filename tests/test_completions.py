@@ -8,6 +8,8 @@ from openai import OpenAI
 
 from conftest import MODEL
 
+pytestmark = pytest.mark.real_model  # the real model on a real server: the product's own promises
+
 PROMPT = "The capital of France is"
 
 

@@ -12,6 +12,8 @@ from serge.web.app import build_app
 
 from conftest import MODEL, ServerThread, free_port
 
+pytestmark = pytest.mark.real_model  # the real model on a real server: the product's own promises
+
 QUESTION = {"role": "user", "content": "What is the capital of France? Answer in one sentence."}
 
 

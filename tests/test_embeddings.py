@@ -12,6 +12,8 @@ from openai import OpenAI
 
 from conftest import MODEL, ServerThread, free_port
 
+pytestmark = pytest.mark.real_model  # the real model on a real server: the product's own promises
+
 EMBEDDER = "all-minilm-l6-v2"
 
 

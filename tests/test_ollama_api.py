@@ -23,6 +23,8 @@ from serge.engine import Engine, ModelLibrary
 from serge.settings import Settings
 from serge.web.app import build_app
 
+pytestmark = pytest.mark.real_model  # the real model on a real server: the product's own promises
+
 LATEST = f"{MODEL}:latest"
 HELLO = [{"role": "user", "content": "What is the capital of France?"}]
 QUICK = {"temperature": 0, "num_predict": 8}

@@ -23,6 +23,8 @@ from test_accounts_api import add_user, serge
 
 from serge.web.app import build_app
 
+pytestmark = pytest.mark.real_model  # the real model on a real server: the product's own promises
+
 WEATHER = {"type": "function", "name": "get_weather", "description": "Get the current weather in a city.",
            "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 40}},
                           "required": ["city"], "additionalProperties": False}, "strict": True}

@@ -11,6 +11,8 @@ from serge.engine import FinishReason, Message, ResponseFormat, SamplingParams, 
 
 from conftest import MODEL
 
+pytestmark = pytest.mark.real_model  # the real model on a real server: the product's own promises
+
 CITY = {"type": "object", "properties": {"city": {"type": "string"}, "population": {"type": "integer"}},
         "required": ["city", "population"]}
 ASK = [Message("user", "Describe a big city as JSON with its name and population.")]

@@ -16,6 +16,8 @@ from serge.web.app import build_app
 
 from conftest import MODEL, ServerThread, free_port
 
+pytestmark = pytest.mark.real_model  # the real model on a real server: the product's own promises
+
 # DeepSeek-R1's way: the template opens <think> for the model, unless asked not to think.
 THINKING_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"

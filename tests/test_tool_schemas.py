@@ -11,7 +11,6 @@ import openai
 import pytest
 from openai import OpenAI
 from pydantic import BaseModel, Field
-from transformers import AutoTokenizer
 
 from serge.engine import GrammarError, Message, Tool, Tools
 from serge.engine.generation.grammar import Vocabulary
@@ -19,7 +18,9 @@ from serge.engine.generation.tools import ToolFormat, plan_reply
 from serge.web.app import build_app
 
 from conftest import MODEL, ServerThread, free_port
-from test_tools import _tokenizer_folder
+from standin import byte_tokenizer
+
+pytestmark = pytest.mark.real_model  # the real model on a real server: the product's own promises
 
 
 class Address(BaseModel):
@@ -61,7 +62,7 @@ def offered(*models: type[BaseModel]) -> tuple[Tool, ...]:
 
 @pytest.fixture(scope="module")
 def vocabulary():
-    tokenizer = AutoTokenizer.from_pretrained(_tokenizer_folder())
+    tokenizer = byte_tokenizer()  # grammars compile over any vocabulary: the byte-level one is enough
     return Vocabulary(tokenizer, frozenset({tokenizer.eos_token_id}))
 
 

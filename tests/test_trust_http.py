@@ -17,6 +17,8 @@ from serge.settings import Settings
 from serge.web.account_pages import LOGIN_ATTEMPTS_PER_MINUTE, LOGIN_ATTEMPTS_PER_PROXY_MINUTE
 from serge.web.app import build_app
 
+pytestmark = pytest.mark.real_model  # the real model on a real server: the product's own promises
+
 HI = [{"role": "user", "content": "Hi"}]
 
 
