@@ -23,9 +23,9 @@ from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 
 from serge.engine import ContextTooLong, Engine, FinishReason, GenerationRecord, Message, Stream, Tools
-from serge.web.openai_api import cancel_on_disconnect
+from serge.web.dialects import cancel_on_disconnect, failure
 from serge.web.anthropic_models import NO_EFFECT_FIELDS, CountTokensRequest, MessagesRequest
-from serge.web.errors import ApiError, error_body
+from serge.web.errors import error_body
 from serge.web.request_log import note_generation
 
 # --- the reply ------------------------------------------------------------------------------------------
@@ -195,9 +195,8 @@ async def create_message(
     finally:
         watcher.cancel()
     record = stream.record
-    if record.finish_reason is FinishReason.ERROR:  # 502: the remote model's server failed, not Serge
-        raise ApiError(502 if record.remote_error else 500, f"generation failed: {record.error}",
-                       code="remote_model_failed" if record.remote_error else "generation_failed")
+    if record.finish_reason is FinishReason.ERROR:
+        raise failure(record)
     content: list = [ThinkingOut(thinking=record.reasoning)] if record.reasoning else []
     content += [TextOut(text=record.text)] if record.text or not record.tool_calls else []
     content += [ToolUseOut(id=_tool_use_id(c.id), name=c.name, input=_input(c.arguments)) for c in record.tool_calls]

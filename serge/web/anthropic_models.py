@@ -15,12 +15,12 @@ import json
 import logging
 from typing import Annotated, Any, Literal
 
-from pydantic import ConfigDict, Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, model_validator
 
 from serge.chats import MAX_MESSAGE_CHARS
 from serge.engine import ANTHROPIC_NAMES, Message, ResponseFormat, SamplingParams, Tool, ToolCall, Tools
 from serge.web.errors import ApiError, describe_validation
-from serge.web.openai_models import StrictRequest
+from serge.web.dialects import EchoedItem, StrictRequest
 
 log = logging.getLogger(__name__)
 
@@ -94,16 +94,7 @@ Block = Annotated[TextBlock | ImageBlock | ToolUseBlock | ToolResultBlock | Thin
                   Field(discriminator="type")]
 
 
-class MessageIn(_Strict):
-    model_config = ConfigDict(extra="ignore")  # clients echo messages with keys of their own: ignored
-
-    @model_validator(mode="before")
-    @classmethod
-    def _note_unknown(cls, data):
-        if isinstance(data, dict) and (unknown := sorted(set(data) - set(cls.model_fields))):
-            log.debug("ignored in a message: %s", ", ".join(map(str, unknown))[:200])
-        return data
-
+class MessageIn(EchoedItem):
     role: Literal["user", "assistant", "system"] = Field(
         description="system is not Anthropic's, but some clients send it: it counts as a system prompt there.")
     content: str | Annotated[list[Block], Field(max_length=MAX_BLOCKS)]

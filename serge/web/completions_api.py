@@ -20,8 +20,8 @@ from starlette.concurrency import run_in_threadpool
 
 from serge.engine import FinishReason, GenerationRecord, SamplingParams, Stream, TokenLogprob
 from serge.web.errors import ApiError, describe_validation
-from serge.web.openai_api import cancel_on_disconnect, fingerprint
-from serge.web.openai_models import StrictRequest
+from serge.web.dialects import StrictRequest, cancel_on_disconnect, failure
+from serge.web.openai_api import fingerprint
 from serge.web.request_log import note_generation
 
 router = APIRouter(prefix="/v1", tags=["OpenAI-compatible"])
@@ -116,7 +116,7 @@ async def completions(body: CompletionRequest, request: Request):
                 tokens = [t async for delta in stream.adeltas() for t in delta.tokens]
                 record = stream.record
                 if record.finish_reason is FinishReason.ERROR:
-                    raise ApiError(500, f"generation failed: {record.error}", code="generation_failed")
+                    raise failure(record)
                 prefix = head(text)
                 choices.append({"index": index, "text": prefix + record.text, "finish_reason": _finish(record),
                                 "logprobs": _logprobs(tokens, len(prefix)) if wants else None})

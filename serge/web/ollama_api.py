@@ -23,7 +23,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from serge.engine import Engine, FinishReason, GenerationRecord, ModelInUse, ModelNotFound, Stream, TokenLogprob
-from serge.web.openai_api import cancel_on_disconnect
+from serge.web.dialects import cancel_on_disconnect
 from serge.web.errors import ApiError
 from serge.web.ollama_library import router as library_router
 from serge.web.embeddings_api import MAX_INPUTS as MAX_EMBED_INPUTS

@@ -9,7 +9,6 @@ client that goes away cancels its generation.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
 import time
@@ -20,7 +19,8 @@ from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from serge import __version__
-from serge.engine import Engine, FinishReason, GenerationRecord, ModelInfo, Stream, TokenLogprob
+from serge.engine import Engine, FinishReason, GenerationRecord, ModelInfo, TokenLogprob
+from serge.web.dialects import cancel_on_disconnect, failure
 from serge.web.docs import COMPLETION
 from serge.web.errors import ApiError, error_body
 from serge.web.openai_models import HARMLESS, REFUSED, ChatCompletionRequest
@@ -75,18 +75,6 @@ def _logprobs(tokens: list[TokenLogprob]) -> dict:
     return {"content": [_token(t) for t in tokens], "refusal": None}
 
 
-def cancel_on_disconnect(request: Request, *streams: Stream) -> asyncio.Task:
-    """A task that cancels `streams` if the client goes away before a whole reply is sent; cancel it after."""
-
-    async def watch() -> None:
-        while (await request.receive())["type"] != "http.disconnect":
-            pass
-        for stream in streams:
-            stream.cancel()
-
-    return asyncio.create_task(watch())
-
-
 COMPLETIONS_DOC = f"""OpenAI's chat completions. Every field listed here is implemented, except
 {", ".join(HARMLESS)}, which are accepted and have no effect; any other field ({", ".join(REFUSED)},
 ...) is refused with a 400 naming it.
@@ -127,9 +115,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
         finally:
             watcher.cancel()
         record = stream.record
-        if record.finish_reason is FinishReason.ERROR:  # 502: the remote model's server failed, not Serge
-            raise ApiError(502 if record.remote_error else 500, f"generation failed: {record.error}",
-                           code="remote_model_failed" if record.remote_error else "generation_failed")
+        if record.finish_reason is FinishReason.ERROR:
+            raise failure(record)
         message = {"role": "assistant", "content": record.text if record.text or not record.tool_calls else None,
                    "refusal": None}
         if record.reasoning:

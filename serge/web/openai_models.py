@@ -13,10 +13,11 @@ import json
 import logging
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import Field, ValidationError
 
 from serge.chats import MAX_MESSAGE_CHARS
 from serge.engine import MAX_TOP_LOGPROBS, OPENAI_NAMES, Message, ResponseFormat, SamplingParams, Tool, ToolCall, Tools
+from serge.web.dialects import EchoedItem, StrictRequest
 from serge.web.errors import ApiError, describe_validation
 
 log = logging.getLogger(__name__)
@@ -36,18 +37,6 @@ def _bad(message: str, param: str) -> ApiError:
     return ApiError(400, message, code="invalid_value", param=param)
 
 
-class StrictRequest(BaseModel):
-    """Unknown fields are a 400 naming them; a field sent as null is a field not sent (generated SDKs send
-    every unset field that way), whatever it is."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    @model_validator(mode="before")
-    @classmethod
-    def _null_is_unset(cls, data):
-        return {k: v for k, v in data.items() if v is not None} if isinstance(data, dict) else data
-
-
 class TextPart(StrictRequest):
     type: Literal["text"]
     text: str
@@ -64,16 +53,7 @@ class ToolCallIn(StrictRequest):
     function: FunctionCallIn
 
 
-class ChatMessageIn(StrictRequest):
-    model_config = ConfigDict(extra="ignore")  # clients echo messages with keys of their own: ignored
-
-    @model_validator(mode="before")
-    @classmethod
-    def _note_unknown(cls, data):
-        if isinstance(data, dict) and (unknown := sorted(set(data) - set(cls.model_fields))):
-            log.debug("ignored in a message: %s", ", ".join(map(str, unknown))[:200])
-        return data
-
+class ChatMessageIn(EchoedItem):
     role: Literal["system", "developer", "user", "assistant", "tool"] = Field(
         description="developer is treated as system; tool answers an assistant's tool call.")
     content: str | list[TextPart] | None = Field(None, description="The text, or a list of text parts; "

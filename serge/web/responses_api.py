@@ -26,7 +26,7 @@ from serge.store import DatabaseUnavailable, ResponseNotFound, ResponseRecord, R
 from serge.web.chats_api import owner
 from serge.web.docs import BUSY
 from serge.web.errors import ApiError
-from serge.web.openai_api import cancel_on_disconnect
+from serge.web.dialects import cancel_on_disconnect, failure
 from serge.web.request_log import note_generation, note_tools_left_out
 from serge.web.responses_models import HARMLESS, HOSTED, CreateResponse, conversation, new_id
 from serge.web.responses_output import (DeletedResponse, InputItemList, OutputItems, ResponseOut, echo,
@@ -128,8 +128,7 @@ async def create_response(body: CreateResponse, request: Request):
             watcher.cancel()
         record = stream.record
         if record.finish_reason is FinishReason.ERROR:
-            raise ApiError(502 if record.remote_error else 500, f"generation failed: {record.error}",
-                           code="remote_model_failed" if record.remote_error else "generation_failed")
+            raise failure(record)
         if record.finish_reason is FinishReason.CANCELLED:  # the client left, or the server is stopping
             raise ApiError(503, "the reply was stopped before it finished; nothing was stored", code="cancelled")
         builder.finish(record)
@@ -142,7 +141,7 @@ async def create_response(body: CreateResponse, request: Request):
         event["sequence_number"] = next(numbers)
         return f"event: {event['type']}\ndata: {json.dumps(event)}\n\n"
 
-    def failure(message: str, code: str) -> str:
+    def error_event(message: str, code: str) -> str:
         return sse({"type": "error", "code": code, "message": message, "param": None})
 
     async def events():
@@ -154,18 +153,18 @@ async def create_response(body: CreateResponse, request: Request):
                     yield sse(event)
             record = stream.record
             if record.finish_reason is FinishReason.ERROR:  # nothing is stored
-                yield failure(f"generation failed: {record.error}",
+                yield error_event(f"generation failed: {record.error}",
                               "remote_model_failed" if record.remote_error else "generation_failed")
                 return
             if record.finish_reason is FinishReason.CANCELLED:
-                yield failure("the reply was stopped before it finished; nothing was stored", "cancelled")
+                yield error_event("the reply was stopped before it finished; nothing was stored", "cancelled")
                 return
             for event in builder.finish(record):
                 yield sse(event)
             try:
                 await keep(record)
             except DatabaseUnavailable as exc:  # say so in the stream's own terms
-                yield failure(f"the response could not be stored: {exc}", "database_unavailable")
+                yield error_event(f"the response could not be stored: {exc}", "database_unavailable")
                 return
             status = status_of(record)
             yield sse({"type": f"response.{status}", "response": whole(status, record)})

@@ -23,13 +23,14 @@ from dataclasses import replace
 from typing import Annotated, Any, Literal
 
 from pydantic import (BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag, ValidationError,
-                      field_validator, model_validator)
+                      field_validator)
 
 from serge.chats import MAX_MESSAGE_CHARS
 from serge.engine import (MAX_TOP_LOGPROBS, RESPONSES_NAMES, Message, ResponseFormat, SamplingParams, Tool, ToolCall,
                           Tools)
 from serge.web.errors import ApiError, describe_validation
-from serge.web.openai_models import MAX_TOOLS, NO_EFFECT, StrictRequest
+from serge.web.dialects import EchoedItem, StrictRequest
+from serge.web.openai_models import MAX_TOOLS, NO_EFFECT
 
 log = logging.getLogger(__name__)
 
@@ -54,17 +55,8 @@ def new_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex}"
 
 
-class _Item(StrictRequest):
-    """An input item: unknown keys are ignored (clients echo output items with fields of their own)."""
-
-    model_config = ConfigDict(extra="ignore")
-
-    @model_validator(mode="before")
-    @classmethod
-    def _note_unknown(cls, data):
-        if isinstance(data, dict) and (unknown := sorted(set(data) - set(cls.model_fields))):
-            log.debug("ignored in an input item: %s", ", ".join(map(str, unknown))[:200])
-        return data
+class _Item(EchoedItem):
+    """An input item (clients echo output items with fields of their own)."""
 
     id: str | None = Field(None, max_length=256, description="The item's id, as Serge returned it.")
     status: Literal["in_progress", "completed", "incomplete"] | None = Field(None, description=NO_EFFECT)

@@ -1,0 +1,62 @@
+"""What every API dialect shares, so each translator holds only its own shapes: the request models'
+bases (null is unset; unknown fields refused, or in echoed items ignored and logged), the watch that
+cancels a whole reply's generation when its client leaves, and the error a failed generation gives.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from fastapi import Request
+from pydantic import BaseModel, ConfigDict, model_validator
+
+from serge.engine import GenerationRecord, Stream
+from serge.web.errors import ApiError
+
+log = logging.getLogger(__name__)
+
+
+class StrictRequest(BaseModel):
+    """Unknown fields are a 400 naming them; a field sent as null is a field not sent (generated SDKs send
+    every unset field that way), whatever it is."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_unset(cls, data):
+        return {k: v for k, v in data.items() if v is not None} if isinstance(data, dict) else data
+
+
+class EchoedItem(StrictRequest):
+    """A message or item a client sends back as it got it, with keys of its own: those are ignored (and
+    logged at debug level), never a 400."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _note_unknown(cls, data):
+        if isinstance(data, dict) and (unknown := sorted(set(data) - set(cls.model_fields))):
+            log.debug("ignored in %s: %s", cls.__name__, ", ".join(map(str, unknown))[:200])
+        return data
+
+
+def cancel_on_disconnect(request: Request, *streams: Stream) -> asyncio.Task:
+    """A task that cancels `streams` if the client goes away before a whole reply is sent; cancel it after."""
+
+    async def watch() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+        for stream in streams:
+            stream.cancel()
+
+    return asyncio.create_task(watch())
+
+
+def failure(record: GenerationRecord) -> ApiError:
+    """A generation that failed: 502 when a remote model's server was at fault, else Serge's 500."""
+    if record.remote_error:
+        return ApiError(502, f"generation failed: {record.error}", code="remote_model_failed")
+    return ApiError(500, f"generation failed: {record.error}", code="generation_failed")
