@@ -29,6 +29,8 @@ batched on real kernels, devices, engines) are tested on the real model.
 
 from __future__ import annotations
 
+import pytest
+
 import threading
 import time
 from collections.abc import Iterator
@@ -297,3 +299,17 @@ def standin_engine(settings, name: str = NAME, **model) -> Iterator[Engine]:
     finally:
         engine.close()
         local.close()
+
+
+def stand_in(*names: str):
+    """Module fixtures called `names` (settings, engine, server) that are the stand-in's, for a module
+    whose promises need no real model: `settings, engine = stand_in("settings", "engine")`."""
+    made = tuple(_the_standins(name) for name in names)
+    return made[0] if len(made) == 1 else made
+
+
+def _the_standins(name: str):
+    def fixture(request):
+        return request.getfixturevalue(f"standin_{name}")
+
+    return pytest.fixture(scope="module", name=name)(fixture)

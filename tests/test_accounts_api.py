@@ -16,6 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 from conftest import ServerThread, free_port
+from standin import stand_in
 from test_chats_api import LONG, SHORT, STORY, read_events, send, wait_for
 
 from serge.cli import main as serge_main
@@ -24,14 +25,7 @@ from serge.web.app import build_app
 
 
 # On the stand-in model (standin.py): nothing here needs the real one.
-@pytest.fixture(scope="module")
-def settings(standin_settings):
-    return standin_settings
-
-
-@pytest.fixture(scope="module")
-def engine(standin_engine):
-    return standin_engine
+settings, engine = stand_in("settings", "engine")
 
 
 PASSWORDS = {"alice": "alice-password", "bob": "bob-password", "carol": "carol-password", "dave": "dave-password"}

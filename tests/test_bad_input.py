@@ -8,20 +8,14 @@ from __future__ import annotations
 import httpx
 import pytest
 from conftest import ServerThread, free_port
+from standin import stand_in
 
 from serge.settings import Settings
 from serge.web.app import build_app
 
 
 # On the stand-in model (standin.py): nothing here needs the real one.
-@pytest.fixture(scope="module")
-def settings(standin_settings):
-    return standin_settings
-
-
-@pytest.fixture(scope="module")
-def engine(standin_engine):
-    return standin_engine
+settings, engine = stand_in("settings", "engine")
 
 
 LONE = '"\\ud800"'  # a JSON escape for half of a surrogate pair: parses in Python, is not text

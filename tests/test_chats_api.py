@@ -10,20 +10,14 @@ import time
 import httpx
 import pytest
 from conftest import ServerThread, free_port
+from standin import stand_in
 
 from serge.settings import Settings
 from serge.web.app import build_app
 
 
 # On the stand-in model (standin.py): nothing here needs the real one.
-@pytest.fixture(scope="module")
-def settings(standin_settings):
-    return standin_settings
-
-
-@pytest.fixture(scope="module")
-def engine(standin_engine):
-    return standin_engine
+settings, engine = stand_in("settings", "engine")
 
 
 SHORT = {"max_new_tokens": 6, "temperature": 0}

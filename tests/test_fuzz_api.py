@@ -20,6 +20,7 @@ import httpx
 import pytest
 import schemathesis
 from conftest import ServerThread, free_port
+from standin import stand_in
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from hypothesis.errors import Unsatisfiable
@@ -32,9 +33,7 @@ from serge.web.app import build_app
 
 
 # On the stand-in model (standin.py): nothing here needs the real one.
-@pytest.fixture(scope="module")
-def engine(standin_engine):
-    return standin_engine
+engine = stand_in("engine")
 
 
 EXAMPLES = 15  # per operation and per mode (valid, invalid)

@@ -13,7 +13,7 @@ import re
 
 import httpx
 import pytest
-from standin import NAME as MODEL
+from standin import NAME as MODEL, stand_in
 from conftest import ServerThread, free_port
 from starlette.datastructures import Headers
 
@@ -25,14 +25,7 @@ from serge.web.markdown import MarkdownRenderer
 
 
 # On the stand-in model (standin.py): nothing here needs the real one.
-@pytest.fixture(scope="module")
-def settings(standin_settings):
-    return standin_settings
-
-
-@pytest.fixture(scope="module")
-def engine(standin_engine):
-    return standin_engine
+settings, engine = stand_in("settings", "engine")
 
 
 EVIL = "http://evil.example"

@@ -12,23 +12,11 @@ from serge.engine import Engine, FinishReason, Message, ResponseFormat, Sampling
 from serge.settings import RemoteModel, Settings
 
 from conftest import free_port
-from standin import NAME as MODEL
+from standin import NAME as MODEL, stand_in
 
 
 # On the stand-in model (standin.py): nothing here needs the real one.
-@pytest.fixture(scope="module")
-def settings(standin_settings):
-    return standin_settings
-
-
-@pytest.fixture(scope="module")
-def engine(standin_engine):
-    return standin_engine
-
-
-@pytest.fixture(scope="module")
-def server(standin_server):
-    return standin_server
+settings, engine, server = stand_in("settings", "engine", "server")
 
 
 QUESTION = [Message("user", "What is the capital of France?")]

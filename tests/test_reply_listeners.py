@@ -11,7 +11,7 @@ import re
 import httpx
 import pytest
 from conftest import ServerThread, free_port
-from standin import NAME as MODEL, standin_engine
+from standin import NAME as MODEL, stand_in, standin_engine
 
 from serge.chats import ChatService
 from serge.engine import Engine, Message, SamplingParams
@@ -25,9 +25,7 @@ SMALL_WINDOW = 2048  # bytes, the stand-in's tokens: about 512 of a real model's
 
 
 # On the stand-in model (standin.py): nothing here needs the real one.
-@pytest.fixture(scope="module")
-def engine(standin_engine):
-    return standin_engine
+engine = stand_in("engine")
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ import re
 
 import httpx
 import pytest
-from standin import NAME as MODEL
+from standin import NAME as MODEL, stand_in
 from conftest import ServerThread, free_port
 from test_chats_api import read_events
 
@@ -19,14 +19,7 @@ from serge.web.app import build_app
 
 
 # On the stand-in model (standin.py): nothing here needs the real one.
-@pytest.fixture(scope="module")
-def settings(standin_settings):
-    return standin_settings
-
-
-@pytest.fixture(scope="module")
-def engine(standin_engine):
-    return standin_engine
+settings, engine = stand_in("settings", "engine")
 
 
 SECRET = "my-bank-pin-is-8531"

@@ -7,13 +7,11 @@ import pytest
 
 from serge.engine import Message, SamplingParams
 
-from standin import NAME as MODEL
+from standin import NAME as MODEL, stand_in
 
 
 # On the stand-in model (standin.py): nothing here needs the real one.
-@pytest.fixture(scope="module")
-def engine(standin_engine):
-    return standin_engine
+engine = stand_in("engine")
 
 
 STORY = [Message("user", "Tell me a short story about a cat.")]
