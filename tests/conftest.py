@@ -231,3 +231,33 @@ def fake_hub(tmp_path_factory):
                                                                             "tokenizer_config.json"}},
                             "tokenizer_config.json": base / "tokenizer_config.json"})
         yield hub
+
+
+# --- databases: SQLite, and PostgreSQL when CI names one ------------------------------------------------
+POSTGRES_URL = os.environ.get("SERGE_TEST_POSTGRES_URL")
+DATABASES = ["sqlite", pytest.param("postgres", marks=[
+    pytest.mark.postgres,
+    pytest.mark.skipif(not POSTGRES_URL, reason="SERGE_TEST_POSTGRES_URL is not set (CI starts PostgreSQL)")])]
+
+
+def fresh_database(url: str):
+    """A database at `url` with a clean, migrated schema."""
+    from sqlalchemy import text
+
+    from serge.store import Database
+    from serge.store.tables import Base
+
+    db = Database(url)
+    with db.engine.begin() as conn:
+        Base.metadata.drop_all(conn)
+        conn.execute(text("DROP TABLE IF EXISTS alembic_version"))
+    db.migrate()
+    return db
+
+
+@pytest.fixture(params=DATABASES)
+def database(request, tmp_path):
+    """A migrated database for one test: SQLite, then PostgreSQL where CI gives one."""
+    db = fresh_database(f"sqlite:///{tmp_path / 'serge.db'}" if request.param == "sqlite" else POSTGRES_URL)
+    yield db
+    db.close()

@@ -4,7 +4,6 @@ secret file and the per-user limiter. No model, no server: these run in a second
 
 from __future__ import annotations
 
-import os
 import stat
 from datetime import timedelta
 
@@ -21,16 +20,11 @@ from serge.store.db import MIGRATIONS
 from serge.store.tables import Base
 from serge.web.user_limits import UserLimits
 
-POSTGRES_URL = os.environ.get("SERGE_TEST_POSTGRES_URL")
+from conftest import DATABASES, POSTGRES_URL
 
 
-@pytest.fixture(params=[
-    "sqlite",
-    pytest.param("postgres", marks=[
-        pytest.mark.postgres,
-        pytest.mark.skipif(not POSTGRES_URL, reason="SERGE_TEST_POSTGRES_URL is not set (CI starts PostgreSQL)"),
-    ]),
-])
+
+@pytest.fixture(params=DATABASES)
 def empty_db(request, tmp_path):
     db = Database(f"sqlite:///{tmp_path / 'serge.db'}" if request.param == "sqlite" else POSTGRES_URL)
     with db.engine.begin() as conn:

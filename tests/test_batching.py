@@ -14,6 +14,9 @@ import torch
 from serge.engine import FinishReason, Message, SamplingParams
 from serge.engine.generation.prompts import build_prompt
 
+# One definition, run on the stand-in there and on each real engine here:
+from test_scheduler import test_prefix_reuse_gives_the_cold_text_and_prefills_only_what_is_new  # noqa: F401
+
 
 pytestmark = pytest.mark.real_model
 
@@ -51,11 +54,6 @@ def _prompt(engine, messages: list[Message]) -> list[int]:
     return build_prompt(loaded.tokenizer, messages, loaded.context_window, 32).ids
 
 
-def _counts(engine) -> tuple[int, int]:
-    snap = engine.model().scheduler.metrics.snapshot()[engine.model().name]
-    return snap.prefilled_tokens, snap.reused_tokens
-
-
 def test_eight_concurrent_greedy_replies_equal_their_single_stream_text(engine, single_stream):
     engine.model().scheduler.forget_prefixes()  # prefill in the batch too, not only decode
     streams = [engine.chat(None, [Message("user", q)], GREEDY) for q in QUESTIONS]
@@ -79,27 +77,6 @@ def test_a_cancelled_reply_leaves_at_once_while_the_others_continue_unchanged(en
     assert record.finish_reason is FinishReason.CANCELLED
     assert record.completion_tokens <= 4, "the cancelled reply went on for more than a step or two"
     assert [s.text() for s in others] == [single_stream[q] for q in QUESTIONS[:3]]
-
-
-def test_prefix_reuse_gives_the_cold_text_and_prefills_only_what_is_new(engine):
-    scheduler = engine.model().scheduler
-    scheduler.forget_prefixes()
-    first = [Message("user", "Give me a name for a cat.")]
-    reply = engine.chat(None, first, GREEDY).text()
-    second = first + [Message("assistant", reply), Message("user", "And one for a dog?")]
-    shared, whole = len(_prompt(engine, first)), len(_prompt(engine, second))
-
-    before = _counts(engine)
-    warm = engine.chat(None, second, GREEDY).text()
-    prefilled, reused = (after - start for after, start in zip(_counts(engine), before))
-    assert reused > shared  # the first prompt and at least part of the reply
-    assert prefilled == whole - reused
-
-    scheduler.forget_prefixes()
-    before = _counts(engine)
-    cold = engine.chat(None, second, GREEDY).text()
-    assert _counts(engine)[0] - before[0] == whole
-    assert warm == cold
 
 
 def test_a_rows_logits_have_the_same_bits_whatever_runs_beside_it(engine):

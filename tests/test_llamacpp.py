@@ -92,6 +92,7 @@ def test_a_cached_conversation_that_cannot_come_back_fails_that_reply_alone(llam
     "".join(reading)
     assert failed.record.finish_reason is FinishReason.ERROR and "copy a cached" in failed.record.error
     assert running.record.finish_reason is FinishReason.LENGTH and running.record.completion_tokens == 48
+    assert len(forward._free_ids) == forward.slices, "the failed reply's slice was not given back"
 
 
 def test_a_kv_cache_too_small_for_every_reply_means_fewer_at_once_and_the_rest_wait_their_turn(llama):

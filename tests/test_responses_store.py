@@ -3,23 +3,13 @@
 from __future__ import annotations
 
 import pytest
-from test_store import POSTGRES_URL, _fresh
 
 from serge.store import ResponseNotFound, ResponseStore
 
 
-@pytest.fixture(params=[
-    "sqlite",
-    pytest.param("postgres", marks=[
-        pytest.mark.postgres,
-        pytest.mark.skipif(not POSTGRES_URL, reason="SERGE_TEST_POSTGRES_URL is not set (CI starts PostgreSQL)"),
-    ]),
-])
-def store(request, tmp_path):
-    url = f"sqlite:///{tmp_path / 'serge.db'}" if request.param == "sqlite" else POSTGRES_URL
-    db = _fresh(url)
-    yield ResponseStore(db)
-    db.close()
+@pytest.fixture
+def store(database):
+    return ResponseStore(database)
 
 
 def _add(store: ResponseStore, owner: str, response_id: str, previous: str | None = None, text: str = "hi"):

@@ -2,38 +2,16 @@
 
 from __future__ import annotations
 
-import os
 
 import pytest
 from sqlalchemy import inspect, text
 
-from serge.store import ChatNotFound, ChatStore, Database, MessageNotFound, NewMessage
+from serge.store import ChatNotFound, ChatStore, MessageNotFound, NewMessage
 from serge.store.tables import Base
 
-POSTGRES_URL = os.environ.get("SERGE_TEST_POSTGRES_URL")
-
-
-def _fresh(url: str) -> Database:
-    db = Database(url)
-    with db.engine.begin() as conn:  # a clean schema for each test
-        Base.metadata.drop_all(conn)
-        conn.execute(text("DROP TABLE IF EXISTS alembic_version"))
-    db.migrate()
-    return db
-
-
-@pytest.fixture(params=[
-    "sqlite",
-    pytest.param("postgres", marks=[
-        pytest.mark.postgres,
-        pytest.mark.skipif(not POSTGRES_URL, reason="SERGE_TEST_POSTGRES_URL is not set (CI starts PostgreSQL)"),
-    ]),
-])
-def store(request, tmp_path):
-    url = f"sqlite:///{tmp_path / 'serge.db'}" if request.param == "sqlite" else POSTGRES_URL
-    db = _fresh(url)
-    yield ChatStore(db)
-    db.close()
+@pytest.fixture
+def store(database):
+    return ChatStore(database)
 
 
 def _turn(store: ChatStore, chat_id: str, question: str, answer: str):

@@ -10,9 +10,9 @@ not silently dropped: an export Serge wrote always passes.
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from serge.engine import InvalidModelName, check_name
 
@@ -21,22 +21,6 @@ from serge.store import ChatRecord, MessageRecord
 FORMAT = "serge.chat"
 VERSION = 1
 MAX_IMPORT_MESSAGES = 10_000
-
-
-class ExportedChat(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-    title: str = Field("New chat", max_length=1000)
-    model: str | None = None
-    system_prompt: str | None = None
-    settings: dict = Field(default_factory=dict)
-    created_at: datetime | None = None
-    updated_at: datetime | None = None
-
-    @field_validator("model")
-    @classmethod
-    def _model_name(cls, value):
-        return _label(value)
 
 
 def _label(value: str | None) -> str | None:
@@ -49,6 +33,20 @@ def _label(value: str | None) -> str | None:
         raise ValueError(f"{exc}; a model label names a model") from None
 
 
+Label = Annotated[str | None, AfterValidator(_label)]  # which model wrote a message, or a chat's model
+
+
+class ExportedChat(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    title: str = Field("New chat", max_length=1000)
+    model: Label = None
+    system_prompt: str | None = None
+    settings: dict = Field(default_factory=dict)
+    created_at: datetime | None = None
+    updated_at: datetime | None = None
+
+
 class ExportedMessage(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
@@ -56,7 +54,7 @@ class ExportedMessage(BaseModel):
     parent_id: str | None = Field(None, max_length=64)
     role: Literal["user", "assistant"]
     content: str
-    model: str | None = Field(None, max_length=200)
+    model: Label = None
     settings: dict | None = None
     prompt_tokens: int | None = Field(None, ge=0)
     completion_tokens: int | None = Field(None, ge=0)
@@ -71,11 +69,6 @@ class ExportedMessage(BaseModel):
     dropped_messages: int | None = Field(None, ge=0)
     created_at: datetime | None = None
     updated_at: datetime | None = None
-
-    @field_validator("model")
-    @classmethod
-    def _model_name(cls, value):
-        return _label(value)
 
 
 class ChatExport(BaseModel):

@@ -69,7 +69,11 @@ class LlamaKV:
         if self._parked is None:
             raise RuntimeError("only a parked llama.cpp sequence is copied")
         other = self._forward.new_kv()
-        self._forward.restore(self._parked, other, length)
+        try:
+            self._forward.restore(self._parked, other, length)
+        except BaseException:  # the slice it took goes back, whatever failed
+            other.release()
+            raise
         return other
 
     def shrink(self) -> None:

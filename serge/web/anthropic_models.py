@@ -19,8 +19,8 @@ from pydantic import Field, ValidationError, model_validator
 
 from serge.chats import MAX_MESSAGE_CHARS
 from serge.engine import ANTHROPIC_NAMES, Message, ResponseFormat, SamplingParams, Tool, ToolCall, Tools
-from serge.web.errors import ApiError, describe_validation
-from serge.web.dialects import EchoedItem, StrictRequest
+from serge.web.errors import ApiError
+from serge.web.dialects import EchoedItem, StrictRequest, refused_settings
 
 log = logging.getLogger(__name__)
 
@@ -226,9 +226,7 @@ class MessagesRequest(_Conversation):
         try:
             return SamplingParams(**fields)
         except ValidationError as exc:
-            message, param = describe_validation(exc.errors())
-            theirs = ANTHROPIC_NAMES.get(param or "", param)
-            raise _bad(message.replace(param or "", theirs or "", 1), theirs) from None
+            raise refused_settings(exc, ANTHROPIC_NAMES) from None
 
 
 class CountTokensRequest(_Conversation):

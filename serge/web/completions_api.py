@@ -19,8 +19,8 @@ from pydantic import Field, ValidationError
 from starlette.concurrency import run_in_threadpool
 
 from serge.engine import FinishReason, GenerationRecord, SamplingParams, Stream, TokenLogprob
-from serge.web.errors import ApiError, describe_validation
-from serge.web.dialects import StrictRequest, cancel_on_disconnect, failure
+from serge.web.errors import ApiError
+from serge.web.dialects import StrictRequest, cancel_on_disconnect, failure, refused_settings
 from serge.web.openai_api import fingerprint
 from serge.web.request_log import note_generation
 
@@ -68,10 +68,7 @@ class CompletionRequest(StrictRequest):
                                   stop=self.stop, seed=self.seed, frequency_penalty=self.frequency_penalty,
                                   presence_penalty=self.presence_penalty, logprobs=self.logprobs)
         except ValidationError as exc:
-            message, param = describe_validation(exc.errors())
-            param = {"max_new_tokens": "max_tokens"}.get(param, param)
-            raise ApiError(400, message.replace("max_new_tokens", "max_tokens"), code="invalid_value",
-                           param=param) from None
+            raise refused_settings(exc, {"max_new_tokens": "max_tokens"}) from None
 
 
 def _finish(record: GenerationRecord) -> str:

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Mapping
 
 from fastapi import Request
-from pydantic import BaseModel, ConfigDict, model_validator
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from serge.engine import GenerationRecord, Stream
-from serge.web.errors import ApiError
+from serge.web.errors import ApiError, describe_validation
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +54,14 @@ def cancel_on_disconnect(request: Request, *streams: Stream) -> asyncio.Task:
             stream.cancel()
 
     return asyncio.create_task(watch())
+
+
+def refused_settings(exc: ValidationError, names: Mapping[str, str]) -> ApiError:
+    """SamplingParams' refusal in the dialect's own field names (`names`: ours -> theirs), a 400 naming the field."""
+    message, param = describe_validation(exc.errors())
+    for ours, theirs in names.items():
+        message = message.replace(f"{ours}:", f"{theirs}:")
+    return ApiError(400, message, code="invalid_value", param=names.get(param, param))
 
 
 def failure(record: GenerationRecord) -> ApiError:

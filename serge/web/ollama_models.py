@@ -22,7 +22,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from serge.chats import MAX_MESSAGE_CHARS
 from serge.engine import (OLLAMA_OPTIONS, Engine, Message, ModelNotFound, ResponseFormat, SamplingParams, Tool,
                           ToolCall, Tools)
-from serge.web.errors import ApiError, describe_validation
+from serge.web.dialects import refused_settings
+from serge.web.errors import ApiError
 
 log = logging.getLogger(__name__)
 
@@ -203,11 +204,8 @@ class _Generation(_Open):
         try:
             return SamplingParams(**fields), num_ctx
         except ValidationError as exc:
-            message, param = describe_validation(exc.errors())
             theirs = {ours: f"options.{name}" for name, ours in OLLAMA_OPTIONS.items()} | {"logprobs": "top_logprobs"}
-            for ours, name in theirs.items():
-                message = message.replace(f"{ours}:", f"{name}:")
-            raise _bad(message, theirs.get(param, param or "options")) from None
+            raise refused_settings(exc, theirs) from None
 
     def response_format(self) -> ResponseFormat | None:
         if self.format in (None, ""):

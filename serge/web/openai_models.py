@@ -17,8 +17,8 @@ from pydantic import Field, ValidationError
 
 from serge.chats import MAX_MESSAGE_CHARS
 from serge.engine import MAX_TOP_LOGPROBS, OPENAI_NAMES, Message, ResponseFormat, SamplingParams, Tool, ToolCall, Tools
-from serge.web.dialects import EchoedItem, StrictRequest
-from serge.web.errors import ApiError, describe_validation
+from serge.web.dialects import EchoedItem, StrictRequest, refused_settings
+from serge.web.errors import ApiError
 
 log = logging.getLogger(__name__)
 
@@ -146,10 +146,8 @@ class ChatCompletionRequest(StrictRequest):
         try:
             return SamplingParams(**fields)
         except ValidationError as exc:
-            message, param = describe_validation(exc.errors())
             limit = "max_completion_tokens" if self.max_completion_tokens is not None else "max_tokens"
-            param = {"max_new_tokens": limit}.get(param, param)
-            raise _bad(message.replace("max_new_tokens", limit), param) from None
+            raise refused_settings(exc, {"max_new_tokens": limit}) from None
 
     def tool_offer(self) -> Tools | None:
         """The tools and tool_choice as the engine takes them; None when no tools are offered."""

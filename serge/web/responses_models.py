@@ -29,7 +29,7 @@ from serge.chats import MAX_MESSAGE_CHARS
 from serge.engine import (MAX_TOP_LOGPROBS, RESPONSES_NAMES, Message, ResponseFormat, SamplingParams, Tool, ToolCall,
                           Tools)
 from serge.web.errors import ApiError, describe_validation
-from serge.web.dialects import EchoedItem, StrictRequest
+from serge.web.dialects import EchoedItem, StrictRequest, refused_settings
 from serge.web.openai_models import MAX_TOOLS, NO_EFFECT
 
 log = logging.getLogger(__name__)
@@ -296,9 +296,7 @@ class CreateResponse(StrictRequest):
         try:
             return SamplingParams(**fields)
         except ValidationError as exc:
-            message, param = describe_validation(exc.errors())
-            param = {"max_new_tokens": "max_output_tokens"}.get(param, param)
-            raise _bad(message.replace("max_new_tokens", "max_output_tokens"), param) from None
+            raise refused_settings(exc, {"max_new_tokens": "max_output_tokens"}) from None
 
     def response_format(self) -> ResponseFormat | None:
         return self.text.format.response_format() if self.text and self.text.format else None
