@@ -4,9 +4,11 @@
     python scripts/llama_build.py --shell    # CMAKE_ARGS=... and LLAMA_BUILD=... for the Makefile's eval
 
 - `CMAKE_ARGS` set by the user: used as given (after `-DLLAVA_BUILD=OFF`, so the user's flags win);
-- a CUDA toolkit (`nvcc` on the PATH, or `$CUDA_HOME/bin/nvcc`): `-DGGML_CUDA=on`;
+- a CUDA toolkit (`nvcc` on the PATH, or `$CUDA_HOME/bin/nvcc`) and an NVIDIA GPU that answers
+  (`nvidia-smi -L`): `-DGGML_CUDA=on`. A toolkit alone is not enough: CUDA containers and CI images
+  ship one without a GPU, where the CUDA build cannot even link here, and would serve nothing;
 - Apple Silicon (Darwin, arm64): Metal, which is llama-cpp-python's own default there;
-- else the CPU; where `nvidia-smi` answers but there is no toolkit, one line says how to get the GPU build.
+- else the CPU, with one line on how to get the GPU build where one half of it (a GPU, or a toolkit) is here.
 
 `LLAMA_BUILD` names the build for pip's wheel cache: pip caches a built wheel by the package's URL
 alone, not by its flags, so every build but the plain CPU one gets a cache folder of its own
@@ -61,16 +63,21 @@ def choose() -> tuple[str, str, str, str | None]:
     own = os.environ.get("CMAKE_ARGS", "").strip()
     if own:
         return "custom", f"{BASE} {own}", "CMAKE_ARGS is set, so it is used as given", None
-    if nvcc := _nvcc():
-        return "cuda", f"{BASE} -DGGML_CUDA=on", f"a CUDA toolkit is here ({nvcc})", None
+    nvcc, gpu = _nvcc(), _nvidia_gpu()
+    if nvcc and gpu:
+        return "cuda", f"{BASE} -DGGML_CUDA=on", f"a CUDA toolkit ({nvcc}) and an NVIDIA GPU are here", None
     system, machine = _uname("-s", platform.system()), _uname("-m", platform.machine())
     if system == "Darwin" and machine == "arm64":
         return "metal", BASE, "this is Apple Silicon, where llama.cpp builds Metal by default", None
     hint = None
-    if _nvidia_gpu():
+    if gpu:
         hint = ("an NVIDIA GPU is here (nvidia-smi) but no CUDA toolkit (no nvcc on the PATH or in $CUDA_HOME/bin): "
                 "install the CUDA toolkit, then `rm .venv/.llama && make run` builds llama.cpp for the GPU")
-    return "cpu", BASE, f"no CUDA toolkit and not Apple Silicon ({system} {machine})", hint
+    elif nvcc:
+        hint = (f"a CUDA toolkit is here ({nvcc}) but no NVIDIA GPU answers (nvidia-smi -L): building for the CPU; "
+                f"CMAKE_ARGS=-DGGML_CUDA=on forces the CUDA build")
+    why = "no NVIDIA GPU" if nvcc else "no CUDA toolkit"
+    return "cpu", BASE, f"{why} and not Apple Silicon ({system} {machine})", hint
 
 
 def cache_key(kind: str, cmake_args: str) -> str:

@@ -57,8 +57,15 @@ def test_the_build_follows_the_machine(tmp_path, case, system, arch, nvcc, gpu, 
     assert len(said.strip().splitlines()) == 1, "one line of why, and no hint where none is needed"
 
 
+def test_a_toolkit_without_a_gpu_gets_the_cpu_build_and_says_how_to_force_cuda(tmp_path):
+    out, said = build(machine(tmp_path, nvcc=True, gpu=False))  # a CUDA image or CI runner: nothing to serve on
+    lines = said.strip().splitlines()
+    assert out == "-DLLAVA_BUILD=OFF" and len(lines) == 2 and "the CPU" in lines[0]
+    assert "no NVIDIA GPU" in lines[1] and "CMAKE_ARGS=-DGGML_CUDA=on" in lines[1]
+
+
 def test_a_toolkit_under_cuda_home_counts_as_one_on_the_path(tmp_path):
-    env = machine(tmp_path)
+    env = machine(tmp_path, gpu=True)
     home = tmp_path / "cuda-12.4"
     (home / "bin").mkdir(parents=True)
     _tool(home / "bin", "nvcc", "echo 12.4")
@@ -106,7 +113,7 @@ def make_llama(env: dict[str, str], venv: Path) -> subprocess.CompletedProcess:
 def test_make_passes_the_chosen_flags_to_pip_keeps_each_build_in_a_cache_and_builds_again_when_the_choice_changes(
         tmp_path):
     venv, log = _fake_venv(tmp_path, llama_installed=False), tmp_path / "pip.log"
-    env = {**machine(tmp_path), "PATH": f"{tmp_path / 'fakes'}:/usr/bin:/bin"}
+    env = {**machine(tmp_path, gpu=True), "PATH": f"{tmp_path / 'fakes'}:/usr/bin:/bin"}
     done = make_llama(env, venv)
     assert done.returncode == 0, done.stderr
     first = log.read_text().splitlines()
