@@ -19,6 +19,8 @@ from __future__ import annotations
 import os
 import socket
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 import time
 from pathlib import Path
 
@@ -172,6 +174,14 @@ class ServerThread:
         self.thread.join(30)
 
 
+@contextmanager
+def own_server(settings: Settings, engine: Engine, data_dir: Path, **overrides) -> Iterator[str]:
+    """A real server over `engine` with a data dir of its own (its own chats, accounts and secret)."""
+    own = settings.model_copy(update={"data_dir": data_dir, "port": free_port(), **overrides})
+    with ServerThread(build_app(own, engine), own.port) as running:
+        yield running.url
+
+
 @pytest.fixture(scope="session")
 def server(settings, engine):
     """Base URL of a real Serge server sharing the session's engine."""
@@ -261,3 +271,19 @@ def database(request, tmp_path):
     db = fresh_database(f"sqlite:///{tmp_path / 'serge.db'}" if request.param == "sqlite" else POSTGRES_URL)
     yield db
     db.close()
+
+
+# --- the browser: Debian's Chromium, driven by Playwright (never a browser Playwright downloads) --------
+CHROMIUM = Path("/usr/bin/chromium")
+BROWSER = [pytest.mark.browser,
+           pytest.mark.skipif(not CHROMIUM.exists(), reason="Debian's Chromium is not installed (apt-get install chromium)")]
+
+
+@pytest.fixture(scope="module")
+def browser():
+    playwright_sync = pytest.importorskip("playwright.sync_api")
+    with playwright_sync.sync_playwright() as p:
+        launched = p.chromium.launch(executable_path=str(CHROMIUM),
+                                     args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"])
+        yield launched
+        launched.close()

@@ -6,25 +6,17 @@ import re
 
 import httpx
 import pytest
-from conftest import ServerThread, free_port
-from test_browser import CHROMIUM, browser, expect, page  # noqa: F401  (fixtures)
+from conftest import BROWSER, own_server
+from test_browser import expect, page  # noqa: F401  (the page fixture)
 
-from serge.settings import Settings
-from serge.web.app import build_app
 
-pytestmark = [
-    pytest.mark.real_model,
-    pytest.mark.browser,
-    pytest.mark.skipif(not CHROMIUM.exists(), reason="Debian's Chromium is not installed (apt-get install chromium)"),
-]
+pytestmark = [pytest.mark.real_model, *BROWSER]
 
 
 @pytest.fixture(scope="module")
 def server(settings, engine, tmp_path_factory):
-    own = Settings(data_dir=tmp_path_factory.mktemp("accounts-browser"), models_dir=settings.models_dir,
-                   torch_threads=settings.torch_threads)
-    with ServerThread(build_app(own, engine), free_port()) as running:
-        yield running.url
+    with own_server(settings, engine, tmp_path_factory.mktemp("accounts-browser")) as url:
+        yield url
 
 
 def test_the_first_account_a_login_a_key_shown_once_and_a_logout(page, server):  # noqa: F811

@@ -16,7 +16,7 @@ from pydantic import BaseModel, Field
 from serge.settings import Settings
 from serge.web.app import build_app
 
-from conftest import MODEL, SMALL_WINDOW, ServerThread, free_port
+from conftest import MODEL, SMALL_WINDOW, ServerThread, free_port, own_server
 from test_accounts_api import add_user, serge
 
 pytestmark = pytest.mark.real_model  # the real model on a real server: the product's own promises
@@ -38,9 +38,8 @@ def dialect_engine(both_engines):
 
 @pytest.fixture(scope="module")
 def url(dialect_engine, settings, tmp_path_factory) -> str:
-    own = settings.model_copy(update={"data_dir": tmp_path_factory.mktemp("anthropic"), "port": free_port()})
-    with ServerThread(build_app(own, dialect_engine), own.port) as running:
-        yield running.url
+    with own_server(settings, dialect_engine, tmp_path_factory.mktemp("anthropic")) as served:
+        yield served
 
 
 @pytest.fixture(scope="module")
@@ -305,10 +304,8 @@ def test_a_conversation_longer_than_the_window_is_a_400_with_the_counts(small_ur
 # --- the same rules as every route ----------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def guarded(settings, engine, tmp_path_factory):
-    own = Settings(data_dir=tmp_path_factory.mktemp("anthropic-hijack"), models_dir=settings.models_dir,
-                   torch_threads=settings.torch_threads)
-    with ServerThread(build_app(own, engine), free_port()) as running:
-        yield running.url
+    with own_server(settings, engine, tmp_path_factory.mktemp("anthropic-hijack")) as url:
+        yield url
 
 
 @pytest.mark.parametrize("path", ["/v1/messages", "/v1/messages/count_tokens"])

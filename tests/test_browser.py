@@ -5,23 +5,16 @@ from __future__ import annotations
 import os
 import re
 import time
-from pathlib import Path
 
 import httpx
 import pytest
-from conftest import ServerThread, free_port
+from conftest import BROWSER, ServerThread, free_port, own_server
 from test_reply_listeners import long_chat
 
 from serge.settings import Settings
 from serge.web.app import build_app
 
-CHROMIUM = Path("/usr/bin/chromium")
-
-pytestmark = [
-    pytest.mark.real_model,
-    pytest.mark.browser,
-    pytest.mark.skipif(not CHROMIUM.exists(), reason="Debian's Chromium is not installed (apt-get install chromium)"),
-]
+pytestmark = [pytest.mark.real_model, *BROWSER]
 
 playwright_sync = pytest.importorskip("playwright.sync_api")
 expect = playwright_sync.expect
@@ -29,19 +22,8 @@ expect = playwright_sync.expect
 
 @pytest.fixture(scope="module")
 def server(settings, engine, tmp_path_factory):
-    own = Settings(data_dir=tmp_path_factory.mktemp("browser"), models_dir=settings.models_dir,
-                   torch_threads=settings.torch_threads)
-    with ServerThread(build_app(own, engine), free_port()) as running:
-        yield running.url
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with playwright_sync.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=str(CHROMIUM),
-                                    args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"])
-        yield browser
-        browser.close()
+    with own_server(settings, engine, tmp_path_factory.mktemp("browser")) as url:
+        yield url
 
 
 @pytest.fixture

@@ -9,23 +9,14 @@ request to any host but Serge's. /docs must work with the network cut off.
 
 from __future__ import annotations
 
-from pathlib import Path
 from urllib.parse import urlsplit
 
 import httpx
 import pytest
-from conftest import ServerThread, free_port
+from conftest import BROWSER, own_server
 
-from serge.settings import Settings
-from serge.web.app import build_app
 
-CHROMIUM = Path("/usr/bin/chromium")
-
-pytestmark = [
-    pytest.mark.real_model,
-    pytest.mark.browser,
-    pytest.mark.skipif(not CHROMIUM.exists(), reason="Debian's Chromium is not installed (apt-get install chromium)"),
-]
+pytestmark = [pytest.mark.real_model, *BROWSER]
 
 playwright_sync = pytest.importorskip("playwright.sync_api")
 expect = playwright_sync.expect
@@ -64,19 +55,8 @@ document.addEventListener("securitypolicyviolation",
 
 @pytest.fixture(scope="module")
 def server(settings, engine, tmp_path_factory):
-    own = Settings(data_dir=tmp_path_factory.mktemp("hostile"), models_dir=settings.models_dir,
-                   torch_threads=settings.torch_threads)
-    with ServerThread(build_app(own, engine), free_port()) as running:
-        yield running.url
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with playwright_sync.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=str(CHROMIUM),
-                                    args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"])
-        yield browser
-        browser.close()
+    with own_server(settings, engine, tmp_path_factory.mktemp("hostile")) as url:
+        yield url
 
 
 class Watched:

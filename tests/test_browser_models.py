@@ -6,18 +6,14 @@ import re
 import time
 
 import pytest
-from conftest import MODEL, SAFETENSORS_REPO, ServerThread, free_port, models_dir
-from test_browser import CHROMIUM, browser, page, set_setting  # noqa: F401  (fixtures)
+from conftest import BROWSER, MODEL, SAFETENSORS_REPO, ServerThread, free_port, models_dir
+from test_browser import page, set_setting  # noqa: F401  (the page fixture)
 
 from serge.engine import Engine, ModelLibrary
 from serge.settings import Settings
 from serge.web.app import build_app
 
-pytestmark = [
-    pytest.mark.real_model,
-    pytest.mark.browser,
-    pytest.mark.skipif(not CHROMIUM.exists(), reason="Debian's Chromium is not installed (apt-get install chromium)"),
-]
+pytestmark = [pytest.mark.real_model, *BROWSER]
 expect = pytest.importorskip("playwright.sync_api").expect
 PULLED = SAFETENSORS_REPO.lower()
 

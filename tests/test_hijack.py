@@ -14,7 +14,7 @@ import re
 import httpx
 import pytest
 from standin import NAME as MODEL, stand_in
-from conftest import ServerThread, free_port
+from conftest import ServerThread, free_port, own_server
 from starlette.datastructures import Headers
 
 from serge.settings import Settings
@@ -34,10 +34,8 @@ HELLO = {"messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 2, 
 
 @pytest.fixture(scope="module")
 def server(settings, engine, tmp_path_factory):
-    own = Settings(data_dir=tmp_path_factory.mktemp("hijack"), models_dir=settings.models_dir,
-                   torch_threads=settings.torch_threads)
-    with ServerThread(build_app(own, engine), free_port()) as running:
-        yield running.url
+    with own_server(settings, engine, tmp_path_factory.mktemp("hijack")) as url:
+        yield url
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ from contextlib import closing
 import httpx
 import ollama
 import pytest
-from conftest import GGUF_REPO, MODEL, SMALL_WINDOW, ServerThread, free_port, models_dir
+from conftest import GGUF_REPO, MODEL, SMALL_WINDOW, ServerThread, free_port, models_dir, own_server
 from test_accounts_api import add_user, login, serge
 
 from serge.engine import Engine, ModelLibrary
@@ -48,9 +48,8 @@ FINAL_FIELDS = ("total_duration", "load_duration", "prompt_eval_count", "prompt_
 
 @pytest.fixture(scope="module")
 def server(settings, engine, tmp_path_factory):
-    own = settings.model_copy(update={"data_dir": tmp_path_factory.mktemp("ollama"), "port": free_port()})
-    with ServerThread(build_app(own, engine), own.port) as running:
-        yield running.url
+    with own_server(settings, engine, tmp_path_factory.mktemp("ollama")) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")

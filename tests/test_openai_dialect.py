@@ -13,9 +13,8 @@ from openai import OpenAI
 from pydantic import BaseModel, Field
 
 from serge.engine import Message, ResponseFormat, SamplingParams
-from serge.web.app import build_app
 
-from conftest import ServerThread, free_port
+from conftest import own_server
 from standin import NAME as MODEL
 
 WEATHER = {"type": "function", "function": {
@@ -51,9 +50,8 @@ def engine(standin_engine):
 @pytest.fixture(scope="module")
 def server(engine, settings, tmp_path_factory):
     """A real server over this module's engine."""
-    own = settings.model_copy(update={"data_dir": tmp_path_factory.mktemp("dialect"), "port": free_port()})
-    with ServerThread(build_app(own, engine), own.port) as running:
-        yield running.url
+    with own_server(settings, engine, tmp_path_factory.mktemp("dialect")) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")

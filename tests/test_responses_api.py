@@ -16,9 +16,9 @@ import openai
 import pytest
 from openai import OpenAI
 from openai.types.responses import Response
-from pydantic import BaseModel, Field
 
-from conftest import MODEL, ServerThread, free_port
+from conftest import MODEL, ServerThread, free_port, own_server
+from test_openai_dialect import City
 from test_accounts_api import add_user, serge
 
 from serge.web.app import build_app
@@ -34,13 +34,6 @@ HOSTED = [{"type": "web_search"}, {"type": "web_search_preview"}, {"type": "file
           {"type": "local_shell"}, {"type": "mcp", "server_label": "x", "server_url": "https://mcp.example"}]
 
 
-class City(BaseModel):
-    name: str = Field(max_length=40)
-    country: str = Field(max_length=40)
-    population: int
-    is_capital: bool
-
-
 @pytest.fixture(scope="module")
 def engine(both_engines):
     return both_engines
@@ -48,9 +41,8 @@ def engine(both_engines):
 
 @pytest.fixture(scope="module")
 def server(engine, settings, tmp_path_factory):
-    own = settings.model_copy(update={"data_dir": tmp_path_factory.mktemp("responses"), "port": free_port()})
-    with ServerThread(build_app(own, engine), own.port) as running:
-        yield running.url
+    with own_server(settings, engine, tmp_path_factory.mktemp("responses")) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")

@@ -15,9 +15,8 @@ from pydantic import BaseModel, Field
 from serge.engine import GrammarError, Message, Tool, Tools
 from serge.engine.generation.grammar import Vocabulary
 from serge.engine.generation.tools import ToolFormat, plan_reply
-from serge.web.app import build_app
 
-from conftest import MODEL, ServerThread, free_port
+from conftest import MODEL, own_server
 from standin import byte_tokenizer
 
 pytestmark = pytest.mark.real_model  # the real model on a real server: the product's own promises
@@ -108,9 +107,8 @@ def engine(both_engines):
 
 @pytest.fixture(scope="module")
 def client(engine, settings, tmp_path_factory) -> OpenAI:
-    own = settings.model_copy(update={"data_dir": tmp_path_factory.mktemp("schemas"), "port": free_port()})
-    with ServerThread(build_app(own, engine), own.port) as running:
-        yield OpenAI(base_url=f"{running.url}/v1", api_key="not-needed", max_retries=0)
+    with own_server(settings, engine, tmp_path_factory.mktemp("schemas")) as url:
+        yield OpenAI(base_url=f"{url}/v1", api_key="not-needed", max_retries=0)
 
 
 @pytest.mark.parametrize("model", [Customer, Delivery], ids=["nested model", "list of models"])

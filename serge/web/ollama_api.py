@@ -197,6 +197,14 @@ async def _capped(engine: Engine, name: str, messages, tools, params, num_ctx: i
     return params.model_copy(update={"max_new_tokens": min(params.max_new_tokens or room, room)})
 
 
+async def _begin(request: Request, body, path: str) -> tuple[float, Engine, str, bool]:
+    """What a generating route does first: start the clock, note what it ignores, name the model, read keep_alive."""
+    started = time.monotonic()
+    body.ignored(path)
+    engine = _engine(request)
+    return started, engine, await run_in_threadpool(library_name, engine, body.model), keep_alive_zero(body.keep_alive)
+
+
 CHAT_DOC = """Ollama's chat. The fields Ollama documents are implemented except: `images` (400: Serge's models
 read text), `think` (a model that thinks gives its thoughts in `message.thinking`; false asks its template
 not to think, where it can; a model that does not think answers without it), `keep_alive` other than 0
@@ -208,11 +216,7 @@ record then says `truncated: true` and `dropped_messages`. `truncate: false` mak
 @router.post("/api/chat", summary="Ollama: the next message of a chat (streamed as NDJSON unless stream: false)",
              description=CHAT_DOC, responses=stream_doc("The reply"))
 async def chat(body: OllamaChatRequest, request: Request):
-    started = time.monotonic()
-    engine = _engine(request)
-    body.ignored("/api/chat")
-    name = await run_in_threadpool(library_name, engine, body.model)
-    unload = keep_alive_zero(body.keep_alive)
+    started, engine, name, unload = await _begin(request, body, "/api/chat")
     if not body.messages:
         return await _load_or_unload(request, name, unload, {"message": {"role": "assistant", "content": ""}})
     messages = body.conversation(name)
@@ -236,11 +240,7 @@ ignored, and no `context` is returned. `template` and `images` are refused (400)
 @router.post("/api/generate", summary="Ollama: complete a prompt (streamed as NDJSON unless stream: false)",
              description=GENERATE_DOC, responses=stream_doc("The completion"))
 async def generate(body: OllamaGenerateRequest, request: Request):
-    started = time.monotonic()
-    engine = _engine(request)
-    body.ignored("/api/generate")
-    name = await run_in_threadpool(library_name, engine, body.model)
-    unload = keep_alive_zero(body.keep_alive)
+    started, engine, name, unload = await _begin(request, body, "/api/generate")
     body.check(name)
     if not body.prompt and body.suffix is None:
         return await _load_or_unload(request, name, unload, {"response": ""})
