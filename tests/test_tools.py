@@ -163,3 +163,13 @@ def test_grammars_are_compiled_once_and_the_oldest_forgotten(tokenizer):
     assert vocabulary.cached == 2
     with pytest.raises(GrammarError, match="response_format"):
         vocabulary.matcher("start: %json {\"type\": \"objectx\"}")
+
+
+@pytest.mark.parametrize("pattern", ["^a{1000000}$", "^(ab){20000,}$", "x{3,50000}"])
+def test_a_pattern_repeating_past_the_limit_is_refused_before_it_is_compiled(pattern):
+    from serge.engine.generation.grammar import MAX_REPEAT, json_rule
+
+    with pytest.raises(GrammarError, match=f"more than Serge compiles \\({MAX_REPEAT}\\)") as refused:
+        json_rule({"type": "object", "properties": {"code": {"type": "string", "pattern": pattern}}})
+    assert refused.value.param == "response_format"
+    assert json_rule({"type": "string", "pattern": "^a{3,40}$"})  # an ordinary repetition compiles

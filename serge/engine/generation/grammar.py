@@ -73,8 +73,28 @@ def json_rule(schema: dict, *, strict: bool = True, param: str = "response_forma
     if (why := endless(schema)) is not None:
         raise GrammarError(f"{param}: no finite JSON matches this schema: {why}; make that recursion optional "
                            "(leave it out of `required`, or allow an empty array or null)", param)
+    if (count := _largest_repeat(schema)) > MAX_REPEAT:
+        raise GrammarError(f"{param}: a pattern repeats something {count} times, more than Serge compiles "
+                           f"({MAX_REPEAT}); simplify the pattern: a shorter repetition, or maxLength for a length",
+                           param)
     options = {**JSON_STYLE, "lenient": not strict, **(schema.get("x-guidance") or {})}
     return "%json " + json.dumps({**bounded(schema), "x-guidance": options})
+
+
+MAX_REPEAT = 10_000  # `{n}` in a pattern: past this, compiling it takes hundreds of MB before any limit says no
+_REPEAT = re.compile(r"\{(\d+)(?:,(\d*))?\}")
+
+
+def _largest_repeat(schema) -> int:
+    """The largest `{n}` / `{n,m}` count in any `pattern` of `schema` (0 for none)."""
+    if isinstance(schema, dict):
+        found = [_largest_repeat(v) for k, v in schema.items() if k != "pattern"]
+        if isinstance(schema.get("pattern"), str):
+            found += [max(int(a), int(b or 0)) for a, b in _REPEAT.findall(schema["pattern"])]
+        return max(found, default=0)
+    if isinstance(schema, list):
+        return max((_largest_repeat(v) for v in schema), default=0)
+    return 0
 
 
 _SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
