@@ -29,6 +29,7 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import logging
+import mmap
 import time
 from dataclasses import dataclass
 
@@ -190,7 +191,9 @@ class LlamaForward:
     def park(self, kv: LlamaKV) -> ctypes.Array:
         lc = self._lc
         size = lc.llama_state_seq_get_size(self._ctx, kv.seq)
-        buffer = (ctypes.c_uint8 * size)()
+        # Pages of its own, given back to the system the moment the prefix cache drops it: parked
+        # conversations of every size, taken from the heap, left it fragmented and growing.
+        buffer = (ctypes.c_uint8 * size).from_buffer(mmap.mmap(-1, max(1, size)))
         if lc.llama_state_seq_get_data(self._ctx, buffer, size, kv.seq) != size:
             raise RuntimeError("llama.cpp could not copy a sequence out of its KV cache")
         return buffer
