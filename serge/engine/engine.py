@@ -166,10 +166,15 @@ class Engine:
                 raise self._wrong_kind(name, fixed.kind, kind)
             yield fixed
             return
-        installed = self._library.find(name)
-        if installed.facts.kind != kind:  # said before anything loads
-            raise self._wrong_kind(installed.name, installed.facts.kind, kind)
-        with self._registry.lease(installed.name) as local:
+        loaded = self._registry.loaded().get(name)
+        if loaded is None:  # not loaded: its files say its kind, before anything loads
+            installed = self._library.find(name)
+            name, has = installed.name, installed.facts.kind
+        else:  # a loaded model answers without a look at the disk
+            has = loaded.kind
+        if has != kind:
+            raise self._wrong_kind(name, has, kind)
+        with self._registry.lease(name) as local:
             yield local
 
     def _wrong_kind(self, name: str, has: str, wanted: str) -> InvalidRequest:

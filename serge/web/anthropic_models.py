@@ -12,7 +12,6 @@ This module formats no replies (`anthropic_api` does, with their shapes).
 from __future__ import annotations
 
 import json
-import logging
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, ValidationError, model_validator
@@ -22,7 +21,6 @@ from serge.engine import ANTHROPIC_NAMES, Message, ResponseFormat, SamplingParam
 from serge.web.errors import ApiError
 from serge.web.dialects import EchoedItem, StrictRequest, refused_settings
 
-log = logging.getLogger(__name__)
 
 MAX_MESSAGES_PER_REQUEST = 500
 MAX_BLOCKS = 500  # content blocks in one message, or in the system prompt

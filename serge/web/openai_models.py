@@ -10,7 +10,6 @@ This module turns a request into the engine's own values (`Message`,
 from __future__ import annotations
 
 import json
-import logging
 from typing import Any, Literal
 
 from pydantic import Field, ValidationError
@@ -20,7 +19,6 @@ from serge.engine import MAX_TOP_LOGPROBS, OPENAI_NAMES, Message, ResponseFormat
 from serge.web.dialects import EchoedItem, StrictRequest, refused_settings
 from serge.web.errors import ApiError
 
-log = logging.getLogger(__name__)
 
 MAX_MESSAGES_PER_REQUEST = 500
 MAX_TOOLS = 128
