@@ -89,6 +89,7 @@ class GenerationRecord:
     ttft_s: float | None
     duration_s: float
     reasoning: str = ""  # a thinking model's thoughts, apart from `text`
+    reasoning_tokens: int = 0  # of completion_tokens, those written while it thought
     error: str | None = None
     tool_calls: tuple[ToolCall, ...] = ()
     remote_error: bool = False  # the error was a remote model's server's (silent, hung up, refused), not Serge's
