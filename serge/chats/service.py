@@ -152,6 +152,7 @@ class ChatService:
         check_text(chat.system_prompt, "chat.system_prompt", MAX_SYSTEM_PROMPT_CHARS)
         for i, m in enumerate(data.messages):
             check_text(m.content, f"messages.{i}.content", MAX_MESSAGE_CHARS)
+            check_text(m.reasoning, f"messages.{i}.reasoning", MAX_MESSAGE_CHARS)
         try:
             return self.store.import_chat(
                 owner,
@@ -249,6 +250,7 @@ class ChatService:
         for i, m in enumerate(upto):
             if m.role == "assistant" and not m.content:
                 continue  # a reply that failed before it said anything
+            # A reply's thoughts stay out: thinking templates (Qwen3's, DeepSeek-R1's) drop earlier turns' thoughts.
             history.append(Message(m.role, m.content))
             places.append(i)
         return chat, history, places

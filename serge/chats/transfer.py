@@ -54,6 +54,8 @@ class ExportedMessage(BaseModel):
     parent_id: str | None = Field(None, max_length=64)
     role: Literal["user", "assistant"]
     content: str
+    reasoning: str | None = None  # exports before thinking was stored have none
+    reasoning_tokens: int | None = Field(None, ge=0)
     model: Label = None
     settings: dict | None = None
     prompt_tokens: int | None = Field(None, ge=0)

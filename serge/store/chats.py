@@ -42,6 +42,8 @@ class MessageRecord:
     parent_id: str | None
     role: str
     content: str
+    reasoning: str | None  # a thinking model's thoughts before `content`; None for one that did not think
+    reasoning_tokens: int | None
     model: str | None
     settings: dict | None
     prompt_tokens: int | None
@@ -246,11 +248,11 @@ class ChatStore:
     def _owned(self, owner: str):
         return Message.chat_id.in_(select(Chat.id).where(Chat.owner == owner))
 
-    def save_text(self, owner: str, message_id: str, content: str) -> None:
-        """Save a reply's text so far (called about once a second while it streams)."""
+    def save_text(self, owner: str, message_id: str, content: str, reasoning: str | None = None) -> None:
+        """Save a reply's text (and thoughts) so far (called about once a second while it streams)."""
         with self.db.session() as session, session.begin():
             session.execute(update(Message).where(Message.id == message_id, self._owned(owner))
-                            .values(content=content, updated_at=now()))
+                            .values(content=content, reasoning=reasoning, updated_at=now()))
 
     def finish_message(self, owner: str, message_id: str, **values) -> MessageRecord:
         """Write a reply's final text and stats, and touch its chat's last activity."""

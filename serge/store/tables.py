@@ -69,6 +69,9 @@ class Message(Base):
     parent_id: Mapped[str | None] = mapped_column(ForeignKey("messages.id", ondelete="CASCADE"), index=True)
     role: Mapped[str] = mapped_column(String(16))
     content: Mapped[str] = mapped_column(Text, default="")
+    # a thinking model's reply: its thoughts, apart from `content`, and the tokens it spent on them
+    reasoning: Mapped[str | None] = mapped_column(Text)
+    reasoning_tokens: Mapped[int | None] = mapped_column(Integer)
     model: Mapped[str | None] = mapped_column(String(200))
     settings: Mapped[dict | None] = mapped_column(JSON)
     prompt_tokens: Mapped[int | None] = mapped_column(Integer)

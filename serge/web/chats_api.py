@@ -2,8 +2,8 @@
 
 It parses requests, calls `ChatService`, and formats records as JSON or a reply
 as server-sent events (`start`, which says how many of the oldest messages the
-model could not see, then `delta` events with text, then `done` with the saved
-message). A client that goes away stops its reply, as `/stop` does.
+model could not see, then `delta` events with text and, for a model that thinks,
+`reasoning` events with its thoughts, then `done` with the saved message). A client that goes away stops its reply, as `/stop` does.
 """
 
 from __future__ import annotations
@@ -105,8 +105,8 @@ def reply_events(request: Request, reply: Reply) -> StreamingResponse:
                 "dropped_messages": reply.dropped_messages,
             })
             async for kind, value in reply.events():
-                if kind == "delta":
-                    yield _event("delta", {"text": value})
+                if kind in ("delta", "reasoning"):
+                    yield _event(kind, {"text": value})
                 elif kind == "queued":
                     yield _event("queued", {"ahead": value})
                 else:
