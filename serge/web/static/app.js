@@ -1,5 +1,5 @@
 // The chat page's behaviour. The server renders every message; this module only
-// streams a reply's text (as plain text) and swaps in server-rendered fragments.
+// streams a reply's text and thoughts (as plain text) and swaps in server-rendered fragments.
 
 import { readEvents, errorOf, errorText } from "./sse.js";
 
@@ -130,6 +130,24 @@ function noteDropped(article, count) {
   article.append(note);
 }
 
+// A thinking model's thoughts, shown live above the reply while they stream (as text, never as markup);
+// once saved, the server-rendered reply folds them away.
+function thoughtsOf(article) {
+  let details = $(".thoughts", article);
+  if (!details) {
+    details = document.createElement("details");
+    details.className = "thoughts";
+    details.open = true;
+    const summary = document.createElement("summary");
+    summary.textContent = "Thinking…";
+    const body = document.createElement("div");
+    body.className = "thoughts-body";
+    details.append(summary, body);
+    $(".msg-body", article).before(details);
+  }
+  return details;
+}
+
 async function refreshConversation() {
   if (!state.chatId) return;
   const response = await fetch(`/c/${state.chatId}/conversation`);
@@ -207,8 +225,17 @@ async function streamReply(url, body) {
       } else if (event === "queued") {
         const ahead = data.ahead === 0 ? "next in line" : `${data.ahead} ahead of you`;
         showStatus(`Waiting for a free slot: ${ahead}.`, "queue");
+      } else if (event === "reasoning") {
+        if (ui.status.dataset.kind === "queue") showStatus("");
+        $(".thoughts-body", thoughtsOf(bubble)).textContent += data.text; // as text, never as markup
+        scrollToEnd();
       } else if (event === "delta") {
         if (ui.status.dataset.kind === "queue") showStatus("");
+        const thoughts = $(".thoughts", bubble);
+        if (thoughts && !text.textContent) {  // the answer begins: the thoughts fold away
+          thoughts.open = false;
+          $("summary", thoughts).textContent = "Thought";
+        }
         text.textContent += data.text; // as text, never as markup
         scrollToEnd();
       } else if (event === "done" && data.message.status === "error") {
