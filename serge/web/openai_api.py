@@ -20,7 +20,7 @@ from starlette.concurrency import run_in_threadpool
 
 from serge import __version__
 from serge.engine import Engine, FinishReason, GenerationRecord, ModelInfo, TokenLogprob
-from serge.web.dialects import cancel_on_disconnect, failure
+from serge.web.dialects import cancel_on_disconnect, failure, think_for
 from serge.web.docs import COMPLETION
 from serge.web.errors import ApiError, error_body
 from serge.web.openai_models import HARMLESS, REFUSED, ChatCompletionRequest
@@ -97,7 +97,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
     params = body.sampling()
     messages = body.conversation()
     tools = body.tool_offer()
-    think = None if body.reasoning_effort is None else body.reasoning_effort != "none"
+    think = think_for(body.reasoning_effort)
     stream = await run_in_threadpool(_engine(request).chat, body.model, messages, params, tools, body.response_format,
                                      False, think)  # trim=False: an agent managing its own context must hear it
     name = stream.model

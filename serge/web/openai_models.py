@@ -124,8 +124,8 @@ class ChatCompletionRequest(StrictRequest):
     repetition_penalty: float | None = Field(None, description="Not in OpenAI's API: >1 discourages repeats.")
     ignore_eos: bool | None = Field(None, description="Not in OpenAI's API: generate past end-of-turn (benchmarks).")
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = Field(
-        None, description="For a model that thinks: none asks its template not to (where the template allows); any "
-                          "other value lets it think. Its thoughts come back as reasoning_content.")
+        None, description="For a model that thinks: none or minimal asks its template not to (where the template "
+                          "allows); any other value lets it think. Its thoughts come back as reasoning_content.")
     user: str | None = Field(None, description=NO_EFFECT)
     metadata: dict[str, str] | None = Field(None, description=NO_EFFECT)
     store: bool | None = Field(None, description=NO_EFFECT)
