@@ -199,7 +199,7 @@ def next_logits(kv: StandInKV, reply_tokens: int | None, think_tokens: int | Non
             closing = len(thought) - think_tokens  # bytes of </think> written so far
             if 0 <= closing < len(_CLOSE):
                 return _prefer(_TEXT, _CLOSE[closing])
-            return _prefer(_TEXT, _word_byte(seed, thought))
+            return _prefer(_TEXT, _word_byte(_mix(seed, 4), thought))  # words of its own, not the answer's
         reply = thought[ends + len(_CLOSE) :]  # the answer
         if not reply:
             return _prefer(_TEXT, _LETTERS[seed % 26])
