@@ -116,3 +116,7 @@ def test_a_stored_response_keeps_its_reasoning_item_and_a_chain_continues_past_i
     assert kept.usage.output_tokens_details.reasoning_tokens == first.usage.output_tokens_details.reasoning_tokens
     second = client.responses.create(**{**ASK, "input": "And of Spain?"}, previous_response_id=first.id)
     assert [i.type for i in second.output] == ["reasoning", "message"] and second.output_text.strip()
+    by_hand = client.responses.create(**{**ASK, "input": [  # the chain without its thoughts
+        {"role": "user", "content": ASK["input"]}, first.output[1].model_dump(exclude_none=True),
+        {"role": "user", "content": "And of Spain?"}]})
+    assert second.usage.input_tokens == by_hand.usage.input_tokens  # the stored thoughts are not in the prompt
