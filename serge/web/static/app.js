@@ -2,6 +2,7 @@
 // streams a reply's text and thoughts (as plain text) and swaps in server-rendered fragments.
 
 import { readEvents, errorOf, errorText } from "./sse.js";
+import { messageBubble, noteDropped, thoughtsOf } from "./bubbles.js";
 
 const $ = (selector, root = document) => root.querySelector(selector);
 const JSON_HEADERS = { "Content-Type": "application/json" };
@@ -99,53 +100,10 @@ function addCodeCopyButtons(root) {
 
 function appendMessage(role, content) {
   $(".empty-chat", ui.conversation)?.remove();
-  const article = document.createElement("article");
-  article.className = `msg msg-${role}`;
-  article.dataset.role = role;
-  const head = document.createElement("header");
-  head.className = "msg-head";
-  const who = document.createElement("span");
-  who.className = "who";
-  who.textContent = role === "user" ? "You" : "Assistant";
-  head.append(who);
-  const body = document.createElement("div");
-  body.className = "msg-body plain";
-  body.textContent = content;
-  article.append(head, body);
+  const article = messageBubble(role, content);
   ui.conversation.append(article);
   scrollToEnd();
   return article;
-}
-
-// Said while the reply streams; once saved, the server-rendered reply says the same (pages.dropped_text).
-function noteDropped(article, count) {
-  const oldest = count === 1 ? "the oldest message" : `the ${count} oldest messages`;
-  const note = document.createElement("footer");
-  note.className = "msg-meta";
-  const badge = document.createElement("span");
-  badge.className = "badge dropped";
-  badge.dataset.dropped = String(count);
-  badge.textContent = `written without ${oldest}: the chat is longer than the model's context`;
-  note.append(badge);
-  article.append(note);
-}
-
-// A thinking model's thoughts, shown live above the reply while they stream (as text, never as markup);
-// once saved, the server-rendered reply folds them away.
-function thoughtsOf(article) {
-  let details = $(".thoughts", article);
-  if (!details) {
-    details = document.createElement("details");
-    details.className = "thoughts";
-    details.open = true;
-    const summary = document.createElement("summary");
-    summary.textContent = "Thinking…";
-    const body = document.createElement("div");
-    body.className = "thoughts-body";
-    details.append(summary, body);
-    $(".msg-body", article).before(details);
-  }
-  return details;
 }
 
 async function refreshConversation() {
