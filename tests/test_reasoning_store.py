@@ -113,6 +113,9 @@ def test_export_and_import_carry_the_thoughts_and_an_older_export_still_imports(
         exported = client.get(f"/api/chats/{chat_id}/export", params={"format": "json"}).json()
         reply = exported["messages"][-1]
         assert (reply["reasoning"], reply["reasoning_tokens"]) == (saved["reasoning"], saved["reasoning_tokens"])
+        markdown = client.get(f"/api/chats/{chat_id}/export", params={"format": "md"}).text
+        quoted = "\n".join(f"> {line}".rstrip() for line in saved["reasoning"].strip().splitlines())
+        assert f"> _Thoughts:_\n{quoted}\n\n{saved['content']}" in markdown
         again = client.post("/api/chats/import", json=exported).json()["messages"][-1]
         assert (again["reasoning"], again["reasoning_tokens"]) == (saved["reasoning"], saved["reasoning_tokens"])
         assert again["content"] == saved["content"]

@@ -119,5 +119,8 @@ def export_markdown(chat: ChatRecord) -> str:
             heading += f" · {m.model}"  # which model wrote it: a chat may switch models between replies
         if m.role == "assistant" and not m.complete:
             heading += f" ({m.finish_reason or 'incomplete'})"
-        lines += [f"## {heading}", "", m.content, ""]
+        lines += [f"## {heading}", ""]
+        if m.reasoning:  # a thinking model's thoughts, quoted above its reply
+            lines += ["> _Thoughts:_", *(f"> {line}".rstrip() for line in m.reasoning.strip().splitlines()), ""]
+        lines += [m.content, ""]
     return "\n".join(lines).rstrip() + "\n"
