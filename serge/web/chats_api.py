@@ -3,7 +3,8 @@
 It parses requests, calls `ChatService`, and formats records as JSON or a reply
 as server-sent events (`start`, which says how many of the oldest messages the
 model could not see, then `delta` events with text and, for a model that thinks,
-`reasoning` events with its thoughts, then `done` with the saved message). A client that goes away stops its reply, as `/stop` does.
+`reasoning` events with its thoughts, then `done` with the saved message). A
+client that goes away stops its reply, as `/stop` does.
 """
 
 from __future__ import annotations
