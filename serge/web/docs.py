@@ -33,7 +33,8 @@ BUSY = {"description": "Unavailable for now, with the reason in error.code: engi
 # Open API 3.1 describes an event stream by the schema of one event; `data` holds JSON text.
 _JSON_TEXT = {"type": "string", "contentMediaType": "application/json"}
 _REPLY_EVENT = {"type": "object", "required": ["event", "data"],
-                "properties": {"event": {"enum": ["start", "queued", "delta", "reasoning", "done"]}, "data": _JSON_TEXT}}
+                "properties": {"event": {"enum": ["start", "queued", "delta", "reasoning", "done"]},
+                               "data": _JSON_TEXT}}
 _CHUNK_EVENT = {"type": "object", "required": ["data"],
                 "properties": {"data": {"description": "a chat.completion.chunk, an error, or [DONE]",
                                         "type": "string"}}}

@@ -60,8 +60,9 @@ With `stream: true`: server-sent events response.created, response.in_progress, 
 response.output_item.added, (response.content_part.added, response.reasoning_text.delta...,
 response.reasoning_text.done, response.content_part.done) for a reasoning item, (response.content_part.added,
 response.output_text.delta..., response.output_text.done, response.content_part.done) for a message, or
-(response.function_call_arguments.delta..., response.function_call_arguments.done), response.output_item.done; then response.completed or
-response.incomplete; `error` if generation fails on the way. Every event has a rising sequence_number."""
+(response.function_call_arguments.delta..., response.function_call_arguments.done) for a call,
+response.output_item.done; then response.completed or response.incomplete; `error` if generation fails on
+the way. Every event has a rising sequence_number."""
 
 _STREAMED = {200: {"model": ResponseOut, "description": "A response, or its events when streamed.",
                    "content": {"text/event-stream": {"schema": {"type": "object", "required": ["event", "data"],

@@ -145,7 +145,8 @@ def canonical(item: MessageItem | FunctionCallItem | FunctionCallOutputItem, ind
                 "arguments": item.arguments, "status": "completed"}
     output = _part_text(item.output, f"{param}.output")
     if len(output) > MAX_MESSAGE_CHARS:
-        raise invalid(f"{param}.output is {len(output)} characters; the limit is {MAX_MESSAGE_CHARS}", f"{param}.output")
+        raise invalid(f"{param}.output is {len(output)} characters; the limit is {MAX_MESSAGE_CHARS}",
+                      f"{param}.output")
     return {"type": "function_call_output", "id": item.id or new_id("fco"), "call_id": item.call_id,
             "output": output, "status": "completed"}
 

@@ -5,10 +5,9 @@ model's `reasoning` item with its thoughts as `reasoning_text`, a `message` with
 `output_text`, `function_call` items) and the events a streamed reply sends on the way
 (`response.output_item.added`, `response.reasoning_text.delta`,
 `response.output_text.delta`, ...), so a streamed and a whole reply are made of the
-same items. `response_object` puts a
-response together from its parts, the same way for a fresh reply and a stored one.
-The pydantic models at the end document the shapes in /docs; replies are built as
-plain JSON values here. Nothing here talks to the engine or the database.
+same items. `response_object` puts a response together from its parts, the same way
+for a fresh reply and a stored one. The pydantic models at the end document the
+shapes in /docs; replies are built as plain JSON values here. Nothing here talks to the engine or the database.
 """
 
 from __future__ import annotations
@@ -25,7 +24,8 @@ from serge.web.responses_models import CreateResponse, FunctionChoice
 def usage(record: GenerationRecord) -> dict:
     return {"input_tokens": record.prompt_tokens,
             "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
-            "output_tokens": record.completion_tokens, "output_tokens_details": {"reasoning_tokens": record.reasoning_tokens},
+            "output_tokens": record.completion_tokens,
+            "output_tokens_details": {"reasoning_tokens": record.reasoning_tokens},
             "total_tokens": record.prompt_tokens + record.completion_tokens}
 
 
