@@ -28,13 +28,18 @@ def cosine(a, b) -> float:
 
 
 @pytest.fixture(scope="module")
-def library(tmp_path_factory):
-    """A library holding the bundled embedding model twice: as installed, and as a float16 GGUF of it."""
-    folder = tmp_path_factory.mktemp("gguf-embed")
-    library = ModelLibrary(folder / "models")
+def made(tmp_path_factory):
+    """The bundled embedding model's folder, and a float16 GGUF of it."""
     source = ModelLibrary(models_dir()).find(TORCH).path
-    library.import_path(source, TORCH, log=lambda _: None)
-    library.import_path(write_bert_gguf(source, folder / "minilm.f16.gguf"), GGUF, log=lambda _: None)
+    return source, write_bert_gguf(source, tmp_path_factory.mktemp("gguf-embed") / "all-MiniLM-L6-v2.F16.gguf")
+
+
+@pytest.fixture(scope="module")
+def library(made, tmp_path_factory):
+    """A library holding the bundled embedding model twice: as installed, and as the GGUF (imported)."""
+    library = ModelLibrary(tmp_path_factory.mktemp("models"))
+    library.import_path(made[0], TORCH, log=lambda _: None)
+    library.import_path(made[1], GGUF, log=lambda _: None)
     return library
 
 
@@ -59,6 +64,16 @@ def test_the_library_reads_kind_and_dimensions_from_the_gguf_metadata(library, e
     assert (facts.format, facts.kind, facts.dimensions, facts.architecture) == ("gguf", "embedding", 384, "bert")
     assert (engine.info(GGUF).kind, engine.info(GGUF).engine, engine.info(TORCH).engine) == (
         "embedding", "llama.cpp", "transformers")
+
+
+def test_the_hub_pull_takes_a_gguf_embedding_repo(made, tmp_path):
+    from hubserver import FakeHub
+
+    with FakeHub() as hub:
+        hub.add("serge-tests/all-MiniLM-L6-v2-GGUF", {"README.md": made[0] / "config.json", made[1].name: made[1]})
+        pulled = ModelLibrary(tmp_path / "models", hub_endpoint=hub.url).pull("serge-tests/all-MiniLM-L6-v2-GGUF",
+                                                                              log=lambda _: None)
+    assert (pulled.facts.kind, pulled.facts.dimensions, pulled.gguf_path.name) == ("embedding", 384, made[1].name)
 
 
 def test_its_vectors_are_the_torch_embedders_for_the_same_texts(engine):
