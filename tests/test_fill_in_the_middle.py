@@ -1,6 +1,6 @@
 """Fill-in-the-middle: a suffix goes to a code model through its FIM tokens, on /v1/completions and Ollama's /api/generate.
 
-On a stand-in code model (tests/standin.py `fim_standin_model`): its tokenizer has a code
+On a stand-in code model (tests/standin_fim.py): its tokenizer has a code
 model's three FIM tokens, it records the prompt it is given, and after the middle token
 it writes a known middle. So what is checked is the product's part: the prompt's order
 and the reply being the middle alone.
@@ -16,7 +16,8 @@ from conftest import ServerThread, free_port
 from serge.engine import Engine
 from serge.settings import Settings
 from serge.web.app import build_app
-from standin import FIM_SPELLINGS, NAME, fim_standin_model, standin_model
+from standin import NAME, standin_model
+from standin_fim import FIM_SPELLINGS, fim_standin_model
 
 PREFIX, SUFFIX = "def add(a, b):\n", "\n\nprint(add(1, 2))\n"
 MIDDLE = "    return a + b"

@@ -20,6 +20,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -72,6 +73,18 @@ class Pooling:
         return F.normalize(out, p=2, dim=-1) if self.normalize else out
 
 
+class Encoder(Protocol):
+    """What an engine gives `EmbeddingModel`: a text's token ids (cut to `limit`), pooled vectors for a batch."""
+
+    vocab_size: int
+
+    def ids(self, text: str, limit: int) -> list[int]: ...
+
+    def vectors(self, batch: list[list[int]]) -> torch.Tensor: ...  # [texts, dimensions], float32 on the CPU
+
+    def close(self) -> None: ...
+
+
 class TorchEncoder:
     """A transformers encoder and its sentence-transformers pooling: token ids in, one vector per text out."""
 
@@ -81,6 +94,9 @@ class TorchEncoder:
 
     def ids(self, text: str, limit: int) -> list[int]:
         return self.tokenizer(text, truncation=True, max_length=limit)["input_ids"]
+
+    def close(self) -> None:
+        """Nothing to free: the weights go with the last reference."""
 
     def vectors(self, batch: list[list[int]]) -> torch.Tensor:
         torch.set_num_threads(self.threads)  # per thread under OpenMP: set where the work runs
@@ -101,7 +117,7 @@ class EmbeddingModel:
 
     kind = "embedding"
 
-    def __init__(self, name: str, encoder, context_window: int, dimensions: int, load_seconds: float,
+    def __init__(self, name: str, encoder: Encoder, context_window: int, dimensions: int, load_seconds: float,
                  memory_bytes: int, engine: EngineKind = "transformers", source: str = "",
                  device: str | None = None, gpu_bytes: int = 0) -> None:
         self.name, self.encoder, self.engine = name, encoder, engine
@@ -156,10 +172,8 @@ class EmbeddingModel:
     count_tokens = complete = submit
 
     def close(self) -> None:
-        """Frees what the encoder holds outside Python (llama.cpp's model); torch's weights go with the last
-        reference."""
-        if close := getattr(self.encoder, "close", None):
-            close()
+        """Frees what the encoder holds outside Python (llama.cpp's model and context)."""
+        self.encoder.close()
 
 
 def load_embedder(installed: InstalledModel, options: LoadOptions) -> EmbeddingModel:

@@ -21,11 +21,13 @@ import torch
 
 from serge.engine.embeddings import BATCH, EmbeddingModel
 from serge.engine.local import LoadOptions
+from serge.engine.models.facts import ModelFacts
 from serge.engine.models.library import InstalledModel
 
 log = logging.getLogger(__name__)
 
-_TOKENS = 2048  # tokens per llama_decode at most: non-causal attention spans the whole ubatch
+_TOKENS = 2048  # tokens per llama_decode at most (and per text): non-causal attention spans the whole ubatch
+_COMPUTE_BYTES = 256 * 2**20  # its buffers: attention scores over a full ubatch are 2048^2 x heads floats
 
 
 class LlamaEncoder:
@@ -76,6 +78,11 @@ class LlamaEncoder:
         self.llm.close()
 
 
+def estimate(facts: ModelFacts) -> int:
+    """Memory a GGUF embedding model takes on llama.cpp: its weights as they are, and the compute buffers."""
+    return facts.weights_bytes + _COMPUTE_BYTES
+
+
 def load_llama_embedder(installed: InstalledModel, options: LoadOptions) -> EmbeddingModel:
     """Load a GGUF embedding model on llama.cpp (all its layers on the GPU where this build has one)."""
     import llama_cpp
@@ -97,9 +104,9 @@ def load_llama_embedder(installed: InstalledModel, options: LoadOptions) -> Embe
     encoder = LlamaEncoder(llm)
     seconds = time.monotonic() - started
     log.info("Loaded %s in %.1f s", installed.name, seconds)
-    weights = installed.facts.weights_bytes
+    memory = estimate(installed.facts)
     return EmbeddingModel(
         name=installed.name, encoder=encoder, context_window=window, dimensions=encoder.dimensions,
-        load_seconds=seconds, memory_bytes=weights + 64 * 2**20, engine="llama.cpp", source=installed.source,
-        device=options.plan.device if on_gpu else "cpu", gpu_bytes=weights if on_gpu else 0,
+        load_seconds=seconds, memory_bytes=memory, engine="llama.cpp", source=installed.source,
+        device=options.plan.device if on_gpu else "cpu", gpu_bytes=memory if on_gpu else 0,
     )

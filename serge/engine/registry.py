@@ -161,6 +161,10 @@ class ModelRegistry:
     def estimate(self, installed: InstalledModel, engine: EngineKind | None = None) -> int:
         """Memory `installed` takes once loaded on `engine` (its own engine by default), before it is loaded."""
         engine = engine or self.engine_for(installed)
+        if installed.facts.kind == "embedding" and engine == "llama.cpp":
+            from serge.engine import llama_embeddings
+
+            return llama_embeddings.estimate(installed.facts)
         if installed.facts.kind == "embedding":  # float32 weights as they are, nothing packed beside them
             return installed.facts.weights_bytes + 64 * 2**20
         if engine == "llama.cpp":
