@@ -101,7 +101,7 @@ BAD_REQUESTS = {
     "negative max_tokens": ({"messages": HELLO, "max_tokens": 0}, 400, "max_tokens"),
     "max_tokens beyond the context": ({"messages": HELLO, "max_tokens": 10_000_000}, 400, "context window"),
     "five stop strings": ({"messages": HELLO, "stop": ["a", "b", "c", "d", "e"]}, 400, "stop"),
-    "n of two": ({"messages": HELLO, "n": 2}, 400, "n=2"),
+    "n above the most choices": ({"messages": HELLO, "n": 9}, 400, "less than or equal to 8"),
     "stream_options without stream": ({"messages": HELLO, "stream_options": {"include_usage": True}}, 400,
                                       "stream_options"),
     "not json": (None, 400, "JSON"),
