@@ -39,7 +39,7 @@ from serge.engine.remote import RemoteClient
 from serge.engine.embeddings import Embeddings
 from serge.engine.generation.grammar import InvalidRequest, ResponseFormat
 from serge.engine.generation.sampling import SamplingParams
-from serge.engine.generation.scheduler import SchedulerLimits
+from serge.engine.generation.admission import SchedulerLimits
 from serge.engine.generation.stream import Stream
 from serge.engine.generation.tools import Tools
 from serge.settings import Settings

@@ -23,7 +23,8 @@ from serge.engine.generation.prompts import (ContextTooLong, Message, TemplateOp
                                               placed, template_takes_mid_system)
 from serge.engine.generation.thinking import Thinking, opens_thinking, template_thinks
 from serge.engine.generation.sampling import SamplingParams
-from serge.engine.generation.scheduler import Scheduler, SchedulerLimits
+from serge.engine.generation.admission import SchedulerLimits
+from serge.engine.generation.scheduler import Scheduler
 from serge.engine.generation.stream import Stream
 from serge.engine.generation.tools import ToolFormat, Tools, find_tool_format, plan_reply
 

@@ -33,10 +33,10 @@ import logging
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass
 
 import torch
 
+from serge.engine.generation.admission import EngineBusy, SchedulerLimits
 from serge.engine.generation.forward import Forward
 from serge.engine.generation.grammar import InvalidRequest, Vocabulary
 from serge.engine.generation.kvcache import PrefixCache
@@ -47,38 +47,6 @@ from serge.engine.generation.thinking import Thinking
 from serge.engine.generation.stream import FinishReason, GenerationError, Stream, TextAssembler
 
 log = logging.getLogger(__name__)
-
-
-class EngineBusy(RuntimeError):
-    """Every slot is taken and the queue is full; try again after `retry_after_s`."""
-
-    def __init__(self, retry_after_s: float, message: str = "the server is busy; try again later") -> None:
-        super().__init__(message)
-        self.retry_after_s = retry_after_s
-
-
-@dataclass(frozen=True)
-class SchedulerLimits:
-    """How much one model's scheduler takes on at once."""
-
-    max_running: int | None = None  # None: see `running_for`
-    max_queue: int = 64
-    queue_timeout_s: float = 120.0
-    prefix_cache_mb: int = 512
-    prefill_chunk: int = 256
-
-    def running_for(self, device: torch.device) -> int:
-        return self.max_running or (64 if device.type == "cuda" else 16)
-
-    @classmethod
-    def from_settings(cls, settings) -> SchedulerLimits:
-        return cls(
-            max_running=settings.max_running,
-            max_queue=settings.max_queue,
-            queue_timeout_s=settings.queue_timeout_s,
-            prefix_cache_mb=settings.prefix_cache_mb,
-            prefill_chunk=settings.prefill_chunk,
-        )
 
 
 def _message(exc: BaseException) -> str:
@@ -228,9 +196,8 @@ class Scheduler:
         self.forward.close()  # on this thread, like every pass before it
 
     def _admit(self) -> tuple[list[Sequence], list[tuple[Sequence, FinishReason, str | None]]]:
-        """Under the lock: move waiting requests into free slots, each with all its choices and in order (one
-        that does not fit yet holds back those behind it, so a request for n is never starved); drop
-        cancelled and timed-out ones."""
+        """Under the lock: move waiting requests into free slots, all of a request's choices at once and in
+        order (so one for n is never starved); drop cancelled and timed-out ones."""
         now = time.monotonic()
         admitted, expired, kept = [], [], deque()
         for group in self._waiting:
