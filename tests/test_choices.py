@@ -21,7 +21,7 @@ from serge.engine.generation.scheduler import SchedulerLimits
 from serge.web.openai_models import MAX_CHOICES
 
 from conftest import MODEL as REAL_MODEL, own_server
-from standin import NAME as MODEL, StandInForward, StandInKV, standin_model
+from standin import NAME as MODEL, StandInForward, StandInKV, cancelled, standin_model
 
 # The stand-in's engine and server go by their own names (standin_engine, standin_server), so that the
 # real-model test at the end gets conftest's real settings.
@@ -109,22 +109,17 @@ def test_the_prompt_is_prefilled_once_for_every_choice(client, standin_engine):
     assert after.prompt_tokens - before.prompt_tokens == reply.usage.prompt_tokens
 
 
-def _cancelled(engine) -> float:
-    return engine.metrics.registry.get_sample_value(
-        "serge_requests_total", {"model": MODEL, "reason": "cancelled"}) or 0.0
-
-
 def test_a_client_that_leaves_cancels_every_choice(standin_server, standin_engine):
-    before = _cancelled(standin_engine)
+    before = cancelled(standin_engine)
     with httpx.stream("POST", f"{standin_server}/v1/chat/completions", timeout=60, json={
             "messages": LONG, "n": 3, "stream": True, "max_tokens": 4000}) as reply:
         for i, _ in enumerate(reply.iter_lines()):
             if i >= 12:
                 break
     deadline = time.monotonic() + 20
-    while _cancelled(standin_engine) < before + 3 and time.monotonic() < deadline:
+    while cancelled(standin_engine) < before + 3 and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert _cancelled(standin_engine) == before + 3, "a choice went on after its client left"
+    assert cancelled(standin_engine) == before + 3, "a choice went on after its client left"
     assert standin_engine.model(MODEL).scheduler.pending == 0
 
 

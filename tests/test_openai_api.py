@@ -11,7 +11,7 @@ from openai import OpenAI
 
 from serge.engine import resolve_device
 
-from standin import NAME as MODEL, stand_in
+from standin import NAME as MODEL, cancelled as _cancelled, stand_in
 
 
 # On the stand-in model (standin.py): nothing here needs the real one.
@@ -126,11 +126,6 @@ def test_an_oversized_body_is_refused_with_413(server, settings):
     reply = post(server, big)
     assert reply.status_code == 413
     assert "larger than" in reply.json()["error"]["message"]
-
-
-def _cancelled(engine) -> float:
-    return engine.metrics.registry.get_sample_value(
-        "serge_requests_total", {"model": MODEL, "reason": "cancelled"}) or 0.0
 
 
 def test_a_client_that_disconnects_cancels_its_generation(server, engine):
