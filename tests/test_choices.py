@@ -21,7 +21,7 @@ from serge.engine.generation.scheduler import SchedulerLimits
 from serge.web.openai_models import MAX_CHOICES
 
 from conftest import MODEL as REAL_MODEL, own_server
-from standin import NAME as MODEL, StandInForward, StandInKV, cancelled, standin_model
+from standin import NAME as MODEL, StandInForward, StandInKV, cancelled, shared_tokenizer, standin_model
 
 # The stand-in's engine and server go by their own names (standin_engine, standin_server), so that the
 # real-model test at the end gets conftest's real settings.
@@ -234,6 +234,15 @@ def test_ollama_num_ctx_caps_the_reply_and_renders_once(standin_server, renders)
                                                             "options": {"num_ctx": first["prompt_eval_count"] + 4,
                                                                         "num_predict": 100_000}}, timeout=60).json()
     assert capped["eval_count"] == 4 and capped["done_reason"] == "length" and renders["n"] == 1
+
+
+def test_a_capped_reply_over_a_long_chat_trims_it_and_keeps_room():
+    chat = [Message("user" if i % 2 == 0 else "assistant", f"turn {i} " + "word " * 40) for i in range(40)]
+    with pytest.raises(prompts.ContextTooLong):
+        prompts.build_prompt(shared_tokenizer(), chat, 1024, 64_000)
+    capped = prompts.build_prompt(shared_tokenizer(), chat, 1024, 64_000, cap=True)
+    assert capped.dropped_messages > 0 and 1024 // 4 <= capped.room < 1024 // 2  # a quarter kept, not more
+    assert SamplingParams(max_new_tokens=64_000).resolved(capped.room).max_new_tokens == capped.room
 
 
 # --- stop strings as editor autocomplete sends them ------------------------------------------------------------

@@ -215,7 +215,8 @@ class Engine:
         model (`stream.model`) and how long the prompt is (`stream.prompt_tokens`). A conversation too long
         for the window loses its oldest turns, or with `trim=False` is refused. `cap=True`: max_new_tokens
         is capped to what the window leaves after the prompt instead of refused (clients that set it for
-        the largest hosted models); with `window`, capped to what that many tokens leave (Ollama's num_ctx).
+        the largest hosted models); `window`: the reply gets at most what that many tokens of context leave
+        after the prompt (Ollama's num_ctx).
         `n` choices (1 to the model's slots) share one prefill and decode in one batch, as one `Stream`
         (each `Delta.choice` says whose, `stream.records` one per choice). A last message from the
         assistant is continued (a prefill). A model that thinks has its thoughts apart (`Delta.reasoning`,

@@ -88,14 +88,15 @@ class LocalModel:
         """Start a reply (`n` choices of it, from one prefill); raises ContextTooLong, InvalidRequest or
         EngineBusy before anything runs. `think=False` asks the template not to think (`enable_thinking`,
         where the template has it). `cap`: max_new_tokens is capped to what the window leaves after the
-        prompt, never refused; with `window` (Ollama's num_ctx), to what `window` tokens leave (one at least)."""
+        prompt, never refused. `window` (Ollama's num_ctx): the reply gets at most what that many tokens
+        leave after the prompt, one at least (the model's own window still decides what is trimmed)."""
         params = self._checked(params)
         rule = response_format.rule() if response_format is not None else None
         plan = plan_reply(self.tool_format, placed(messages, self._mid_system), tools, rule)
         tokenizer = TemplateOptions(self.tokenizer, enable_thinking=False) if think is False else self.tokenizer
         prompt = build_prompt(tokenizer, plan.messages, self.context_window, params.max_new_tokens,
                               plan.template_tools, trim, cap)
-        room = prompt.room if window is None or not cap else max(1, min(prompt.room, window - len(prompt.ids)))
+        room = prompt.room if window is None else max(1, min(prompt.room, window - len(prompt.ids)))
         thinking = None
         if self.thinks:  # does the prompt leave the reply inside <think> (the template opened it)?
             thinking = Thinking(inside=opens_thinking(self.tokenizer.decode(prompt.ids[-16:])))
