@@ -158,6 +158,25 @@ def _ended(stream) -> tuple:
     return stream.records
 
 
+def test_a_request_for_n_waits_for_n_slots_and_none_behind_it_passes():
+    forward = StandInForward(reply_tokens=None)
+    model = standin_model(forward=forward, limits=SchedulerLimits(max_running=2))
+    try:
+        ask, short = [Message("user", "hi")], SamplingParams(max_new_tokens=4)
+        running = model.submit(ask, SamplingParams(max_new_tokens=8000))
+        pair = model.submit(ask, short, n=2)  # needs both slots
+        single = model.submit(ask, short)  # would fit beside `running`, but comes after the pair
+        passes = forward.passes
+        deadline = time.monotonic() + 30
+        while forward.passes < passes + 5 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert running.queue_position is None and (pair.queue_position, single.queue_position) == (0, 1)
+        running.cancel()
+        assert [r.completion_tokens for r in _ended(pair)] == [4, 4] and _ended(single)[0].completion_tokens == 4
+    finally:
+        model.close()
+
+
 class _FailingPrefill(StandInForward):
     def prefill(self, kv, tokens):
         raise RuntimeError("prefill broke")
