@@ -333,6 +333,12 @@ def standin_engine(settings, name: str = NAME, **model) -> Iterator[Engine]:
         local.close()
 
 
+def cancelled(engine: Engine, name: str = NAME) -> float:
+    """Replies of `name` that ended cancelled, as the engine's metrics count them."""
+    sample = engine.metrics.registry.get_sample_value("serge_requests_total", {"model": name, "reason": "cancelled"})
+    return sample or 0.0
+
+
 def stand_in(*names: str):
     """Module fixtures called `names` (settings, engine, server) that are the stand-in's, for a module
     whose promises need no real model: `settings, engine = stand_in("settings", "engine")`."""

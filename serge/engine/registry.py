@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from serge.engine.models.library import InstalledModel, ModelLibrary
 from serge.engine.local import EngineKind, LoadOptions, LocalModel, ModelLoadFailed
-from serge.engine.generation.scheduler import EngineBusy
+from serge.engine.generation.admission import EngineBusy
 
 log = logging.getLogger(__name__)
 

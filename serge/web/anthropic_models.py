@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, ValidationError, model_validator
 
 from serge.chats import MAX_MESSAGE_CHARS
-from serge.engine import ANTHROPIC_NAMES, Message, ResponseFormat, SamplingParams, Tool, ToolCall, Tools
+from serge.engine import ANTHROPIC_NAMES, MAX_STOP_STRINGS, Message, ResponseFormat, SamplingParams, Tool, ToolCall, Tools
 from serge.web.errors import ApiError
 from serge.web.dialects import EchoedItem, StrictRequest, refused_settings
 
@@ -207,7 +207,8 @@ class MessagesRequest(_Conversation):
     max_tokens: int = Field(ge=1, description="Required. Above what the context window leaves for the reply, it "
                                               "is capped to that (stop_reason max_tokens if reached).")
     stream: bool | None = None
-    stop_sequences: list[str] | None = None
+    stop_sequences: list[str] | None = Field(None, description=f"Up to {MAX_STOP_STRINGS} strings that end the "
+                                                             "reply.")
     temperature: float | None = Field(None, ge=0, le=1)
     top_p: float | None = Field(None, gt=0, le=1)
     top_k: int | None = Field(None, ge=0)

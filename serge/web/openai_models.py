@@ -22,13 +22,15 @@ from serge.web.errors import ApiError
 
 MAX_MESSAGES_PER_REQUEST = 500
 MAX_TOOLS = 128
+MAX_CHOICES = 8  # n: replies to one request, sharing its prefill
+OPENAI_MAX_STOP = 4  # stop strings: OpenAI's documented limit, kept where its chat completions promise it
 NO_EFFECT = "Accepted for compatibility with OpenAI's API; it has no effect in Serge."
 # OpenAI's fields that ask nothing of a local model: accepted, without effect (declared below).
 HARMLESS = ("user", "metadata", "store", "service_tier", "prompt_cache_key", "prompt_cache_retention",
             "safety_identifier")
 # Some of OpenAI's fields Serge does not implement; they, and any field not declared below, are a 400.
 REFUSED = ("audio", "modalities other than text", "prediction", "verbosity",
-           "web_search_options", "functions", "function_call", "n > 1")
+           "web_search_options", "functions", "function_call", f"n > {MAX_CHOICES}")
 
 
 def _bad(message: str, param: str) -> ApiError:
@@ -100,13 +102,14 @@ class ChatCompletionRequest(StrictRequest):
     messages: list[ChatMessageIn] = Field(min_length=1, max_length=MAX_MESSAGES_PER_REQUEST)
     stream: bool = False
     stream_options: StreamOptions | None = Field(None, description="Only with stream: true.")
-    n: int = Field(1, description="Only 1 is supported.")
+    n: int = Field(1, ge=1, le=MAX_CHOICES, description=f"Choices to return (1 to {MAX_CHOICES}); they share one "
+                                                        "prefill of the prompt and decode in one batch.")
     temperature: float | None = None
     top_p: float | None = None
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
-    stop: str | list[str] | None = None
-    seed: int | None = None
+    stop: str | list[str] | None = Field(None, description=f"Up to {OPENAI_MAX_STOP} strings, as OpenAI allows.")
+    seed: int | None = Field(None, description="Makes sampling repeatable; with n > 1, choice i uses seed + i.")
     frequency_penalty: float | None = None
     presence_penalty: float | None = None
     logit_bias: dict[int, float] | None = Field(None, description="Token id -> -100 to 100, added to its score.")
@@ -137,6 +140,9 @@ class ChatCompletionRequest(StrictRequest):
     def sampling(self) -> SamplingParams:
         if self.top_logprobs is not None and not self.logprobs:
             raise _bad("top_logprobs needs logprobs: true", "top_logprobs")
+        if isinstance(self.stop, list) and len(self.stop) > OPENAI_MAX_STOP:
+            raise _bad(f"stop has {len(self.stop)} strings; OpenAI's chat completions take at most {OPENAI_MAX_STOP}",
+                       "stop")
         fields = {ours: getattr(self, theirs) for ours, theirs in OPENAI_NAMES.items() if ours not in ("logprobs",)}
         fields["max_new_tokens"] = self.max_completion_tokens if self.max_completion_tokens is not None \
             else self.max_tokens

@@ -64,6 +64,8 @@ class Sequence:
     last_token: float | None = None
     finish_json: bool = False  # the grammar allows JSON only: close it before the budget ends
     thinking: Thinking | None = None  # a thinking model's reply: its thoughts split from its answer
+    choice: int = 0  # which of its request's n choices; choice 0 prefills the prompt for them all
+    followers: list[Sequence] = field(default_factory=list)  # choice 0's: the others, waiting for its prompt
     _answer: str = ""  # with `thinking`: the answer so far
     _thought_tokens: int = 0  # with `thinking`: tokens written inside <think> (its tags too)
     _penalties: Penalties | None = None  # made on the first token that needs them
@@ -146,7 +148,7 @@ class Sequence:
             if closing:
                 rest, more = self.reader.close()
                 text, calls = text + rest, calls + more
-        self.stream.push(text, tokens, tuple(calls), thought)
+        self.stream.push(text, tokens, tuple(calls), thought, self.choice)
 
     def _logprob(self, token: int, logprobs: torch.Tensor) -> TokenLogprob:
         chosen, top = top_logprobs(logprobs, token, self.params.logprobs or 0)
