@@ -41,6 +41,23 @@ def report_pdf() -> bytes:
     return pdf(pages)
 
 
+TOPICS = ["ferry timetables and winter crossings", "tide tables and spring tides", "the island's lighthouse",
+          "fishing quotas and the harbour market", "road repairs on the coast road", "the school's new roof",
+          "bird counts on the cliffs", "the summer music festival", "water supply and the reservoir",
+          "broadband cables under the sound", "the lifeboat crew's training", "sheep grazing on the common"]
+
+
+def long_report_pdf() -> bytes:
+    """Twelve pages, each about its own topic at length; the keeper's name is only on page 3 (too long to go whole
+    into an 8,192-token window)."""
+    pages = []
+    for n, topic in enumerate(TOPICS, start=1):
+        sentence = f"Section {n} of the council minutes discusses {topic} in detail, with figures for each month. "
+        pages.append(sentence * 12)
+    pages[2] += PAGE_THREE_FACT
+    return pdf(pages)
+
+
 def encrypted_pdf() -> bytes:
     from pypdf import PdfReader, PdfWriter
 

@@ -39,7 +39,8 @@ COMPLETE = {FinishReason.STOP, FinishReason.LENGTH}
 class Reply:
     def __init__(self, store: ChatStore, owner: str, chat_id: str, message: MessageRecord,
                  user_message: MessageRecord | None, stream: Stream,
-                 on_done: Callable[[Reply], None], dropped_messages: int = 0) -> None:
+                 on_done: Callable[[Reply], None], dropped_messages: int = 0,
+                 sources: list[dict] | None = None) -> None:
         self.owner, self.chat_id = owner, chat_id
         self.message_id = message.id
         self.model = message.model
@@ -47,6 +48,7 @@ class Reply:
         self.stream = stream
         # Messages of the chat, oldest first, that the model did not see for this reply.
         self.dropped_messages = dropped_messages
+        self.sources = sources  # the passages of documents the model was given, kept with the reply
         self._store = store
         self._on_done = on_done
         self._parts: list[str] = []  # the reply so far; only the reply's thread appends
@@ -153,7 +155,7 @@ class Reply:
             stats = {k: getattr(record, k) for k in MESSAGE_FIELDS if hasattr(record, k)}  # the same names
             values = {**stats, "content": record.text or text, "seed": str(record.seed),
                       "finish_reason": record.finish_reason.value, "complete": record.finish_reason in COMPLETE,
-                      "dropped_messages": self.dropped_messages}
+                      "dropped_messages": self.dropped_messages, "sources": self.sources}
         try:
             return self._store.finish_message(self.owner, self.message_id, **values)
         except DatabaseUnavailable as exc:  # tell the listeners, and keep trying behind them
