@@ -17,9 +17,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from serge.documents import (MAX_FILES_PER_CHAT, FileTooLarge, extract, fuse, passages)
+from serge.documents import MAX_FILES_PER_CHAT, FileTooLarge, extract, fuse, passages, query_words
 from serge.engine import Engine, Message
-from serge.store import DocumentRecord, DocumentStore, NewChunk
+from serge.store import ChunkHit, DocumentRecord, DocumentStore, NewChunk
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +35,17 @@ class Given:
 
     text: str
     sources: list[dict]
+
+
+@dataclass(frozen=True)
+class Ranked:
+    """A passage as the fusion placed it, with what each search said of it (None: that search did not find it)."""
+
+    hit: ChunkHit
+    score: float  # fused: the sum of 1 / (60 + rank)
+    vector_rank: int | None
+    vector_score: float | None  # cosine
+    word_rank: int | None
 
 
 def _whole(docs: Sequence[DocumentRecord]) -> str:
@@ -100,30 +111,31 @@ class ChatDocuments:
                                   "score": None, "whole": True} for d in docs.values()])
         return self._retrieved(owner, model, list(docs.values()), history, room)
 
+    def rank(self, owner: str, document_ids: Sequence[str], question: str) -> list[Ranked]:
+        """The documents' passages for `question`, best first: the two searches' ranks fused."""
+        vector = self._vectors([question])[0]
+        by_meaning = self.store.by_meaning(owner, document_ids, vector, CANDIDATES) if vector is not None else []
+        by_words = self.store.by_words(owner, document_ids, query_words(question), CANDIDATES)
+        hits = {h.chunk_id: h for h in (*by_meaning, *by_words)}
+        meaning = {h.chunk_id: (i, h.score) for i, h in enumerate(by_meaning, start=1)}
+        words = {h.chunk_id: i for i, h in enumerate(by_words, start=1)}
+        return [Ranked(hits[c], score, *meaning.get(c, (None, None)), words.get(c))
+                for c, score in fuse([[h.chunk_id for h in by_meaning], [h.chunk_id for h in by_words]])]
+
     def _retrieved(self, owner: str, model: str, docs: list[DocumentRecord], history: list[Message],
                    room: int) -> Given:
-        ids = [d.id for d in docs]
         question = history[-1].content or ""
-        vector = self._vectors([question])[0]
-        by_meaning = self.store.by_meaning(owner, ids, vector, CANDIDATES) if vector is not None else []
-        by_words = self.store.by_words(owner, ids, question, CANDIDATES)
-        hits = {h.chunk_id: h for h in (*by_meaning, *by_words)}
-        meaning_rank = {h.chunk_id: (i, h.score) for i, h in enumerate(by_meaning, start=1)}
-        words_rank = {h.chunk_id: (i, h.score) for i, h in enumerate(by_words, start=1)}
         names = {d.id: d for d in docs}
         chosen, sources = [], []
-        for chunk_id, score in fuse([[h.chunk_id for h in by_meaning], [h.chunk_id for h in by_words]]):
-            if len(chosen) == TOP_PASSAGES:
-                break
-            hit = hits[chunk_id]
+        for ranked in self.rank(owner, list(names), question)[:TOP_PASSAGES]:
+            hit = ranked.hit
             trial = [*chosen, (names[hit.document_id], hit.page, hit.text)]
             if chosen and self._tokens(model, [*history[:-1], Message("user", f"{_passages(trial)}\n\n{question}")]
                                        ) > room:
                 break
             chosen = trial
             sources.append({"document_id": hit.document_id, "file": names[hit.document_id].name, "page": hit.page,
-                            "passage": hit.text, "score": round(score, 6),
-                            "vector_rank": meaning_rank.get(chunk_id, (None,))[0],
-                            "vector_score": round(meaning_rank[chunk_id][1], 6) if chunk_id in meaning_rank else None,
-                            "word_rank": words_rank.get(chunk_id, (None,))[0], "whole": False})
+                            "passage": hit.text, "score": round(ranked.score, 6), "vector_rank": ranked.vector_rank,
+                            "vector_score": None if ranked.vector_score is None else round(ranked.vector_score, 6),
+                            "word_rank": ranked.word_rank, "whole": False})
         return Given(_passages(chosen) if chosen else "", sources)

@@ -9,12 +9,23 @@ word search rises above one found by either alone, whatever their raw scores.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 CHUNK_CHARS = 800
 OVERLAP_CHARS = 200
 RRF_K = 60
+MAX_QUERY_WORDS = 32
+# Words that tell nothing of what a question is about: a word search on them finds every passage.
+STOPWORDS = frozenset("""
+a about above after again against all am an and any are as at be because been before being below between both but
+by can could did do does doing down during each few for from further had has have having he her here hers herself
+him himself his how i if in into is it its itself just me more most my myself no nor not now of off on once only or
+other our ours ourselves out over own same she should so some such than that the their theirs them themselves then
+there these they this those through to too under until up very was we were what when where which while who whom why
+will with would you your yours yourself yourselves get got may might must shall also tell please
+""".split())
 
 
 @dataclass(frozen=True)
@@ -53,10 +64,19 @@ def passages(pages: Sequence[str], size: int = CHUNK_CHARS, overlap: int = OVERL
     return found
 
 
-def fuse(rankings: Iterable[Sequence[int]], k: int = RRF_K) -> list[tuple[int, float]]:
-    """(id, fused score), best first, from rankings of ids (best first)."""
+def query_words(question: str) -> list[str]:
+    """The words of a question worth a word search: lower case, no stopwords, each once."""
+    words = (w for w in re.findall(r"\w+", question.lower()) if w not in STOPWORDS and len(w) > 1)
+    return list(dict.fromkeys(words))[:MAX_QUERY_WORDS]
+
+
+def fuse(rankings: Sequence[Sequence[int]], k: int = RRF_K) -> list[tuple[int, float]]:
+    """(id, fused score), best first, from rankings of ids (best first); a tie goes to the earlier ranking's
+    better rank (the caller lists the ranking it trusts most first)."""
     scores: dict[int, float] = {}
-    for ranking in rankings:
+    first: dict[int, int] = {}
+    for order, ranking in enumerate(rankings):
         for rank, item in enumerate(ranking, start=1):
             scores[item] = scores.get(item, 0.0) + 1.0 / (k + rank)
-    return sorted(scores.items(), key=lambda pair: (-pair[1], pair[0]))
+            first.setdefault(item, order * 1_000_000 + rank)
+    return sorted(scores.items(), key=lambda pair: (-pair[1], first[pair[0]], pair[0]))

@@ -26,9 +26,6 @@ from serge.store.chats import new_id
 from serge.store.db import PRIVATE_FILE, Database, private_dir
 from serge.store.tables import Document, DocumentChunk, now
 
-MAX_QUERY_WORDS = 32
-
-
 class DocumentNotFound(LookupError):
     pass
 
@@ -92,10 +89,6 @@ class FileStore:
 
     def remove(self, sha256: str) -> None:
         self.path(sha256).unlink(missing_ok=True)
-
-
-def _words(query: str) -> list[str]:
-    return re.findall(r"\w+", query.lower())[:MAX_QUERY_WORDS]
 
 
 class DocumentStore:
@@ -174,9 +167,9 @@ class DocumentStore:
             best = np.argsort(-scores, kind="stable")[:limit]
             return self._hits(session, [(found[i][0], scores[i]) for i in best])
 
-    def by_words(self, owner: str, document_ids: Sequence[str], query: str, limit: int) -> list[ChunkHit]:
-        """The passages that share the most telling words with `query`, best first."""
-        words = _words(query)
+    def by_words(self, owner: str, document_ids: Sequence[str], words: Sequence[str], limit: int) -> list[ChunkHit]:
+        """The passages that share the most telling of `words` (lower-case letters and digits), best first."""
+        words = [w for w in words if re.fullmatch(r"\w+", w)]
         if not words or not document_ids:
             return []
         ids = list(document_ids)
