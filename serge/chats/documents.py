@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from serge.documents import MAX_FILES_PER_CHAT, FileTooLarge, extract, fuse, passages, query_words
+from serge.documents import MAX_FILES_PER_CHAT, FileTooLarge, extract, fuse, marked, passages, query_words
 from serge.engine import Engine, Message
 from serge.store import ChunkHit, DocumentRecord, DocumentStore, NewChunk
 
@@ -49,12 +49,7 @@ class Ranked:
 
 
 def _whole(docs: Sequence[DocumentRecord]) -> str:
-    parts = []
-    for doc in docs:
-        body = "\n\n".join(f"[page {i}]\n{p.strip()}" if len(doc.pages) > 1 else p.strip()
-                           for i, p in enumerate(doc.pages, start=1) if p.strip())
-        parts.append(f'<file name="{doc.name}">\n{body}\n</file>')
-    return "Attached files:\n\n" + "\n\n".join(parts)
+    return "Attached files:\n\n" + "\n\n".join(marked(d.name, d.pages) for d in docs)
 
 
 def _passages(hits: list[tuple[DocumentRecord, int, str]]) -> str:

@@ -34,6 +34,16 @@ class Extracted:
     def chars(self) -> int:
         return sum(len(p) for p in self.pages)
 
+    def marked(self) -> str:
+        return marked(self.name, self.pages)
+
+
+def marked(name: str, pages: tuple[str, ...]) -> str:
+    """A file's text as a model is given it whole: inside a tag naming the file, its pages numbered."""
+    body = "\n\n".join(f"[page {i}]\n{p.strip()}" if len(pages) > 1 else p.strip()
+                       for i, p in enumerate(pages, start=1) if p.strip())
+    return f'<file name="{name}">\n{body}\n</file>'
+
 
 def clean_name(name: str) -> str:
     """The file's own name for showing: no folders, no control characters, not too long."""

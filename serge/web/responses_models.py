@@ -29,6 +29,7 @@ from serge.chats import MAX_MESSAGE_CHARS
 from serge.engine import (MAX_TOP_LOGPROBS, RESPONSES_NAMES, Message, ResponseFormat, SamplingParams, Tool, ToolCall,
                           Tools)
 from serge.web.errors import ApiError, describe_validation
+from serge.web.file_parts import file_text, refuse_address
 from serge.web.dialects import EchoedItem, StrictRequest, refused_settings
 from serge.web.openai_models import MAX_TOOLS, NO_EFFECT
 
@@ -73,12 +74,22 @@ class RefusalPart(_Item):
 
 
 class MediaPart(_Item):
-    """Images, files and audio: refused, as Serge's models read text only."""
+    """Images and audio: refused, as Serge's models read text only."""
 
-    type: Literal["input_image", "input_file", "input_audio"]
+    type: Literal["input_image", "input_audio"]
 
 
-Part = Annotated[TextPart | RefusalPart | MediaPart, Field(discriminator="type")]
+class FilePart(_Item):
+    """A text file (plain text, Markdown, code, HTML, PDF, DOCX): its text goes into the message, named."""
+
+    type: Literal["input_file"]
+    file_data: str | None = Field(None, description="The file's bytes: base64, or a data: URL of them.")
+    filename: str | None = Field(None, max_length=255)
+    file_id: str | None = Field(None, max_length=256, description="Refused: Serge has no Files API.")
+    file_url: str | None = Field(None, max_length=2048, description="Refused: Serge fetches nothing a request names.")
+
+
+Part = Annotated[TextPart | RefusalPart | MediaPart | FilePart, Field(discriminator="type")]
 
 
 def _or_a_string(schema: dict) -> None:
@@ -342,10 +353,17 @@ class CreateResponse(StrictRequest):
 
 
 def _part_text(parts: list, param: str) -> str:
+    texts = []
     for j, p in enumerate(parts):
         if isinstance(p, MediaPart):
             raise _bad(f"{param}.{j} is {p.type}; Serge's models read text only", f"{param}.{j}.type")
-    return "".join(p.text if isinstance(p, TextPart) else p.refusal for p in parts)
+        if isinstance(p, FilePart):
+            if p.file_id is not None or p.file_url is not None or not p.file_data:
+                raise refuse_address(f"{param}.{j}")
+            texts.append(file_text(p.file_data, f"{param}.{j}.file_data", p.filename) + "\n\n")
+        else:
+            texts.append(p.text if isinstance(p, TextPart) else p.refusal)
+    return "".join(texts)
 
 
 def canonical(item: MessageItem | FunctionCallItem | FunctionCallOutputItem, index: int) -> dict:
