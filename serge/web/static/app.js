@@ -2,6 +2,7 @@
 // streams a reply's text (as plain text) and swaps in server-rendered fragments.
 
 import { readEvents, errorOf, errorText } from "./sse.js";
+import { attachments } from "./attach.js";
 
 const $ = (selector, root = document) => root.querySelector(selector);
 const JSON_HEADERS = { "Content-Type": "application/json" };
@@ -25,6 +26,10 @@ const ui = {
 };
 
 const state = { chatId: document.body.dataset.chatId || null, busy: false };
+const files = attachments({
+  composer: $("#composer"), input: $("#attach-input"), picker: $("#attach"), list: $("#attachments"),
+  onError: (text) => showStatus(text, "error"),
+});
 
 const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
 
@@ -229,9 +234,11 @@ async function send() {
   if (state.busy || !content.trim()) return;
   await saveSettings.flush();
   if (!(await ensureChat())) return;
+  const attached = files.count ? await files.upload(state.chatId) : [];
+  if (attached === null) return; // a file was refused: the message stays in the box
   ui.message.value = "";
   appendMessage("user", content);
-  await streamReply(`/api/chats/${state.chatId}/messages`, { content });
+  await streamReply(`/api/chats/${state.chatId}/messages`, { content, attachments: attached });
 }
 
 async function stop() {
