@@ -11,6 +11,7 @@ import pytest
 import documents as files
 from conftest import BROWSER, own_server
 from standin import NAME
+from test_browser import page  # noqa: F401  (fixture: a page that fails the test if it throws)
 from test_chat_documents import EMBEDDER, QUESTION, HashEmbedder, asked_text, recorder  # noqa: F401  (fixture)
 
 from serge.engine import Engine
@@ -27,17 +28,6 @@ def server(standin_settings, recorder, tmp_path_factory):
     with Engine(settings, backends={NAME: recorder, EMBEDDER: HashEmbedder()}) as engine, \
             own_server(settings, engine, tmp_path_factory.mktemp("browser-documents")) as url:
         yield url
-
-
-@pytest.fixture
-def page(browser):
-    context = browser.new_context(viewport={"width": 1280, "height": 860})
-    page = context.new_page()
-    errors = []
-    page.on("pageerror", lambda exc: errors.append(str(exc)))
-    yield page
-    context.close()
-    assert not errors, f"the page threw: {errors}"
 
 
 def drop(page, name: str, data: bytes, mime: str) -> None:

@@ -17,6 +17,7 @@ import os
 import subprocess
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 from serge.documents.formats import MEDIA_TYPES, kind_of
 from serge.documents import limits
@@ -71,7 +72,9 @@ def _text(data: bytes, name: str) -> tuple[str, ...]:
 
 def read_pages(kind: str, data: bytes, name: str) -> tuple[str, ...]:
     """Run `reader.py` on `data`; its refusal, a crash, or the timeout becomes a `FileRefused`."""
-    env = {k: v for k, v in os.environ.items() if not k.endswith("_PROXY") and not k.endswith("_proxy")}
+    env = {k: v for k, v in os.environ.items() if not k.lower().endswith("_proxy")}
+    here = str(Path(__file__).resolve().parents[2])  # where this serge is, installed or not
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (here, env.get("PYTHONPATH")) if p)
     try:
         done = subprocess.run([sys.executable, "-m", "serge.documents.reader", kind, name], input=data,
                               capture_output=True, timeout=limits.EXTRACT_TIMEOUT_S,
