@@ -123,6 +123,11 @@ class DocumentChunk(Base):
     embedding: Mapped[bytes | None] = mapped_column(LargeBinary)
 
 
+# SQLite's FTS5 index over document_chunks.text, and the shadow tables FTS5 keeps beside it (`_data`, `_idx`, ...):
+# made by migration 0006, with no model here, since SQLAlchemy cannot describe a virtual table.
+FULL_TEXT_TABLE = "document_chunks_fts"
+
+
 class User(Base):
     __tablename__ = "users"
 
