@@ -12,12 +12,13 @@ reply's sources (file, page, passage, scores), kept with the message.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from serge.documents import MAX_FILES_PER_CHAT, FileTooLarge, extract, fuse, marked, passages, query_words
+from serge.documents import MAX_FILES_PER_CHAT, MAX_READERS, FileTooLarge, extract, fuse, marked, passages, query_words
 from serge.engine import Engine, Message
 from serge.store import ChunkHit, DocumentRecord, DocumentStore, NewChunk
 
@@ -60,6 +61,7 @@ def _passages(hits: list[tuple[DocumentRecord, int, str]]) -> str:
 class ChatDocuments:
     def __init__(self, store: DocumentStore, engine: Engine) -> None:
         self.store, self.engine = store, engine
+        self._readers = threading.BoundedSemaphore(MAX_READERS)  # a reader may take 1.5 GB: a few at a time
 
     # --- taking a file in ------------------------------------------------------------
     def _vectors(self, texts: list[str]) -> list[np.ndarray | None]:
@@ -77,7 +79,8 @@ class ChatDocuments:
         """Read, cut, embed and keep a file for the owner's chat; FileRefused says why not."""
         if len(self.store.list(owner, chat_id)) >= MAX_FILES_PER_CHAT:
             raise FileTooLarge(f"this chat has {MAX_FILES_PER_CHAT} files, the limit per chat; start a new chat")
-        read = extract(data, name)
+        with self._readers:
+            read = extract(data, name)
         cut = passages(read.pages)
         vectors = self._vectors([p.text for p in cut])
         return self.store.add(owner, chat_id, name=read.name, media_type=read.media_type, data=data,

@@ -80,7 +80,8 @@ def read_pages(kind: str, data: bytes, name: str) -> tuple[str, ...]:
                               capture_output=True, timeout=limits.EXTRACT_TIMEOUT_S,
                               env={**env, "OMP_NUM_THREADS": "1", "PYTHONSAFEPATH": "1"})
     except subprocess.TimeoutExpired:
-        raise UnreadableFile(f"could not read {name}: reading it took longer than {limits.EXTRACT_TIMEOUT_S:g} s") from None
+        raise UnreadableFile(f"could not read {name}: reading it took longer than "
+                             f"{limits.EXTRACT_TIMEOUT_S:g} s") from None
     try:
         result = json.loads(done.stdout) if done.returncode == 0 else None
     except ValueError:

@@ -16,6 +16,7 @@ EXTRACT_TIMEOUT_S = 30.0  # wall clock for reading one file
 EXTRACT_CPU_S = 30  # CPU seconds for reading one file
 EXTRACT_MEMORY_BYTES = 1_500_000_000  # address space of the process reading one file
 MAX_NAME_CHARS = 200
+MAX_READERS = 2  # files read at once by one chat service; more wait their turn (each reader is a process)
 
 
 class FileRefused(ValueError):

@@ -113,7 +113,8 @@ class RedactedThinkingBlock(_Strict):
     data: str
 
 
-Block = Annotated[TextBlock | ImageBlock | DocumentBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock | RedactedThinkingBlock,
+Block = Annotated[TextBlock | ImageBlock | DocumentBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock
+                  | RedactedThinkingBlock,
                   Field(discriminator="type")]
 
 

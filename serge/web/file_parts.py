@@ -12,7 +12,7 @@ from __future__ import annotations
 import base64
 import binascii
 
-from serge.documents import extract
+from serge.documents import FileRefused, extract
 from serge.web.errors import ApiError
 
 SUFFIXES = {"application/pdf": ".pdf", "text/plain": ".txt", "text/markdown": ".md", "text/html": ".html",
@@ -37,7 +37,11 @@ def file_text(data: str, where: str, filename: str | None = None, media_type: st
         raw = base64.b64decode(data, validate=True)
     except (binascii.Error, ValueError):
         raise ApiError(400, f"{where}: the file's data is not base64", code="invalid_value", param=where) from None
-    return extract(raw, named(filename, media_type)).marked()
+    try:
+        return extract(raw, named(filename, media_type)).marked()
+    except FileRefused as exc:  # the error table answers it; the field at fault is this part
+        exc.param = where
+        raise
 
 
 def named(filename: str | None, media_type: str | None) -> str:
