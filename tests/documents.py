@@ -113,3 +113,24 @@ def html(body: str, external_url: str | None = None) -> bytes:
                 f'</script><img src="{external_url}/pixel.png"><iframe src="{external_url}/frame"></iframe>')
     return (f"<!doctype html><html><head><title>Notes</title><style>p {{color: red}}</style></head><body>{refs}"
             f"<script>var hidden = 'script text';</script><h1>Notes</h1><p>{body}</p></body></html>").encode()
+
+
+def zip_bomb_pdf(unpacked_mb: int = 300) -> bytes:
+    """A one-page PDF whose content stream inflates to `unpacked_mb` MB (a few hundred KB packed)."""
+    import zlib
+
+    from pypdf import PdfWriter
+    from pypdf.generic import NameObject, StreamObject
+
+    packer = zlib.compressobj(9)
+    block = b" " * 1_000_000
+    packed = b"".join(packer.compress(block) for _ in range(unpacked_mb)) + packer.flush()
+    writer = PdfWriter()
+    page = writer.add_blank_page(width=200, height=200)
+    stream = StreamObject()
+    stream._data = packed  # as packed: set_data would need the whole inflated stream in memory to pack it
+    stream[NameObject("/Filter")] = NameObject("/FlateDecode")
+    page[NameObject("/Contents")] = writer._add_object(stream)
+    out = io.BytesIO()
+    writer.write(out)
+    return out.getvalue()

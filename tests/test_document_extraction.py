@@ -59,6 +59,11 @@ def test_a_zip_bomb_docx_is_refused_before_it_unpacks():
         extract(files.zip_bomb_docx(), "bomb.docx")
 
 
+def test_a_pdf_zip_bomb_is_a_could_not_read_not_a_hang():
+    with pytest.raises(UnreadableFile, match="bomb.pdf"):  # pypdf stops inflating at its own limit
+        extract(files.zip_bomb_pdf(), "bomb.pdf")
+
+
 def test_a_file_too_large_names_the_size_limit():
     with pytest.raises(FileTooLarge, match=f"the limit is {limits.MAX_FILE_BYTES} bytes"):
         extract(b"a" * (limits.MAX_FILE_BYTES + 1), "big.txt")

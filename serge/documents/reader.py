@@ -64,12 +64,11 @@ def pdf_pages(data: bytes, name: str) -> list[str]:
             pages.append(budget.take(page.extract_text() or ""))
         except Refused:
             raise
-        except Exception as exc:  # one broken page: the rest are still worth reading
+        except Exception:  # one page pypdf cannot read (it is lenient: rare): the rest are still worth reading
             pages.append("")
-            print(f"page {len(pages)}: {type(exc).__name__}", file=sys.stderr)
     if not any(p.strip() for p in pages):
-        raise Refused("unreadable", f"{name} has {count} page(s) but no text on them (a scan needs OCR, which "
-                                    "Serge does not do)")
+        raise Refused("unreadable", f"{name} has {count} page(s) but no text Serge can read on them (a scan "
+                                    "needs OCR, which Serge does not do)")
     return pages
 
 
