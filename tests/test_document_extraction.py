@@ -84,6 +84,12 @@ def test_a_reader_past_its_time_is_a_could_not_read(monkeypatch):
         extract(files.report_pdf(), "slow.pdf")
 
 
+def test_a_reader_past_its_memory_is_a_could_not_read(monkeypatch):
+    monkeypatch.setattr(limits, "EXTRACT_MEMORY_BYTES", 30_000_000)  # less than reading a PDF with pypdf needs
+    with pytest.raises(UnreadableFile, match="could not read big.pdf|needs more than 30000000 bytes"):
+        extract(files.report_pdf(), "big.pdf")
+
+
 @pytest.fixture
 def listener():
     """An HTTP server on 127.0.0.1 that records every request it gets."""

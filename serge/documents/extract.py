@@ -76,7 +76,8 @@ def read_pages(kind: str, data: bytes, name: str) -> tuple[str, ...]:
     here = str(Path(__file__).resolve().parents[2])  # where this serge is, installed or not
     env["PYTHONPATH"] = os.pathsep.join(p for p in (here, env.get("PYTHONPATH")) if p)
     try:
-        done = subprocess.run([sys.executable, "-m", "serge.documents.reader", kind, name], input=data,
+        done = subprocess.run([sys.executable, "-m", "serge.documents.reader", kind, name,
+                               str(limits.EXTRACT_MEMORY_BYTES), str(limits.EXTRACT_CPU_S)], input=data,
                               capture_output=True, timeout=limits.EXTRACT_TIMEOUT_S,
                               env={**env, "OMP_NUM_THREADS": "1", "PYTHONSAFEPATH": "1"})
     except subprocess.TimeoutExpired:

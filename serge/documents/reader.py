@@ -1,7 +1,7 @@
 """The process that reads one file: HTML, PDF or DOCX bytes on stdin, its text by page as JSON on stdout.
 
-It runs apart from the server (`extract.read_pages` starts it) under limits on its
-address space and CPU time set before any parser is imported, so a file made to
+It runs apart from the server (`extract.read_pages` starts it) under the limits on its
+address space and CPU time it is given, set before any parser is imported, so a file made to
 exhaust a parser (a zip bomb, a PDF of nested objects) ends this process, not Serge.
 Nothing here opens a file by name or a connection: pypdf, python-docx and the
 standard library's HTML parser read only the bytes given, and a DOCX's external
@@ -19,8 +19,7 @@ import sys
 import zipfile
 from html.parser import HTMLParser
 
-from serge.documents.limits import (EXTRACT_CPU_S, EXTRACT_MEMORY_BYTES, MAX_PAGES, MAX_TEXT_CHARS,
-                                    MAX_UNPACKED_BYTES)
+from serge.documents.limits import MAX_PAGES, MAX_TEXT_CHARS, MAX_UNPACKED_BYTES
 
 
 class Refused(Exception):
@@ -142,17 +141,17 @@ READERS = {"pdf": pdf_pages, "docx": docx_pages, "html": html_pages}
 
 
 def main() -> None:
-    resource.setrlimit(resource.RLIMIT_AS, (EXTRACT_MEMORY_BYTES, EXTRACT_MEMORY_BYTES))
-    resource.setrlimit(resource.RLIMIT_CPU, (EXTRACT_CPU_S, EXTRACT_CPU_S))
-    kind, name = sys.argv[1], sys.argv[2]
+    """argv: the reader (pdf, docx, html), the file's name, and the limits: bytes of memory, seconds of CPU."""
+    kind, name, memory, cpu = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+    resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu))
     data = sys.stdin.buffer.read()
     try:
         result = {"pages": READERS[kind](data, name)}
     except Refused as exc:
         result = {"refused": exc.kind, "message": str(exc)}
     except MemoryError:
-        result = {"refused": "unreadable", "message": f"{name} needs more than {EXTRACT_MEMORY_BYTES} bytes of "
-                                                      "memory to read"}
+        result = {"refused": "unreadable", "message": f"{name} needs more than {memory} bytes of memory to read"}
     sys.stdout.write(json.dumps(result))
 
 
