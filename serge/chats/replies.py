@@ -40,7 +40,8 @@ COMPLETE = {FinishReason.STOP, FinishReason.LENGTH}
 class Reply:
     def __init__(self, store: ChatStore, owner: str, chat_id: str, message: MessageRecord,
                  user_message: MessageRecord | None, stream: Stream,
-                 on_done: Callable[[Reply], None], dropped_messages: int = 0) -> None:
+                 on_done: Callable[[Reply], None], dropped_messages: int = 0,
+                 sources: list[dict] | None = None) -> None:
         self.owner, self.chat_id = owner, chat_id
         self.message_id = message.id
         self.model = message.model
@@ -48,6 +49,7 @@ class Reply:
         self.stream = stream
         # Messages of the chat, oldest first, that the model did not see for this reply.
         self.dropped_messages = dropped_messages
+        self.sources = sources  # the passages of documents the model was given, kept with the reply
         self._store = store
         self._on_done = on_done
         # the reply so far, as ("delta", text) and ("reasoning", thought) in order; only the reply's thread appends
@@ -167,7 +169,7 @@ class Reply:
             values = {**stats, "content": record.text or text, "reasoning": record.reasoning or thought,
                       "reasoning_tokens": record.reasoning_tokens or None, "seed": str(record.seed),
                       "finish_reason": record.finish_reason.value, "complete": record.finish_reason in COMPLETE,
-                      "dropped_messages": self.dropped_messages}
+                      "dropped_messages": self.dropped_messages, "sources": self.sources}
         try:
             return self._store.finish_message(self.owner, self.message_id, **values)
         except DatabaseUnavailable as exc:  # tell the listeners, and keep trying behind them

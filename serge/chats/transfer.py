@@ -69,6 +69,7 @@ class ExportedMessage(BaseModel):
     complete: bool = True
     error: str | None = Field(None, max_length=10_000)
     dropped_messages: int | None = Field(None, ge=0)
+    sources: list[dict] | None = Field(None, max_length=100)  # a reply's passages of files (the files stay behind)
     created_at: datetime | None = None
     updated_at: datetime | None = None
 

@@ -57,6 +57,8 @@ class MessageRecord:
     complete: bool
     error: str | None
     dropped_messages: int | None
+    attachments: list | None  # a user message's: the ids of the documents it came with
+    sources: list | None  # a reply's: the passages of documents it was given (document_id, file, page, passage, score)
     created_at: datetime
     updated_at: datetime
     alternatives: tuple[str, ...] = ()  # this message and its siblings, oldest first
@@ -95,6 +97,7 @@ class NewMessage:
     settings: dict | None = None
     complete: bool = True
     finish_reason: str | None = None
+    attachments: list[str] | None = None
 
 
 @dataclass(frozen=True)
@@ -238,7 +241,7 @@ class ChatStore:
             row = Message(
                 id=new_id(), chat_id=chat_id, parent_id=parent_id, role=new.role, content=new.content,
                 model=new.model, settings=new.settings, complete=new.complete, finish_reason=new.finish_reason,
-                created_at=stamp, updated_at=stamp,
+                attachments=new.attachments, created_at=stamp, updated_at=stamp,
             )
             session.add(row)
             chat.current_id = row.id

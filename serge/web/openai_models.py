@@ -10,7 +10,7 @@ This module turns a request into the engine's own values (`Message`,
 from __future__ import annotations
 
 import json
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, ValidationError
 
@@ -18,6 +18,7 @@ from serge.chats import MAX_MESSAGE_CHARS
 from serge.engine import MAX_TOP_LOGPROBS, OPENAI_NAMES, Message, ResponseFormat, SamplingParams, Tool, ToolCall, Tools
 from serge.web.dialects import EchoedItem, StrictRequest, refused_settings
 from serge.web.errors import ApiError
+from serge.web.file_parts import file_text, refuse_address
 
 
 MAX_MESSAGES_PER_REQUEST = 500
@@ -42,6 +43,24 @@ class TextPart(StrictRequest):
     text: str
 
 
+class FileIn(StrictRequest):
+    file_data: str | None = Field(None, description="The file's bytes: base64, or a data: URL of them.")
+    filename: str | None = Field(None, max_length=255, description="Its name, which says its format.")
+    file_id: str | None = Field(None, max_length=256, description="Refused: Serge has no Files API; send file_data.")
+
+
+class FilePart(StrictRequest):
+    """A text file (plain text, Markdown, code, HTML, PDF, DOCX): its text goes into the message, named."""
+
+    type: Literal["file"]
+    file: FileIn
+
+    def text(self, where: str) -> str:
+        if self.file.file_id is not None or not self.file.file_data:
+            raise refuse_address(f"{where}.file")
+        return file_text(self.file.file_data, f"{where}.file.file_data", self.file.filename)
+
+
 class FunctionCallIn(StrictRequest):
     name: str = Field(max_length=64)
     arguments: str = Field(description="The call's arguments, as JSON text.")
@@ -56,18 +75,21 @@ class ToolCallIn(StrictRequest):
 class ChatMessageIn(EchoedItem):
     role: Literal["system", "developer", "user", "assistant", "tool"] = Field(
         description="developer is treated as system; tool answers an assistant's tool call.")
-    content: str | list[TextPart] | None = Field(None, description="The text, or a list of text parts; "
-                                                                   "may be null for an assistant's tool calls.")
+    content: str | list[Annotated[TextPart | FilePart, Field(discriminator="type")]] | None = Field(
+        None, description="The text, or a list of text and file parts; may be null for an assistant's tool calls.")
     name: str | None = Field(None, max_length=256, description="A participant's name; the template decides its use.")
     tool_calls: list[ToolCallIn] | None = Field(None, description="An assistant's calls, as Serge returned them.")
     tool_call_id: str | None = Field(None, max_length=256, description="A tool message: the call it answers.")
     refusal: None = Field(None, description="Echoed assistant messages may carry it, as null.")
     annotations: list[Any] | None = Field(None, description=NO_EFFECT)
 
-    def text(self) -> str:
+    def text(self, where: str = "content") -> str:
         if self.content is None:
             return ""
-        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(p.text if isinstance(p, TextPart) else p.text(f"{where}.{j}") + "\n\n"
+                       for j, p in enumerate(self.content))
 
 
 class FunctionDefinition(StrictRequest):
@@ -174,7 +196,7 @@ class ChatCompletionRequest(StrictRequest):
     def conversation(self) -> list[Message]:
         messages = []
         for i, m in enumerate(self.messages):
-            text = m.text()
+            text = m.text(f"messages.{i}.content")
             if len(text) > MAX_MESSAGE_CHARS:
                 raise _bad(f"messages.{i}.content is {len(text)} characters; the limit is {MAX_MESSAGE_CHARS}",
                            f"messages.{i}.content")

@@ -23,6 +23,7 @@ from serge.chats import MAX_MESSAGE_CHARS
 from serge.engine import Message, ToolCall
 from serge.web.dialects import EchoedItem
 from serge.web.errors import ApiError
+from serge.web.file_parts import file_text, refuse_address
 from serge.web.openai_models import NO_EFFECT
 
 MAX_PARTS = 100
@@ -54,12 +55,22 @@ class RefusalPart(_Item):
 
 
 class MediaPart(_Item):
-    """Images, files and audio: refused, as Serge's models read text only."""
+    """Images and audio: refused, as Serge's models read text only."""
 
-    type: Literal["input_image", "input_file", "input_audio"]
+    type: Literal["input_image", "input_audio"]
 
 
-Part = Annotated[TextPart | RefusalPart | MediaPart, Field(discriminator="type")]
+class FilePart(_Item):
+    """A text file (plain text, Markdown, code, HTML, PDF, DOCX): its text goes into the message, named."""
+
+    type: Literal["input_file"]
+    file_data: str | None = Field(None, description="The file's bytes: base64, or a data: URL of them.")
+    filename: str | None = Field(None, max_length=255)
+    file_id: str | None = Field(None, max_length=256, description="Refused: Serge has no Files API.")
+    file_url: str | None = Field(None, max_length=2048, description="Refused: Serge fetches nothing a request names.")
+
+
+Part = Annotated[TextPart | RefusalPart | MediaPart | FilePart, Field(discriminator="type")]
 
 
 def or_a_string(schema: dict) -> None:
@@ -121,10 +132,17 @@ InputItem = Annotated[
 
 
 def _part_text(parts: list, param: str) -> str:
+    texts = []
     for j, p in enumerate(parts):
         if isinstance(p, MediaPart):
             raise invalid(f"{param}.{j} is {p.type}; Serge's models read text only", f"{param}.{j}.type")
-    return "".join(p.text if isinstance(p, TextPart) else p.refusal for p in parts)
+        if isinstance(p, FilePart):
+            if p.file_id is not None or p.file_url is not None or not p.file_data:
+                raise refuse_address(f"{param}.{j}")
+            texts.append(file_text(p.file_data, f"{param}.{j}.file_data", p.filename) + "\n\n")
+        else:
+            texts.append(p.text if isinstance(p, TextPart) else p.refusal)
+    return "".join(texts)
 
 
 def canonical(item: MessageItem | FunctionCallItem | FunctionCallOutputItem, index: int) -> dict:

@@ -3,6 +3,7 @@
 
 import { readEvents, errorOf, errorText } from "./sse.js";
 import { messageBubble, noteDropped, thoughtsOf } from "./bubbles.js";
+import { attachments } from "./attach.js";
 
 const $ = (selector, root = document) => root.querySelector(selector);
 const JSON_HEADERS = { "Content-Type": "application/json" };
@@ -26,6 +27,10 @@ const ui = {
 };
 
 const state = { chatId: document.body.dataset.chatId || null, busy: false };
+const files = attachments({
+  composer: $("#composer"), input: $("#attach-input"), picker: $("#attach"), list: $("#attachments"),
+  onError: (text) => showStatus(text, "error"),
+});
 
 const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
 
@@ -214,9 +219,11 @@ async function send() {
   if (state.busy || !content.trim()) return;
   await saveSettings.flush();
   if (!(await ensureChat())) return;
+  const attached = files.count ? await files.upload(state.chatId) : [];
+  if (attached === null) return; // a file was refused: the message stays in the box
   ui.message.value = "";
   appendMessage("user", content);
-  await streamReply(`/api/chats/${state.chatId}/messages`, { content });
+  await streamReply(`/api/chats/${state.chatId}/messages`, { content, attachments: attached });
 }
 
 async function stop() {
