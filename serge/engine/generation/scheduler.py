@@ -16,9 +16,10 @@ sequence's KV as `forward.KV`): `transformers.BatchForward` for transformers,
 `llamacpp.LlamaForward` for llama.cpp, a stand-in in tests. So sampling, stop strings,
 prefix reuse, admission, metrics, constrained decoding (`grammar`) and logprobs are
 one piece of code for every local engine; what one sequence does with its logits
-is `sequence.Sequence`'s. Neither forward runs out of KV memory mid-reply: the
-transformers engine's grows, and llama.cpp gives each running reply a slice that
-holds the model's whole window (`max_running` is the number of slices).
+is `sequence.Sequence`'s. A forward whose KV memory is a fixed pool (the paged one)
+raises `OutOfKV` when it is full: the prefix cache gives back its oldest entries,
+then the youngest running reply is made to wait (its KV given back; it runs its
+tokens again when a reply ends), so a reply waits but never fails for want of room.
 
 Every sequence ends with `stream.finish()`, on every path.
 """
@@ -29,12 +30,12 @@ import logging
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass
 
 import torch
 
-from serge.engine.generation.forward import Forward
+from serge.engine.generation.forward import Forward, OutOfKV
 from serge.engine.generation.grammar import Vocabulary
+from serge.engine.generation.limits import EngineBusy, SchedulerLimits  # noqa: F401 (where callers import them)
 from serge.engine.generation.kvcache import PrefixCache
 from serge.engine.metrics import EngineMetrics
 from serge.engine.generation.sampling import SamplingParams
@@ -43,38 +44,6 @@ from serge.engine.generation.thinking import Thinking
 from serge.engine.generation.stream import FinishReason, GenerationError, Stream, TextAssembler
 
 log = logging.getLogger(__name__)
-
-
-class EngineBusy(RuntimeError):
-    """Every slot is taken and the queue is full; try again after `retry_after_s`."""
-
-    def __init__(self, retry_after_s: float, message: str = "the server is busy; try again later") -> None:
-        super().__init__(message)
-        self.retry_after_s = retry_after_s
-
-
-@dataclass(frozen=True)
-class SchedulerLimits:
-    """How much one model's scheduler takes on at once."""
-
-    max_running: int | None = None  # None: see `running_for`
-    max_queue: int = 64
-    queue_timeout_s: float = 120.0
-    prefix_cache_mb: int = 512
-    prefill_chunk: int = 256
-
-    def running_for(self, device: torch.device) -> int:
-        return self.max_running or (64 if device.type == "cuda" else 16)
-
-    @classmethod
-    def from_settings(cls, settings) -> SchedulerLimits:
-        return cls(
-            max_running=settings.max_running,
-            max_queue=settings.max_queue,
-            queue_timeout_s=settings.queue_timeout_s,
-            prefix_cache_mb=settings.prefix_cache_mb,
-            prefill_chunk=settings.prefill_chunk,
-        )
 
 
 def _message(exc: BaseException) -> str:
@@ -114,6 +83,7 @@ class Scheduler:
         self._active = 0  # sequences admitted and not finished; under _lock
         self._closing = False
         self._forget = False  # drop the prefix cache before the next admission
+        self._hold = False  # a reply was made to wait for KV room: admit none until one ends
         self._running: list[Sequence] = []  # the worker's alone
         self._mean_duration = 10.0  # seconds per generation, for Retry-After
         self._worker = threading.Thread(target=self._run, name=f"serge-worker-{name}", daemon=True)
@@ -219,9 +189,9 @@ class Scheduler:
             waited = now - seq.stream.created
             if seq.stream.cancelled:
                 expired.append((seq, FinishReason.CANCELLED, None))
-            elif len(self._running) + len(admitted) < self.max_running:
+            elif not self._hold and len(self._running) + len(admitted) < self.max_running:
                 admitted.append(seq)
-            elif waited > self._queue_timeout:
+            elif waited > self._queue_timeout and seq.started is None:  # never one made to wait for KV room
                 error = f"timed out after {waited:.0f} s waiting for a free slot; the server is busy"
                 expired.append((seq, FinishReason.ERROR, error))
             else:
@@ -238,13 +208,14 @@ class Scheduler:
         """A slot is free: take what the prefix cache has of this prompt. A failure here
         (llama.cpp refusing a cached conversation back) ends this reply alone."""
         seq.stream.queue_position = None
-        seq.started = time.monotonic()
-        self._m.queue_wait.observe(seq.started - seq.stream.created)
-        self._m.prompt_tokens.inc(len(seq.prompt))
-        if not seq.params.greedy:
-            seq.generator = seq.params.generator(self._device)
+        if seq.started is None:  # not when it comes back after waiting for KV room: its generator goes on
+            seq.started = time.monotonic()
+            self._m.queue_wait.observe(seq.started - seq.stream.created)
+            self._m.prompt_tokens.inc(len(seq.prompt))
+            if not seq.params.greedy:
+                seq.generator = seq.params.generator(self._device)
         try:
-            hit = self._prefixes.find(seq.prompt) if self._prefixes.budget_bytes else None
+            hit = self._prefixes.find(seq.context()) if self._prefixes.budget_bytes else None
             if hit is None:
                 seq.kv = self.forward.new_kv()
                 return
@@ -253,23 +224,30 @@ class Scheduler:
             self._leave(seq, FinishReason.ERROR, _message(exc))
             return
         seq.kv, seq.prefilled = hit.kv, hit.length
-        seq.logits = seq.prompt_logits = hit.logits
+        if not seq.resumed:
+            seq.logits = seq.prompt_logits = hit.logits
         self._m.reused_tokens.inc(hit.length)
 
     def _step(self) -> None:
         for seq in [s for s in self._running if s.stream.cancelled]:
             self._leave(seq, FinishReason.CANCELLED)
-        decoding = [s for s in self._running if s.feed is not None]
-        if decoding:
+        decoding = [s for s in self._running if s.feed is not None and s.prefilled >= s.context_length]
+        while decoding:
             try:
                 rows = self.forward.decode([s.kv for s in decoding], [s.feed for s in decoding])
+            except OutOfKV as exc:
+                if not self._make_room(exc):
+                    break
+                decoding = [s for s in decoding if s in self._running]
             except Exception as exc:
                 log.exception("decode step failed")
                 for seq in decoding:
                     self._leave(seq, FinishReason.ERROR, _message(exc))
+                break
             else:
                 for seq, row in zip(decoding, rows):
                     seq.logits, seq.feed = row, None
+                break
         self._prefill(stall_guard=bool(decoding))
         for seq in [s for s in self._running if s.logits is not None]:
             self._sample(seq)
@@ -284,25 +262,52 @@ class Scheduler:
         to fit the budget: its shape, and so its numbers, depend on that sequence alone.
         """
         budget = self._chunk if stall_guard else None
-        for seq in [s for s in self._running if s.prefilled < len(s.prompt)]:
-            n = min(self._chunk, len(seq.prompt) - seq.prefilled)
+        for seq in [s for s in self._running if s.prefilled < s.context_length]:
+            n = min(self._chunk, seq.context_length - seq.prefilled)
             if budget is not None and n > budget and budget < self._chunk:
                 break
             try:
-                logits = self.forward.prefill(seq.kv, seq.prompt[seq.prefilled : seq.prefilled + n])
+                logits = self.forward.prefill(seq.kv, seq.context()[seq.prefilled : seq.prefilled + n])
+            except OutOfKV as exc:
+                self._make_room(exc, seq)
+                break  # the next step tries again, with the room made
             except Exception as exc:
                 log.exception("prefill failed")
                 self._leave(seq, FinishReason.ERROR, _message(exc))
                 continue
             seq.prefilled += n
             self._m.prefilled_tokens.inc(n)
-            if seq.prefilled == len(seq.prompt):
+            if seq.prefilled == seq.context_length and not seq.resumed:
                 seq.logits = seq.prompt_logits = logits
                 self._sample(seq)
             if budget is not None:
                 budget -= n
                 if budget <= 0:
                     break
+
+    def _make_room(self, exc: OutOfKV, failing: Sequence | None = None) -> bool:
+        """The KV pool is full: give back the prefix cache's oldest entry or, with none left, make the
+        youngest running reply wait. False (and `failing`, or every reply, ended) when the one reply
+        left does not fit alone: a pool smaller than one reply's window."""
+        if self._prefixes.evict_oldest():
+            self._m.prefix_cache_bytes.set(self._prefixes.nbytes)
+            return True
+        if len(self._running) < 2:
+            for seq in [failing] if failing is not None else list(self._running):
+                self._leave(seq, FinishReason.ERROR, f"this reply needs more KV memory than the model has ({exc})")
+            return False
+        youngest = max(self._running, key=lambda s: s.started)
+        self._running.remove(youngest)
+        youngest.kv.release()
+        youngest.kv, youngest.prefilled, youngest.logits = None, 0, None
+        youngest.resumed = len(youngest.generated) - 1 if youngest.feed is not None else 0
+        log.info("KV pool full: a reply waits for room, %d tokens to run again", youngest.context_length)
+        self._m.preempted.inc()
+        with self._lock:
+            self._waiting.appendleft(youngest)
+            self._active -= 1
+            self._hold = True
+        return True
 
     def _sample(self, seq: Sequence) -> None:
         """Pick the sequence's next token and act on it; a failure ends that sequence alone."""
@@ -337,6 +342,7 @@ class Scheduler:
             kv.release()
         with self._lock:
             self._active -= 1
+            self._hold = False  # its room is free: a reply made to wait may come back
             self._m.running.set(self._active)
         self._finish(seq, reason, error)
 

@@ -54,7 +54,8 @@ class Sequence:
     reader: ReplyReader | None = None  # tools were offered: read calls out of the text
     generated: list[int] = field(default_factory=list)
     kv: object | None = None  # the forward's per-sequence KV
-    prefilled: int = 0  # prompt tokens whose keys and values are in `kv`
+    prefilled: int = 0  # tokens of `context()` whose keys and values are in `kv`
+    resumed: int = 0  # after a preemption: the reply's first tokens, run again after the prompt
     logits: torch.Tensor | None = None  # the next token is sampled from these
     prompt_logits: torch.Tensor | None = None  # after the whole prompt: kept with the KV for reuse
     feed: int | None = None  # the sampled token the next decode step runs
@@ -67,6 +68,15 @@ class Sequence:
     _answer: str = ""  # with `thinking`: the answer so far
     _penalties: Penalties | None = None  # made on the first token that needs them
     _bias: torch.Tensor | None = None  # logit_bias as a row of the logits' width
+
+    def context(self) -> list[int]:
+        """What `kv` must hold before the sequence decodes: its prompt and, once it was made to wait
+        (its KV given back), the reply but for the token `feed` runs next."""
+        return self.prompt + self.generated[: self.resumed] if self.resumed else self.prompt
+
+    @property
+    def context_length(self) -> int:
+        return len(self.prompt) + self.resumed
 
     def choose(self, logits: torch.Tensor) -> tuple[int, torch.Tensor | None]:
         """The next token, and the log-probabilities it was drawn from when the request asked for them."""
