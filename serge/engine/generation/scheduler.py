@@ -39,7 +39,7 @@ from serge.engine.generation.limits import EngineBusy, SchedulerLimits  # noqa: 
 from serge.engine.generation.kvcache import PrefixCache
 from serge.engine.metrics import EngineMetrics
 from serge.engine.generation.sampling import SamplingParams
-from serge.engine.generation.sequence import ReplyReader, Sequence
+from serge.engine.generation.sequence import ReplyReader, Sequence, choose_all
 from serge.engine.generation.thinking import Thinking
 from serge.engine.generation.stream import FinishReason, GenerationError, Stream, TextAssembler
 
@@ -249,8 +249,9 @@ class Scheduler:
                     seq.logits, seq.feed = row, None
                 break
         self._prefill(stall_guard=bool(decoding))
-        for seq in [s for s in self._running if s.logits is not None]:
-            self._sample(seq)
+        ready = [s for s in self._running if s.logits is not None]
+        for seq, choice in zip(ready, choose_all(ready)):
+            self._sample(seq, choice)
 
     def _prefill(self, stall_guard: bool) -> None:
         """Run prompt chunks, oldest request first: about `prefill_chunk` tokens in all while
@@ -309,17 +310,19 @@ class Scheduler:
             self._hold = True
         return True
 
-    def _sample(self, seq: Sequence) -> None:
-        """Pick the sequence's next token and act on it; a failure ends that sequence alone."""
+    def _sample(self, seq: Sequence, choice: tuple[int, torch.Tensor | None] | Exception | None = None) -> None:
+        """Act on the sequence's next token (`choice`, or picked now); a failure ends that sequence alone."""
         try:
-            self._next_token(seq)
+            if isinstance(choice, Exception):
+                raise choice
+            self._next_token(seq, choice)
         except Exception as exc:
             if seq in self._running:
                 self._leave(seq, FinishReason.ERROR, _message(exc))
 
-    def _next_token(self, seq: Sequence) -> None:
+    def _next_token(self, seq: Sequence, choice: tuple[int, torch.Tensor | None] | None) -> None:
         logits, seq.logits = seq.logits, None
-        token, logprobs = seq.choose(logits)
+        token, logprobs = choice if choice is not None else seq.choose(logits)
         before, count = seq.last_token, len(seq.generated)
         reason = seq.accept(token, logprobs)
         if before is None:
