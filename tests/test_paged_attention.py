@@ -10,7 +10,7 @@ import torch
 from serge.engine.generation.forward import OutOfKV
 from serge.engine.transformers import BatchForward
 
-LENGTHS = (5, 37, 70, 130, 600, 18)  # prompts already in the cache before the mixed pass
+LENGTHS = (5, 37, 511, 130, 600, 18)  # prompts already in the cache before the mixed pass
 
 
 @pytest.fixture(scope="module")
@@ -18,8 +18,8 @@ def model():
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=320, hidden_size=384, intermediate_size=512, num_hidden_layers=2,
-                         num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=1024)
+    config = LlamaConfig(vocab_size=320, hidden_size=576, intermediate_size=512, num_hidden_layers=2,
+                         num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=1024)
     return LlamaForCausalLM(config).eval().requires_grad_(False)
 
 
@@ -74,3 +74,29 @@ def test_a_pass_that_does_not_fit_the_pool_changes_no_sequence(model):
     assert (a.length, b.length, forward.pool.free_blocks) == (100, 60, free)
     logits = forward.run([a, b], [[1] * 12, [2] * 4])
     assert logits.shape == (2, 320) and (a.length, b.length) == (112, 64)
+
+
+@pytest.mark.real_model
+def test_greedy_tokens_on_the_real_model_are_the_same_alone_and_beside_fifteen_others(engines):
+    from serge.engine import Message
+    from serge.engine.generation.prompts import build_prompt
+
+    loaded = engines("transformers").model()
+    forward = BatchForward(loaded.model, max_rows=16, pool_blocks=16 * 8 + 1)
+    questions = [f"Question {i}: name {'a river' if i % 2 else 'a city'} and say why." for i in range(16)]
+    prompts = [build_prompt(loaded.tokenizer, [Message("user", q)], loaded.context_window, 8).ids for q in questions]
+
+    def greedy(prompts: list[list[int]], steps: int = 6) -> list[list[int]]:
+        kvs = [forward.new_kv() for _ in prompts]
+        logits = torch.stack([forward.prefill(kv, ids) for kv, ids in zip(kvs, prompts)])
+        tokens = [[int(row.argmax())] for row in logits]
+        for _ in range(steps):
+            logits = forward.decode(kvs, [t[-1] for t in tokens])
+            for t, row in zip(tokens, logits):
+                t.append(int(row.argmax()))
+        for kv in kvs:
+            kv.release()
+        return tokens
+
+    alone = [greedy([ids])[0] for ids in prompts]
+    assert greedy(prompts) == alone
