@@ -103,7 +103,7 @@ class _Entry:
 
 @dataclass(frozen=True)
 class PrefixHit:
-    kv: SequenceKV  # a private copy: the new sequence may write past it
+    kv: SequenceKV  # its own: a copy, or (paged) shared blocks it copies before writing into
     length: int  # positions reused; the prompt's tokens from here on still need a forward pass
     logits: torch.Tensor | None  # the next-token logits when the whole prompt was found
 
