@@ -11,6 +11,7 @@ from serge.engine.models.hub import PullProgress
 from serge.engine.models.library import ModelLibrary, check_name
 from serge.engine.metrics import EngineMetrics, ModelSnapshot
 from serge.engine.generation.grammar import GrammarError, InvalidRequest, ResponseFormat
+from serge.engine.generation.images import MAX_IMAGES, Image, ImageRefused, ImageTooLarge, read_image
 from serge.engine.generation.prompts import ContextTooLong, Message, ToolCall
 from serge.engine.models.pulls import PullStatus
 from serge.engine.local import ModelLoadFailed
@@ -38,10 +39,14 @@ __all__ = [
     "GenerationError",
     "GenerationRecord",
     "GrammarError",
+    "Image",
+    "ImageRefused",
+    "ImageTooLarge",
     "InvalidModelName",
     "InvalidRequest",
     "InvalidSource",
     "LoadedInfo",
+    "MAX_IMAGES",
     "MAX_STOP_STRINGS",
     "MAX_TOP_LOGPROBS",
     "OLLAMA_OPTIONS",
@@ -70,6 +75,7 @@ __all__ = [
     "Tool",
     "ToolCall",
     "check_name",
+    "read_image",
     "Tools",
     "resolve_device",
 ]

@@ -84,6 +84,7 @@ class ModelInfo:
     kind: str = "chat"  # or "embedding"
     device: str | None = None  # where it runs (or would): cuda:0, cpu, or llama.cpp's split (CUDA0: 25/25 layers, ...)
     gpu_bytes: int | None = None  # of memory_bytes, what is (or would be) on a GPU
+    vision: bool = False  # it takes images here (its files carry a vision tower its engine can run)
 
 
 @dataclass(frozen=True)
@@ -111,6 +112,12 @@ class EngineStatus:
     max_loaded_models: int
     memory_budget_bytes: int
     resident_bytes: int | None  # this process, all of it
+
+
+def sees_images(facts: ModelFacts, engine: EngineKind | None) -> bool:
+    """Its files carry a vision tower and its engine runs it: transformers with its own checkpoint (a GGUF
+    converted for transformers keeps no projector; this llama.cpp build has no multimodal library)."""
+    return facts.vision and facts.format == "transformers" and engine == "transformers"
 
 
 class Engine:
@@ -199,13 +206,27 @@ class Engine:
         return ModelInfo(m.name, engine, m.source, m.size_bytes, m.created, default,
                          loaded is not None, remote=False, facts=m.facts, memory_bytes=memory,
                          busy=self._registry.in_use(m.name), defaults=loaded.defaults if loaded else m.defaults,
-                         context_window=window, kind=m.facts.kind, device=device, gpu_bytes=gpu_bytes)
+                         context_window=window, kind=m.facts.kind, device=device, gpu_bytes=gpu_bytes,
+                         vision=sees_images(m.facts, engine))
 
     def _fixed_info(self, name: str) -> ModelInfo:
         backend = self._fixed[name]
         return ModelInfo(name, backend.engine, backend.source, None, 0.0, name == self.default_model, True,
                          remote=backend.engine == "remote", kind=backend.kind,
-                         context_window=getattr(backend, "context_window", None))
+                         context_window=getattr(backend, "context_window", None),
+                         vision=bool(getattr(backend, "vision", False)))
+
+    def _check_sees(self, name: str | None) -> None:
+        """InvalidRequest unless the model takes images, naming the installed ones that do."""
+        info = self.info(self.check_model(name))
+        if info.vision:
+            return
+        able = [m.name for m in self.models() if m.vision]
+        why = ("; its files carry a vision projector, but this build of llama.cpp has no multimodal library"
+               if info.facts is not None and info.facts.vision else "")
+        raise InvalidRequest(f"{info.name} cannot see images{why}; models installed here that can: "
+                             f"{', '.join(able) or 'none (install a vision model, e.g. a SmolVLM or LLaVA one)'}",
+                             "messages")
 
     # --- generation ----------------------------------------------------------------
     def chat(self, model: str | None, messages: Sequence[Message], params: SamplingParams | None = None,
@@ -221,9 +242,12 @@ class Engine:
         `n` choices (1 to the model's slots) share one prefill and decode in one batch, as one `Stream`
         (each `Delta.choice` says whose, `stream.records` one per choice). A last message from the
         assistant is continued (a prefill). A model that thinks has its thoughts apart (`Delta.reasoning`,
-        `record.reasoning`); `think=False` asks its template not to, where the template allows. Raises
+        `record.reasoning`); `think=False` asks its template not to, where the template allows. A message's
+        images need a model that sees them (`ModelInfo.vision`), else InvalidRequest names those that do. Raises
         ModelNotFound, ContextTooLong, InvalidRequest (a bad schema, tool_choice, logit_bias or n) or
         EngineBusy before anything runs."""
+        if any(m.images for m in messages):
+            self._check_sees(model)
         with self._backend(model) as backend:  # not unloaded between loading and queueing the request
             stream = backend.submit(messages, params, tools, response_format, trim, think, n, cap, window)
         stream.model = backend.name

@@ -58,6 +58,7 @@ class LocalModel:
     load_seconds: float
     memory_bytes: int  # weights (and for llama.cpp its KV cache) as loaded
     model: object | None = None  # the transformers model (never written to after load); None on llama.cpp
+    processor: object | None = None  # a vision model's: turns a request's images into its pixel inputs
     tool_format: ToolFormat = field(default=None)  # how its template offers tools; found at load
     source: str = ""  # where it came from, as the library says
     kind: str = "chat"
@@ -96,15 +97,34 @@ class LocalModel:
         tokenizer = TemplateOptions(self.tokenizer, enable_thinking=False) if think is False else self.tokenizer
         prompt = build_prompt(tokenizer, plan.messages, self.context_window, params.max_new_tokens,
                               plan.template_tools, trim, cap)
-        room = prompt.room if window is None else max(1, min(prompt.room, window - len(prompt.ids)))
+        ids, pixels, room = self._with_images(prompt, plan.messages)
+        room = room if window is None else max(1, min(room, window - len(ids)))
         thinking = None
         if self.thinks:  # does the prompt leave the reply inside <think> (the template opened it)?
             thinking = Thinking(inside=opens_thinking(self.tokenizer.decode(prompt.ids[-16:])))
         json_only = plan.grammar is not None and (rule is not None or (tools is not None and tools.mode == "required"))
-        stream = self.scheduler.submit(prompt.ids, params.resolved(room), plan.grammar, plan.reader,
-                                       plan.grammar_param, finish_json=json_only, thinking=thinking, n=n)
-        stream.dropped_messages, stream.prompt_tokens = prompt.dropped_messages, len(prompt.ids)
+        stream = self.scheduler.submit(ids, params.resolved(room), plan.grammar, plan.reader,
+                                       plan.grammar_param, finish_json=json_only, thinking=thinking, n=n,
+                                       images=pixels)
+        stream.dropped_messages, stream.prompt_tokens = prompt.dropped_messages, len(ids)
         return stream
+
+    def _with_images(self, prompt, messages: Sequence[Message]) -> tuple[list[int], dict | None, int]:
+        """The prompt's ids with its images' tokens, their pixel inputs (None: no image), and the room left."""
+        images = [image for m in messages for image in m.images]
+        if not images:
+            return prompt.ids, None, prompt.room
+        if self.processor is None:  # the engine refuses this first, naming the models that can
+            raise InvalidRequest(f"{self.name} cannot see images; send text only", "messages")
+        from serge.engine.vision import image_inputs
+
+        ids, pixels = image_inputs(self.processor, prompt.ids, images)
+        room = prompt.room - (len(ids) - len(prompt.ids))
+        if room <= 0:
+            raise ContextTooLong(f"the conversation with its images needs {len(ids)} tokens, but the model's "
+                                 f"context window is {self.context_window}; send fewer images or less text",
+                                 len(ids) + 1, self.context_window)
+        return ids, pixels, room
 
     def count_tokens(self, messages: Sequence[Message], tools: Tools | None = None) -> int:
         """The prompt's tokens for this conversation and tools, as a reply to it would be given them."""

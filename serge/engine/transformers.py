@@ -51,11 +51,12 @@ from serge.engine.generation.kvcache import SequenceKV
 from serge.engine.generation.paged import BLOCK_SIZE, BlockPool, PagedKV
 from serge.engine.generation.scheduler import Scheduler
 from serge.engine.generation.sampling import SamplingParams
-from serge.engine.local import LoadOptions, LocalModel, check_chat_template, eos_ids
+from serge.engine.local import LoadOptions, LocalModel, ModelLoadFailed, check_chat_template, eos_ids
 from serge.engine.models.facts import ModelFacts
 from serge.engine.models.library import InstalledModel
 from serge.engine.paged_attention import PagedPass, paged_attention, plain_sdpa
 from serge.engine.rows import RowPlan, measure_rows, pack_for_onednn
+from serge.engine.vision import image_token_id, on_device
 
 log = logging.getLogger(__name__)
 
@@ -97,15 +98,20 @@ def _attention(module, query, key, value, attention_mask, dropout=0.0, scaling=N
 
 
 def _install(model) -> None:
-    """Route the model's attention through `_attention` (plain SDPA for other callers)."""
+    """Route the model's attention through `_attention` (plain SDPA for other callers); a vision model's
+    language model only, its vision tower keeping SDPA (it keeps no KV)."""
     from transformers import AttentionInterface
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
 
     AttentionInterface.register(ATTENTION, _attention)
     AttentionMaskInterface.register(ATTENTION, ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
-    if model.config._attn_implementation != ATTENTION:
-        model.set_attn_implementation(ATTENTION)
-    if model.config._attn_implementation != ATTENTION:
+    text = model.config.get_text_config()
+    if text._attn_implementation != ATTENTION:
+        if text is model.config:
+            model.set_attn_implementation(ATTENTION)
+        else:
+            model.set_attn_implementation({"": ATTENTION, "text_config": ATTENTION, "vision_config": "sdpa"})
+    if text._attn_implementation != ATTENTION:
         raise ValueError(f"{type(model).__name__} does not let its attention be replaced; it cannot be batched")
 
 
@@ -158,12 +164,13 @@ class BatchForward:
         """Feed one token to each sequence; next-token logits, one row per sequence (padded to the row plan)."""
         return self.run(kvs, [[token] for token in tokens], pad=True)
 
-    def prefill(self, kv, tokens: list[int]) -> torch.Tensor:
-        """Feed a chunk of one sequence's prompt; the logits after its last token."""
-        return self.run([kv], [list(tokens)])[0]
+    def prefill(self, kv, tokens: list[int], images: dict | None = None) -> torch.Tensor:
+        """Feed a chunk of one sequence's prompt (with a vision model's pixel inputs for its image
+        tokens); the logits after its last token."""
+        return self.run([kv], [list(tokens)], images=images)[0]
 
     @torch.inference_mode()
-    def run(self, kvs: list, chunks: list[list[int]], pad: bool = False) -> torch.Tensor:
+    def run(self, kvs: list, chunks: list[list[int]], pad: bool = False, images: dict | None = None) -> torch.Tensor:
         """Feed `chunks[i]` to `kvs[i]`, decodes and prompt chunks in one pass; the next-token logits
         after each chunk's last token, one row per sequence."""
         device = self._model.device
@@ -194,6 +201,7 @@ class BatchForward:
                 position_ids=torch.tensor([positions], device=device),
                 use_cache=False,
                 logits_to_keep=0 if pad else ends.to(device),
+                **(on_device(images, self._model) if images else {}),
                 **extra,
             )
         except BaseException:
@@ -222,18 +230,26 @@ def pool_blocks(model, max_running: int, window: int) -> int | None:
 
 
 def load_transformers(installed: InstalledModel, options: LoadOptions) -> LocalModel:
-    """Load a checkpoint folder with transformers (a GGUF is converted once to safetensors first)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    """Load a checkpoint folder with transformers (a GGUF is converted once to safetensors first); a
+    vision model with its processor, as an image-text-to-text model."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
 
     plan = options.plan
     started = time.monotonic()
     source = installed.transformers_folder()
+    vision = installed.facts.vision and installed.facts.format == "transformers"
     log.info("Loading %s with transformers on %s (%s) ...", installed.name, plan.device, plan.dtype_name)
-    tokenizer = AutoTokenizer.from_pretrained(source)
+    processor = AutoProcessor.from_pretrained(source) if vision else None
+    tokenizer = processor.tokenizer if vision else AutoTokenizer.from_pretrained(source)
+    if vision and getattr(processor, "chat_template", None):
+        tokenizer.chat_template = processor.chat_template  # the processor's knows image parts
     check_chat_template(installed.name, tokenizer)
-    model = AutoModelForCausalLM.from_pretrained(source, **plan.load_kwargs())
+    if vision:
+        _check_vision(installed.name, processor)
+    model = (AutoModelForImageTextToText if vision else AutoModelForCausalLM).from_pretrained(
+        source, **plan.load_kwargs())
     model.eval().requires_grad_(False)
-    window = getattr(model.config, "max_position_embeddings", None) or 2048
+    window = getattr(model.config.get_text_config(), "max_position_embeddings", None) or 2048
     if options.context_cap:
         window = min(window, options.context_cap)
     max_running = options.limits.running_for(model.device)
@@ -255,7 +271,20 @@ def load_transformers(installed: InstalledModel, options: LoadOptions) -> LocalM
         load_seconds=seconds,
         memory_bytes=model.get_memory_footprint(),
         model=model,
+        processor=processor,
     )
+
+
+def _check_vision(name: str, processor) -> None:
+    """A processor Serge can splice into a prompt: one image token, and positions that are plain offsets
+    (Qwen2-VL's 3-D rotary positions need more than the batcher's position ids give)."""
+    try:
+        image_token_id(processor)
+    except ValueError as exc:
+        raise ModelLoadFailed(name, f"model {name!r}: {exc}, so Serge cannot show it images") from None
+    if type(processor).__name__.startswith(("Qwen2VL", "Qwen2_5_VL", "Qwen3VL")):
+        raise ModelLoadFailed(name, f"model {name!r} places image tokens with 3-D rotary positions, which "
+                                    f"Serge's batcher does not give yet; use a LLaVA-style, SmolVLM or Gemma 3 model")
 
 
 def estimate(facts: ModelFacts, plan: DevicePlan) -> int:

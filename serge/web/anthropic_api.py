@@ -119,8 +119,10 @@ cut. Consecutive user (or assistant) messages are one turn, as Anthropic's API t
 
 Accepted without effect: {"; ".join(NO_EFFECT_FIELDS)}.
 
-Refused with a 400 naming them: image blocks (this model cannot see images), server tools
-(web_search and the like), and any field not listed in the request schema."""
+Image blocks (base64 sources) go to a model that sees images; to any other model they are a 400 naming
+the installed models that do, and a url source is a 400 (Serge fetches nothing a request names).
+Refused with a 400 naming them: server tools (web_search and the like), and any field not listed in
+the request schema."""
 
 
 def _engine(request: Request) -> Engine:

@@ -5,7 +5,7 @@ Every field declared here is implemented, or accepted without effect where it as
 local model (`NO_EFFECT_FIELDS`, listed in the route's docs); anything else, at any level, is a 400
 naming it (the models forbid unknown fields; only a message's own unknown keys are ignored, as clients
 echo messages with keys of their own, and logged at debug level). A field sent as null is one not
-sent. An image is a 400 saying the model cannot see images.
+sent. A user's image blocks (base64) become the message's images.
 This module formats no replies (`anthropic_api` does, with their shapes).
 """
 
@@ -17,10 +17,10 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, ValidationError, model_validator
 
 from serge.chats import MAX_MESSAGE_CHARS
-from serge.engine import ANTHROPIC_NAMES, MAX_STOP_STRINGS, Message, ResponseFormat, SamplingParams, Tool, ToolCall, Tools
+from serge.engine import ANTHROPIC_NAMES, MAX_STOP_STRINGS, Image, Message, ResponseFormat, SamplingParams, Tool, ToolCall, Tools
 from serge.documents import marked
 from serge.web.errors import ApiError
-from serge.web.file_parts import file_text, named, refuse_address
+from serge.web.file_parts import file_text, image, named, refuse_address
 from serge.web.dialects import EchoedItem, StrictRequest, refused_settings
 
 
@@ -57,9 +57,19 @@ class TextBlock(_Strict):
 
 
 class ImageBlock(_Strict):
+    """An image for a vision model, as base64; a url or file source is refused: Serge fetches nothing."""
+
     type: Literal["image"]
-    source: dict[str, Any]
-    cache_control: CacheControl | None = None
+    source: dict[str, Any] = Field(description="base64 (media_type, data); url and file are refused.")
+    cache_control: CacheControl | None = Field(None, description=NO_EFFECT)
+
+    def image(self, where: str) -> Image:
+        kind, data = self.source.get("type"), self.source.get("data")
+        if kind in ("url", "file"):
+            raise refuse_address(f"{where}.source")
+        if kind != "base64" or not isinstance(data, str):
+            raise _bad(f"{where}.source: send a base64 source", f"{where}.source.type")
+        return image(data, f"{where}.source.data")
 
 
 class DocumentBlock(_Strict):
@@ -259,13 +269,16 @@ class CountTokensRequest(_Conversation):
 
 
 # --- blocks into messages ---------------------------------------------------------------------------------
-def _text(blocks: str | list, where: str) -> str:
+def _text(blocks: str | list, where: str, images: bool = False) -> str:
+    """The blocks' text; `images`: image blocks may be among them (a user's), and are left to `_images`."""
     if isinstance(blocks, str):
         text = blocks
     else:
         parts = []
         for j, b in enumerate(blocks):
             if isinstance(b, ImageBlock):
+                if images:
+                    continue
                 raise _no_images(f"{where}.{j}")
             if isinstance(b, DocumentBlock):
                 parts.append(b.text(f"{where}.{j}"))
@@ -280,7 +293,11 @@ def _text(blocks: str | list, where: str) -> str:
 
 
 def _no_images(where: str) -> ApiError:
-    return _bad(f"{where}: this model cannot see images; send the content as text", where)
+    return _bad(f"{where}: an image can only be in a user message's content", where)
+
+
+def _images(blocks: list, where: str) -> tuple[Image, ...]:
+    return tuple(b.image(f"{where}.{j}") for j, b in enumerate(blocks) if isinstance(b, ImageBlock))
 
 
 def _assistant(blocks: list, where: str) -> Message:
@@ -304,7 +321,7 @@ def _user(blocks: list, where: str) -> list[Message]:
     for j, b in enumerate(blocks):
         if isinstance(b, ToolResultBlock):
             if texts:
-                out.append(Message("user", _text(texts, where)))
+                out.append(Message("user", _text(texts, where, True), images=_images(texts, where)))
                 texts = []
             result = _text(b.content, f"{where}.{j}.content")
             out.append(Message("tool", f"Error: {result}" if b.is_error else result, tool_call_id=b.tool_use_id))
@@ -313,7 +330,7 @@ def _user(blocks: list, where: str) -> list[Message]:
         else:
             raise _bad(f"{where}.{j}: a {b.type} block belongs in an assistant message", f"{where}.{j}.type")
     if texts or not out:
-        out.append(Message("user", _text(texts, where)))
+        out.append(Message("user", _text(texts, where, True), images=_images(texts, where)))
     return out
 
 
@@ -322,6 +339,6 @@ def _merge(out: list[Message], message: Message) -> None:
     last = out[-1] if out else None
     if last is not None and last.role == message.role and message.role in ("user", "assistant"):
         text = "\n\n".join(t for t in (last.content, message.content) if t)
-        out[-1] = Message(last.role, text, last.tool_calls + message.tool_calls)
+        out[-1] = Message(last.role, text, last.tool_calls + message.tool_calls, images=last.images + message.images)
     else:
         out.append(message)

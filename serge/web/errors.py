@@ -20,7 +20,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from serge.accounts import InvalidAccountInput
 from serge.chats import ChatBusy, ChatNotFound, InvalidChatInput, MessageNotFound
 from serge.documents import FileTooLarge, UnreadableFile, UnsupportedFile
-from serge.engine import (ContextTooLong, DeviceUnavailable, EngineBusy, InvalidModelName, InvalidRequest,
+from serge.engine import (ContextTooLong, DeviceUnavailable, EngineBusy, ImageTooLarge, InvalidModelName, InvalidRequest,
                           InvalidSource, ModelInUse, ModelLoadFailed, ModelNotFound, ModelTooLarge, PullFailed,
                           PullNotFound, PullRefused)
 from serge.store import DatabaseUnavailable, DocumentNotFound, KeyNotFound, LastAdmin, NameTaken, ResponseNotFound, UserNotFound
@@ -131,6 +131,7 @@ ERRORS: dict[type[Exception], tuple[int, str, str | None]] = {
     PullFailed: (502, "pull_failed", "source"),
     ContextTooLong: (400, "context_length_exceeded", "messages"),
     InvalidRequest: (400, "invalid_value", None),
+    ImageTooLarge: (413, "image_too_large", None),
     EngineBusy: (503, "engine_busy", None),
     DatabaseUnavailable: (503, "database_unavailable", None),
     ChatNotFound: (404, "chat_not_found", "chat_id"),

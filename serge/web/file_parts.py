@@ -1,5 +1,6 @@
-"""A file sent inside a dialect's message (OpenAI's `file` part, Anthropic's `document` block, the Responses
-API's `input_file`): its bytes, never its address, become the text the model reads, marked with its name.
+"""A file or image sent inside a dialect's message (OpenAI's `file` and `image_url` parts, Anthropic's
+`document` and `image` blocks, the Responses API's `input_file` and `input_image`, Ollama's `images`): its
+bytes, never its address, become the text the model reads, marked with its name, or the engine's `Image`.
 
 Serge never fetches what a request names: a part that points at a URL or at a file id
 of a Files API Serge does not have is a 400 saying to send the bytes. The text is read
@@ -13,6 +14,7 @@ import base64
 import binascii
 
 from serge.documents import FileRefused, extract
+from serge.engine import MAX_IMAGES, Image, ImageTooLarge, Message, read_image
 from serge.web.errors import ApiError
 
 SUFFIXES = {"application/pdf": ".pdf", "text/plain": ".txt", "text/markdown": ".md", "text/html": ".html",
@@ -24,19 +26,39 @@ def refuse_address(where: str) -> ApiError:
                          "file's bytes instead (base64, or a data: URL)", code="invalid_value", param=where)
 
 
-def file_text(data: str, where: str, filename: str | None = None, media_type: str | None = None) -> str:
-    """The text of a file given as base64 or a `data:` URL; 400 for anything that is not the bytes."""
-    if data.startswith(("http://", "https://", "ftp://", "file:")):
+def _bytes(data: str, where: str) -> tuple[bytes, str | None]:
+    """The bytes of base64 or a base64 `data:` URL, and the URL's media type; 400 for an address or bad data."""
+    media_type = None
+    if data.startswith(("http://", "https://", "ftp://", "file:")) or "://" in data[:16]:
         raise refuse_address(where)
     if data.startswith("data:"):
         header, _, data = data.partition(",")
-        media_type = media_type or header[5:].split(";")[0] or None
+        media_type = header[5:].split(";")[0] or None
         if ";base64" not in header:
             raise ApiError(400, f"{where}: a data: URL of a file must be base64", code="invalid_value", param=where)
     try:
-        raw = base64.b64decode(data, validate=True)
+        return base64.b64decode(data, validate=True), media_type
     except (binascii.Error, ValueError):
         raise ApiError(400, f"{where}: the file's data is not base64", code="invalid_value", param=where) from None
+
+
+def with_image_limit(messages: list[Message], where: str) -> list[Message]:
+    """The messages, unless their images are more than one request takes (413 naming the limit)."""
+    count = sum(len(m.images) for m in messages)
+    if count > MAX_IMAGES:
+        raise ImageTooLarge(f"{where}: the request has {count} images; the limit is {MAX_IMAGES}", where)
+    return messages
+
+
+def image(data: str, where: str) -> Image:
+    """An image given as base64 or a `data:` URL, checked (`read_image`: bytes, pixels, a real image)."""
+    return read_image(_bytes(data, where)[0], where)
+
+
+def file_text(data: str, where: str, filename: str | None = None, media_type: str | None = None) -> str:
+    """The text of a file given as base64 or a `data:` URL; 400 for anything that is not the bytes."""
+    raw, given = _bytes(data, where)
+    media_type = media_type or given
     try:
         return extract(raw, named(filename, media_type)).marked()
     except FileRefused as exc:  # the error table answers it; the field at fault is this part

@@ -54,7 +54,7 @@ def model_out(m: ModelInfo) -> dict:
     f = m.facts
     return {
         "name": m.name, "kind": m.kind, "engine": m.engine, "source": m.source, "default": m.default, "loaded": m.loaded,
-        "remote": m.remote, "busy": m.busy, "created": int(m.created), "size_bytes": m.size_bytes,
+        "remote": m.remote, "busy": m.busy, "vision": m.vision, "created": int(m.created), "size_bytes": m.size_bytes,
         "memory_bytes": m.memory_bytes, "memory_estimated": not m.loaded,
         "format": f.format if f else None, "architecture": f.architecture if f else None,
         "parameters": f.parameters if f else None, "quantization": f.quantization if f else None,

@@ -2,8 +2,8 @@
 
 Ollama's server ignores fields it does not know, and so does Serge here (they are
 listed at debug level), so any Ollama client can talk to it; fields that would
-change the answer and that Serge cannot honour (`images`, `template`) are a 400
-naming them. `options` go through `OLLAMA_OPTIONS`, the map beside
+change the answer and that Serge cannot honour (`template`) are a 400 naming them;
+`images` go to a model that sees images (base64, checked as `serge.engine.read_image` does). `options` go through `OLLAMA_OPTIONS`, the map beside
 `SamplingParams`; `format` becomes a `ResponseFormat`, `tools` the engine's
 `Tools`, `messages` its `Message`s. Model names: Ollama's `name:tag` spelling maps
 onto library names by one rule (`library_name`, `ollama_name`). This module
@@ -20,10 +20,11 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from serge.chats import MAX_MESSAGE_CHARS
-from serge.engine import (MAX_STOP_STRINGS, OLLAMA_OPTIONS, Engine, Message, ModelNotFound, ResponseFormat,
+from serge.engine import (MAX_IMAGES, MAX_STOP_STRINGS, OLLAMA_OPTIONS, Engine, Message, ModelNotFound, ResponseFormat,
                           SamplingParams, Tool, ToolCall, Tools)
 from serge.web.dialects import refused_settings
 from serge.web.errors import ApiError
+from serge.web.file_parts import image, with_image_limit
 
 log = logging.getLogger(__name__)
 
@@ -144,7 +145,8 @@ class OllamaToolCall(_Open):
 class OllamaMessage(_Open):
     role: Literal["system", "user", "assistant", "tool"]
     content: str | None = Field(None, max_length=MAX_MESSAGE_CHARS)
-    images: list[str] | None = Field(None, max_length=16, description="Refused (400): Serge's models read text.")
+    images: list[str] | None = Field(None, max_length=MAX_IMAGES, description="A user's images, base64, for a "
+                                                                           "model that sees images (else 400).")
     tool_calls: list[OllamaToolCall] | None = Field(None, max_length=MAX_TOOLS, description="An assistant's calls.")
     tool_name: str | None = Field(None, max_length=64, description="A tool message: the function that answered.")
     tool_call_id: str | None = Field(None, max_length=256, description="A tool message: the call it answers "
@@ -234,9 +236,8 @@ class OllamaChatRequest(_Generation):
         unanswered: list[ToolCall] = []
         for i, m in enumerate(self.messages or ()):
             m.ignored(f"messages.{i}")
-            if m.images:
-                raise _bad(f"{ollama_name(model)} cannot see images: it reads text only; leave images out",
-                           f"messages.{i}.images")
+            if m.images and m.role != "user":
+                raise _bad(f"messages.{i}: only a user message has images", f"messages.{i}.images")
             if m.tool_calls and m.role != "assistant":
                 raise _bad(f"messages.{i}: only an assistant message has tool_calls", f"messages.{i}.tool_calls")
             calls = tuple(ToolCall(c.id or f"call_{i}_{j}", c.function.name,
@@ -252,9 +253,10 @@ class OllamaChatRequest(_Generation):
                 call_id = m.tool_call_id or (answered.id if answered else None)
                 if answered is not None:
                     unanswered.remove(answered)
+            pictures = tuple(image(b, f"messages.{i}.images.{k}") for k, b in enumerate(m.images or ()))
             out.append(Message(m.role, m.content or "", calls, call_id,
-                               m.tool_name if m.role == "tool" else None))
-        return out
+                               m.tool_name if m.role == "tool" else None, pictures))
+        return with_image_limit(out, "messages")
 
     def tool_offer(self) -> Tools | None:
         if not self.tools:
@@ -280,18 +282,20 @@ class OllamaGenerateRequest(_Generation):
                                                                       "chat template.")
     context: list[int] | None = Field(None, max_length=MAX_CONTEXT_IDS, description="Deprecated in Ollama; "
                                                                                      + NO_EFFECT)
-    images: list[str] | None = Field(None, max_length=16, description="Refused (400): Serge's models read text.")
+    images: list[str] | None = Field(None, max_length=MAX_IMAGES, description="Images, base64, for a model that "
+                                                                           "sees images (not with raw or suffix).")
 
     def check(self, model: str) -> None:
-        if self.images:
-            raise _bad(f"{ollama_name(model)} cannot see images: it reads text only; leave images out", "images")
+        if self.images and (self.raw or self.suffix is not None):
+            raise _bad("images go through the chat template: leave out raw and suffix to send them", "images")
         if self.template:
             raise _bad("template is not supported: Serge renders prompts with the model's own chat template "
                        "(send raw: true with a prompt you formatted yourself)", "template")
 
     def conversation(self) -> list[Message]:
         system = [Message("system", self.system)] if self.system else []
-        return [*system, Message("user", self.prompt or "")]
+        pictures = tuple(image(b, f"images.{k}") for k, b in enumerate(self.images or ()))
+        return [*system, Message("user", self.prompt or "", images=pictures)]
 
 
 class OllamaPullRequest(_Open):

@@ -15,10 +15,10 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, ValidationError
 
 from serge.chats import MAX_MESSAGE_CHARS
-from serge.engine import MAX_TOP_LOGPROBS, OPENAI_NAMES, Message, ResponseFormat, SamplingParams, Tool, ToolCall, Tools
+from serge.engine import MAX_TOP_LOGPROBS, OPENAI_NAMES, Image, Message, ResponseFormat, SamplingParams, Tool, ToolCall, Tools
 from serge.web.dialects import EchoedItem, StrictRequest, refused_settings
 from serge.web.errors import ApiError
-from serge.web.file_parts import file_text, refuse_address
+from serge.web.file_parts import file_text, image, refuse_address, with_image_limit
 
 
 MAX_MESSAGES_PER_REQUEST = 500
@@ -61,6 +61,21 @@ class FilePart(StrictRequest):
         return file_text(self.file.file_data, f"{where}.file.file_data", self.file.filename)
 
 
+class ImageUrl(StrictRequest):
+    url: str = Field(description="A data: URL of the image's bytes (base64); a remote URL is refused.")
+    detail: Literal["low", "high", "auto"] | None = Field(None, description=NO_EFFECT)
+
+
+class ImageUrlPart(StrictRequest):
+    """An image for a vision model (a user message's); Serge fetches nothing, so only a data: URL."""
+
+    type: Literal["image_url"]
+    image_url: ImageUrl
+
+    def image(self, where: str) -> Image:
+        return image(self.image_url.url, f"{where}.image_url.url")
+
+
 class FunctionCallIn(StrictRequest):
     name: str = Field(max_length=64)
     arguments: str = Field(description="The call's arguments, as JSON text.")
@@ -75,8 +90,9 @@ class ToolCallIn(StrictRequest):
 class ChatMessageIn(EchoedItem):
     role: Literal["system", "developer", "user", "assistant", "tool"] = Field(
         description="developer is treated as system; tool answers an assistant's tool call.")
-    content: str | list[Annotated[TextPart | FilePart, Field(discriminator="type")]] | None = Field(
-        None, description="The text, or a list of text and file parts; may be null for an assistant's tool calls.")
+    content: str | list[Annotated[TextPart | FilePart | ImageUrlPart, Field(discriminator="type")]] | None = Field(
+        None, description="The text, or a list of text, file and (a user's) image_url parts; may be null for an "
+                          "assistant's tool calls.")
     name: str | None = Field(None, max_length=256, description="A participant's name; the template decides its use.")
     tool_calls: list[ToolCallIn] | None = Field(None, description="An assistant's calls, as Serge returned them.")
     tool_call_id: str | None = Field(None, max_length=256, description="A tool message: the call it answers.")
@@ -89,7 +105,15 @@ class ChatMessageIn(EchoedItem):
         if isinstance(self.content, str):
             return self.content
         return "".join(p.text if isinstance(p, TextPart) else p.text(f"{where}.{j}") + "\n\n"
-                       for j, p in enumerate(self.content))
+                       for j, p in enumerate(self.content) if not isinstance(p, ImageUrlPart))
+
+    def images(self, where: str = "content") -> tuple[Image, ...]:
+        if not isinstance(self.content, list):
+            return ()
+        found = tuple(p.image(f"{where}.{j}") for j, p in enumerate(self.content) if isinstance(p, ImageUrlPart))
+        if found and self.role != "user":
+            raise _bad(f"{where}: an image can only be in a user message", where)
+        return found
 
 
 class FunctionDefinition(StrictRequest):
@@ -209,5 +233,5 @@ class ChatCompletionRequest(StrictRequest):
             if m.content is None and not m.tool_calls:
                 raise _bad(f"messages.{i}.content is missing", f"messages.{i}.content")
             calls = tuple(ToolCall(c.id, c.function.name, c.function.arguments) for c in m.tool_calls or ())
-            messages.append(Message(role, text, calls, m.tool_call_id, m.name))
-        return messages
+            messages.append(Message(role, text, calls, m.tool_call_id, m.name, m.images(f"messages.{i}.content")))
+        return with_image_limit(messages, "messages")

@@ -23,7 +23,7 @@ from serge.chats import MAX_MESSAGE_CHARS
 from serge.engine import Message, ToolCall
 from serge.web.dialects import EchoedItem
 from serge.web.errors import ApiError
-from serge.web.file_parts import file_text, refuse_address
+from serge.web.file_parts import file_text, image, refuse_address
 from serge.web.openai_models import NO_EFFECT
 
 MAX_PARTS = 100
@@ -54,10 +54,19 @@ class RefusalPart(_Item):
     refusal: str
 
 
-class MediaPart(_Item):
-    """Images and audio: refused, as Serge's models read text only."""
+class ImagePart(_Item):
+    """An image for a vision model, as a data: URL; a remote URL or a file id is refused."""
 
-    type: Literal["input_image", "input_audio"]
+    type: Literal["input_image"]
+    image_url: str | None = Field(None, description="A data: URL of the image's bytes (base64).")
+    file_id: str | None = Field(None, max_length=256, description="Refused: Serge has no Files API.")
+    detail: Literal["low", "high", "auto"] | None = Field(None, description=NO_EFFECT)
+
+
+class AudioPart(_Item):
+    """Audio: refused, as Serge's models do not hear."""
+
+    type: Literal["input_audio"]
 
 
 class FilePart(_Item):
@@ -70,7 +79,7 @@ class FilePart(_Item):
     file_url: str | None = Field(None, max_length=2048, description="Refused: Serge fetches nothing a request names.")
 
 
-Part = Annotated[TextPart | RefusalPart | MediaPart | FilePart, Field(discriminator="type")]
+Part = Annotated[TextPart | RefusalPart | ImagePart | AudioPart | FilePart, Field(discriminator="type")]
 
 
 def or_a_string(schema: dict) -> None:
@@ -131,11 +140,18 @@ InputItem = Annotated[
         "other type"))]
 
 
-def _part_text(parts: list, param: str) -> str:
+def _part_text(parts: list, param: str, images: bool = False) -> str:
+    """The parts' text; `images`: image parts may be among them (a user's), checked and left to `_images`."""
     texts = []
     for j, p in enumerate(parts):
-        if isinstance(p, MediaPart):
-            raise invalid(f"{param}.{j} is {p.type}; Serge's models read text only", f"{param}.{j}.type")
+        if isinstance(p, ImagePart) and images:
+            if p.file_id is not None or not p.image_url:
+                raise refuse_address(f"{param}.{j}")
+            image(p.image_url, f"{param}.{j}.image_url")
+            continue
+        if isinstance(p, (ImagePart, AudioPart)):
+            where = "in a user message" if isinstance(p, ImagePart) else "nowhere: Serge's models do not hear"
+            raise invalid(f"{param}.{j} is {p.type}, which Serge takes {where}", f"{param}.{j}.type")
         if isinstance(p, FilePart):
             if p.file_id is not None or p.file_url is not None or not p.file_data:
                 raise refuse_address(f"{param}.{j}")
@@ -149,15 +165,16 @@ def canonical(item: MessageItem | FunctionCallItem | FunctionCallOutputItem, ind
     """An input item as the API lists it (and Serge stores it), with an id; checked for size and media."""
     param = f"input.{index}"
     if isinstance(item, MessageItem):
-        text = _part_text(item.content, f"{param}.content")
+        text = _part_text(item.content, f"{param}.content", images=item.role == "user")
         if len(text) > MAX_MESSAGE_CHARS:
             raise invalid(f"{param}.content is {len(text)} characters; the limit is {MAX_MESSAGE_CHARS}",
                        f"{param}.content")
         if item.role == "assistant":
             return {"type": "message", "id": item.id or new_id("msg"), "role": "assistant", "status": "completed",
                     "content": [{"type": "output_text", "text": text, "annotations": []}]}
+        pictures = [{"type": "input_image", "image_url": p.image_url} for p in item.content if isinstance(p, ImagePart)]
         return {"type": "message", "id": item.id or new_id("msg"), "role": item.role, "status": "completed",
-                "content": [{"type": "input_text", "text": text}]}
+                "content": [{"type": "input_text", "text": text}, *pictures]}
     if isinstance(item, FunctionCallItem):
         return {"type": "function_call", "id": item.id or new_id("fc"), "call_id": item.call_id, "name": item.name,
                 "arguments": item.arguments, "status": "completed"}
@@ -176,7 +193,8 @@ def conversation(instructions: str | None, items: list[dict]) -> list[Message]:
         kind = item["type"]
         if kind == "message":
             role = "system" if item["role"] == "developer" else item["role"]
-            messages.append(Message(role, "".join(p.get("text", "") for p in item["content"])))
+            pictures = tuple(image(p["image_url"], "input") for p in item["content"] if p["type"] == "input_image")
+            messages.append(Message(role, "".join(p.get("text", "") for p in item["content"]), images=pictures))
         elif kind == "function_call":
             call = ToolCall(item["call_id"], item["name"], item["arguments"])
             if messages and messages[-1].role == "assistant":

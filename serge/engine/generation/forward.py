@@ -75,9 +75,11 @@ class Forward(Protocol):
         that sequence would get alone."""
         ...
 
-    def prefill(self, kv: KV, tokens: list[int]) -> torch.Tensor:
+    def prefill(self, kv: KV, tokens: list[int], images: dict | None = None) -> torch.Tensor:
         """Feed a chunk of one sequence's prompt (`kv.length` grows by `len(tokens)`);
-        the next-token logits after its last token, as [vocabulary]."""
+        the next-token logits after its last token, as [vocabulary]. `images`: a vision model's
+        pixel inputs for the image tokens in `tokens` (the scheduler passes them with a prompt's
+        whole first pass, and only to a forward whose model sees images)."""
         ...
 
     def close(self) -> None:

@@ -39,6 +39,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from serge.engine.generation.images import Image
 from serge.engine.generation.jsonspans import json_or_text
 
 Role = Literal["system", "user", "assistant", "tool"]
@@ -64,10 +65,14 @@ class Message:
     tool_calls: tuple[ToolCall, ...] = ()  # an assistant's calls
     tool_call_id: str | None = None  # a tool message: the call it answers
     name: str | None = None  # a participant's name; a tool message: the function that answered
+    images: tuple[Image, ...] = ()  # a user's images, shown before its text (a vision model's alone)
 
     def as_template_input(self) -> dict:
-        """The message as chat templates read it (arguments as an object, as Hugging Face's templates expect)."""
-        out: dict = {"role": self.role, "content": self.content}
+        """The message as chat templates read it (arguments as an object, as Hugging Face's templates expect;
+        with images, content as parts: an image part for each, then the text, as vision templates take it)."""
+        content = ([{"type": "image"}] * len(self.images) + [{"type": "text", "text": self.content}]
+                   if self.images else self.content)
+        out: dict = {"role": self.role, "content": content}
         if self.tool_calls:
             out["tool_calls"] = [{"id": c.id, "type": "function",
                                   "function": {"name": c.name, "arguments": json_or_text(c.arguments)}}
@@ -148,6 +153,8 @@ class _Holes:
         return f"\ue000{len(self.texts) - 1}\ue001"
 
     def fill(self, value, text: bool = False):
+        if value == {"type": "image"}:
+            return value  # an image part is the template's to mark up: no text in it
         if isinstance(value, str):
             return self.hole(value) if text and value else value
         if isinstance(value, list):

@@ -95,7 +95,8 @@ class Scheduler:
 
     def submit(self, prompt: list[int], params: SamplingParams, grammar: str | None = None,
                reader: ReplyReader | None = None, grammar_param: str = "response_format",
-               finish_json: bool = False, thinking: Thinking | None = None, n: int = 1) -> Stream:
+               finish_json: bool = False, thinking: Thinking | None = None, n: int = 1,
+               images: dict | None = None) -> Stream:
         """Queue a generation of `n` choices (one stream); raises `EngineBusy` when every slot and the queue
         are full, InvalidRequest when n is more than run at once. Choice i samples with `params.for_choice(i)`.
 
@@ -104,6 +105,10 @@ class Scheduler:
 
         `grammar` (llguidance's Lark) constrains the reply; it is compiled here, once per
         distinct text, so a bad one raises `GrammarError` (naming `grammar_param`) now.
+
+        `images`: a vision prompt's pixel inputs (opaque here): the whole prompt runs in one prefill pass
+        that carries them (its image tokens cannot be split from their features), and its KV is never
+        taken from or given to the prefix cache (its placeholder ids are the same for any image).
         """
         if not prompt:
             raise ValueError("a prompt needs at least one token")
@@ -117,7 +122,8 @@ class Scheduler:
                           TextAssembler(self._tokenizer, params.stop), self._eos, self.vocabulary,
                           self.vocabulary.matcher(grammar, grammar_param) if grammar is not None else None,
                           copy.deepcopy(reader) if i else reader, finish_json=finish_json,
-                          thinking=copy.deepcopy(thinking) if i else thinking, choice=i) for i in range(n)]
+                          thinking=copy.deepcopy(thinking) if i else thinking, choice=i, images=images)
+                 for i in range(n)]
         group[0].followers = group[1:]
         with self._lock:
             if self._closing:
@@ -235,7 +241,8 @@ class Scheduler:
             self._m.queue_wait.observe(seq.started - seq.stream.created)
             self._m.prompt_tokens.inc(len(seq.prompt))
         try:
-            hit = self._prefixes.find(seq.context()) if self._prefixes.budget_bytes else None
+            hit = (self._prefixes.find(seq.context()) if self._prefixes.budget_bytes and seq.images is None
+                   else None)
             if hit is None:
                 seq.kv = self.forward.new_kv()
                 return
@@ -300,11 +307,13 @@ class Scheduler:
         """
         budget = self._chunk if stall_guard else None
         for seq in [s for s in self._running if s.kv is not None and s.prefilled < s.context_length]:
-            n = min(self._chunk, seq.context_length - seq.prefilled)
+            pixels = seq.images if seq.prefilled == 0 else None  # with its first pass, which runs it all
+            n = seq.context_length - seq.prefilled if pixels else min(self._chunk, seq.context_length - seq.prefilled)
             if budget is not None and n > budget and budget < self._chunk:
                 break
             try:
-                logits = self.forward.prefill(seq.kv, seq.context()[seq.prefilled : seq.prefilled + n])
+                chunk = seq.context()[seq.prefilled : seq.prefilled + n]
+                logits = self.forward.prefill(seq.kv, chunk, pixels) if pixels else self.forward.prefill(seq.kv, chunk)
             except OutOfKV as exc:
                 self._make_room(exc, seq)
                 break  # the next step tries again, with the room made
@@ -382,7 +391,7 @@ class Scheduler:
         self._running.remove(seq)
         stranded, seq.followers = seq.followers, []
         kv, seq.kv = seq.kv, None
-        if kv is not None and reason is not FinishReason.ERROR and self._prefixes.budget_bytes:
+        if kv is not None and reason is not FinishReason.ERROR and self._prefixes.budget_bytes and seq.images is None:
             # Before finish(): the chat's next turn may be submitted the moment its stream ends.
             self._prefixes.store(seq.prompt + seq.generated, kv, len(seq.prompt), seq.prompt_logits)
             self._m.prefix_cache_bytes.set(self._prefixes.nbytes)

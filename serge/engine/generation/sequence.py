@@ -68,6 +68,7 @@ class Sequence:
     thinking: Thinking | None = None  # a thinking model's reply: its thoughts split from its answer
     choice: int = 0  # which of its request's n choices; choice 0 prefills the prompt for them all
     followers: list[Sequence] = field(default_factory=list)  # choice 0's: the others, waiting for its prompt
+    images: dict | None = None  # a vision prompt's pixel inputs: fed with its first prefill pass, never cached
     _answer: str = ""  # with `thinking`: the answer so far
     _thought_tokens: int = 0  # with `thinking`: tokens written inside <think> (its tags too)
     _penalties: Penalties | None = None  # made on the first token that needs them

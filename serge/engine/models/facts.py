@@ -16,7 +16,7 @@ from pathlib import Path
 
 from serge.engine.generation.sampling import GENERATION_CONFIG_KEYS, GGUF_KEYS
 
-VERSION = 4  # of the facts kept in a manifest; another version is read again from the files
+VERSION = 5  # of the facts kept in a manifest; another version is read again from the files
 
 _DTYPE_NAMES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "F64": "float64", "I8": "int8",
                 "U8": "uint8", "F8_E4M3": "float8_e4m3", "F8_E5M2": "float8_e5m2"}
@@ -39,6 +39,8 @@ class ModelFacts:
     # GGUF whose metadata says it pools token vectors into one)
     dimensions: int | None = None  # an embedding model's vector length
     layers: int | None = None  # repeating (transformer) layers: llama.cpp offloads them one by one
+    vision: bool = False  # its files carry a vision tower: a transformers config's vision_config, or a GGUF's
+    # mmproj file (the projector llama.cpp's multimodal library reads) beside it
 
     def to_json(self) -> dict:
         return {"version": VERSION, **asdict(self)}
@@ -174,7 +176,13 @@ def _transformers_facts(folder: Path) -> ModelFacts:
         kind="embedding" if embedding else "chat",
         dimensions=(dimensions or text.get("hidden_size")) if embedding else None,
         layers=text.get("num_hidden_layers"),
+        vision=isinstance(config.get("vision_config"), dict) and not embedding,
     )
+
+
+def mmproj_files(folder: Path) -> list[Path]:
+    """A vision GGUF's projector files beside its weights (hub repos name them mmproj-*.gguf)."""
+    return sorted(p for p in folder.glob("*.gguf") if p.name.lower().startswith("mmproj"))
 
 
 def _gguf_facts(path: Path) -> ModelFacts:
@@ -213,4 +221,5 @@ def _gguf_facts(path: Path) -> ModelFacts:
         kind="embedding" if embeds else "chat",
         dimensions=embedding if embeds else None,
         layers=value(f"{arch}.block_count"),
+        vision=bool(mmproj_files(path.parent)) and not embeds and path not in mmproj_files(path.parent),
     )
