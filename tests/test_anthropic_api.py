@@ -252,7 +252,8 @@ def test_errors_come_in_anthropics_shape_with_its_types(client, url):
         "unknown_field": {"unknown_field": 1},
         "web_search": {"tools": [{"type": "web_search_20250305", "name": "web_search"}]},
         "cannot see images": {"messages": [{"role": "user", "content": [
-            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}]}]},
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": (  # a real 1x1 PNG
+                "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGP4z8AAAAMBAQDJ/pLvAAAAAElFTkSuQmCC")}}]}]},
         "tool_choice": {"tool_choice": {"type": "any"}},
     }
     for named, body in refused.items():

@@ -266,7 +266,7 @@ def test_a_conversation_longer_than_the_window_is_a_400_with_the_counts_unless_t
     ({"input": "Hi", "frequency_penalty": 1}, "frequency_penalty"),
     ({"input": [{"type": "item_reference", "id": "x"}]}, "input.0"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "https://x.example/a.png"}]}]},
-     "input.0.content.0.type"),
+     "input.0.content.0.image_url"),
     ({"input": [{"type": "function_call", "name": "f"}]}, "input.0.function_call.call_id"),
     ({"input": []}, "input"),
     ({"input": "Hi", "temperature": 5}, "temperature"),
