@@ -6,7 +6,7 @@ files are read, for the tiny model's text side."""
 
 from __future__ import annotations
 
-import io
+import json
 import struct
 import zlib
 
@@ -137,6 +137,8 @@ def _png_claiming(width: int, height: int) -> bytes:
 def test_hostile_images_are_refused_naming_the_limit():
     with pytest.raises(ImageTooLarge, match=str(MAX_IMAGE_PIXELS)):
         read_image(_png_claiming(100_000, 100_000))  # a bomb by its header: refused before a pixel is decoded
+    with pytest.raises(ImageTooLarge, match="says it is 9000x9000 pixels; the limit"):
+        read_image(_png_claiming(9000, 9000))  # past Serge's limit, below Pillow's own guard
     with pytest.raises(ImageRefused, match="shorter than its header"):
         read_image(_png_claiming(64, 64))  # lies about its size: far fewer pixels than it claims
     with pytest.raises(ImageRefused, match="not an image"):
@@ -161,3 +163,41 @@ def test_a_hostile_image_is_a_4xx_in_each_dialect(client):
     ollama = client.post("/api/chat", json={"model": NAME, "stream": False,
                                             "messages": [{"role": "user", "content": ASK, "images": ["not base64!"]}]})
     assert ollama.status_code == 400
+
+
+def _chat_events(client, chat_id: str, body: dict) -> list[tuple[str, dict]]:
+    kind, events = None, []
+    with client.stream("POST", f"/api/chats/{chat_id}/messages", json=body) as response:
+        assert response.status_code == 200, response.read()
+        for line in response.iter_lines():
+            if line.startswith("event:"):
+                kind = line[6:].strip()
+            elif line.startswith("data:"):
+                events.append((kind, json.loads(line[5:])))
+    return events
+
+
+def test_an_image_attached_in_the_chat_api_reaches_the_model_and_shows_as_a_thumbnail(client):
+    settings = {"max_new_tokens": 2, "temperature": 0}
+    with_image = client.post("/api/chats", json={"model": NAME, "settings": settings}).json()["id"]
+    plain = client.post("/api/chats", json={"model": NAME, "settings": settings}).json()["id"]
+    picture = png("orange")
+    uploaded = client.post(f"/api/chats/{with_image}/files", files={"file": ("photo.png", picture, "image/png")})
+    assert uploaded.status_code == 201, uploaded.text
+    image_id = uploaded.json()["id"]
+    seen = _chat_events(client, with_image, {"content": ASK, "attachments": [image_id]})[-1][1]["message"]
+    unseen = _chat_events(client, plain, {"content": ASK})[-1][1]["message"]
+    assert seen["prompt_tokens"] == unseen["prompt_tokens"] + IMAGE_TOKENS
+    assert f'/api/chats/{with_image}/files/{image_id}/image' in client.get(f"/c/{with_image}/conversation").text
+    served = client.get(f"/api/chats/{with_image}/files/{image_id}/image")
+    assert served.content == picture and served.headers["content-type"] == "image/png"
+    lying = client.post(f"/api/chats/{with_image}/files", files={"file": ("huge.png", _png_claiming(9000, 9000))})
+    assert lying.status_code == 413 and "pixels" in lying.json()["error"]["message"], lying.text
+
+
+def test_an_image_attached_to_a_text_only_chat_is_a_400_naming_the_models_that_see(client):
+    chat = client.post("/api/chats", json={"model": TEXT_ONLY, "settings": {"max_new_tokens": 2}}).json()["id"]
+    image_id = client.post(f"/api/chats/{chat}/files", files={"file": ("photo.png", png("red"))}).json()["id"]
+    reply = client.post(f"/api/chats/{chat}/messages", json={"content": ASK, "attachments": [image_id]})
+    assert reply.status_code == 400, reply.text
+    assert "cannot see images" in reply.json()["error"]["message"] and NAME in reply.json()["error"]["message"]

@@ -18,13 +18,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from serge.documents import MAX_FILES_PER_CHAT, MAX_READERS, FileTooLarge, extract, fuse, marked, passages, query_words
-from serge.engine import Engine, Message
+from serge.documents import (MAX_FILES_PER_CHAT, MAX_READERS, FileTooLarge, clean_name, extract, fuse, marked, passages,
+                             query_words)
+from serge.engine import Engine, Image, Message, read_image
 from serge.store import ChunkHit, DocumentRecord, DocumentStore, NewChunk
 
 log = logging.getLogger(__name__)
 
 EMBED_BATCH = 64
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".gif", ".webp", ".bmp")  # kept as images, for a vision model
 CANDIDATES = 20  # passages each search brings to the fusion
 TOP_PASSAGES = 6  # at most, into one prompt
 REPLY_SHARE = 4  # a quarter of the context window stays free for the answer
@@ -58,6 +60,10 @@ def _passages(hits: list[tuple[DocumentRecord, int, str]]) -> str:
     return "Passages from the attached files that may answer the question:\n\n" + "\n\n".join(parts)
 
 
+def is_image(document: DocumentRecord) -> bool:
+    return document.media_type.startswith("image/")
+
+
 class ChatDocuments:
     def __init__(self, store: DocumentStore, engine: Engine) -> None:
         self.store, self.engine = store, engine
@@ -76,9 +82,14 @@ class ChatDocuments:
             return [None] * len(texts)
 
     def attach(self, owner: str, chat_id: str, name: str, data: bytes) -> DocumentRecord:
-        """Read, cut, embed and keep a file for the owner's chat; FileRefused says why not."""
+        """Read, cut, embed and keep a file for the owner's chat; FileRefused says why not. An image is
+        checked (`read_image`) and kept as it is, for a vision model: no text, no passages."""
         if len(self.store.list(owner, chat_id)) >= MAX_FILES_PER_CHAT:
             raise FileTooLarge(f"this chat has {MAX_FILES_PER_CHAT} files, the limit per chat; start a new chat")
+        if name.lower().endswith(IMAGE_SUFFIXES):
+            image = read_image(data, "file")
+            return self.store.add(owner, chat_id, name=clean_name(name), media_type=image.media_type, data=data,
+                                  pages=(), chunks=[])
         with self._readers:
             read = extract(data, name)
         cut = passages(read.pages)
@@ -96,9 +107,17 @@ class ChatDocuments:
         except Exception:  # a remote model may not count: about four characters a token
             return sum(len(m.content or "") for m in history) // 4
 
+    def images(self, owner: str, document_ids: Sequence[str]) -> tuple[Image, ...]:
+        """The images among `document_ids`, read back from the store (checked again: nothing is trusted)."""
+        return tuple(read_image(self.store.read(owner, d), "attachments") for d in document_ids
+                     if is_image(self.store.get(owner, d)))
+
     def given(self, owner: str, model: str, document_ids: Sequence[str], history: list[Message]) -> Given:
-        """What of `document_ids` the model sees before the last message of `history` (the question)."""
-        docs = {d: self.store.get(owner, d) for d in dict.fromkeys(document_ids)}
+        """What of `document_ids` the model sees before the last message of `history` (the question); images
+        are not told here (they go with their message, `images`)."""
+        docs = {d: doc for d in dict.fromkeys(document_ids) if not is_image(doc := self.store.get(owner, d))}
+        if not docs:
+            return Given("", [])
         question = history[-1].content or ""
         window = self._window(model)
         room = window - window // REPLY_SHARE

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from dataclasses import replace
 
 from pydantic import ValidationError
 
@@ -148,6 +149,14 @@ class ChatService:
         """Keep a file for the chat, to be attached to a message by its id; FileRefused says why not."""
         self.store.get_chat(owner, chat_id)
         return self._documents().attach(owner, chat_id, name, data)
+
+    def image(self, owner: str, chat_id: str, document_id: str) -> tuple[DocumentRecord, bytes]:
+        """An image attached in the owner's chat, with its bytes (for the page's thumbnail); a file that is not
+        an image is not found here."""
+        document = self._documents().store.get(owner, document_id)
+        if document.chat_id != chat_id or not document.media_type.startswith("image/"):
+            raise DocumentNotFound(f"chat {chat_id!r} has no image {document_id!r}")
+        return document, self._documents().store.read(owner, document_id)
 
     def files(self, owner: str, chat_id: str) -> list[DocumentRecord]:
         self.store.get_chat(owner, chat_id)
@@ -286,7 +295,8 @@ class ChatService:
             if m.role == "assistant" and not m.content:
                 continue  # a reply that failed before it said anything
             # A reply's thoughts stay out: thinking templates (Qwen3's, DeepSeek-R1's) drop earlier turns' thoughts.
-            history.append(Message(m.role, m.content))
+            images = self.documents.images(owner, m.attachments) if m.attachments and self.documents else ()
+            history.append(Message(m.role, m.content, images=images))
             places.append(i)
         return chat, history, places, attached
 
@@ -297,7 +307,7 @@ class ChatService:
         if attached and self.documents is not None:  # the files go in with the question; what of them is told
             given = self.documents.given(owner, model, attached, history)
             if given.text:
-                history[-1] = Message("user", f"{given.text}\n\n{history[-1].content}")
+                history[-1] = replace(history[-1], content=f"{given.text}\n\n{history[-1].content}")
             sources = given.sources
         try:
             placeholder = self.store.add_message(owner, chat_id, NewMessage(

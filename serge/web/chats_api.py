@@ -178,7 +178,8 @@ def export_chat(chat_id: str, request: Request, format: Literal["md", "json"] = 
 
 
 @router.post("/{chat_id}/files", status_code=201,
-             summary="Upload a file (text, Markdown, code, HTML, PDF or DOCX) for the chat's messages to attach")
+             summary="Upload a file (text, Markdown, code, HTML, PDF, DOCX, or an image for a vision model) "
+                     "for the chat's messages to attach")
 async def upload_file(chat_id: str, request: Request, file: UploadFile = File(description="The file itself.")):
     data = await file.read(MAX_FILE_BYTES + 1)
     if len(data) > MAX_FILE_BYTES:
@@ -190,6 +191,14 @@ async def upload_file(chat_id: str, request: Request, file: UploadFile = File(de
 @router.get("/{chat_id}/files", summary="The chat's files, oldest first")
 def list_files(chat_id: str, request: Request):
     return {"data": [document_out(d) for d in service(request).files(owner(request), chat_id)]}
+
+
+@router.get("/{chat_id}/files/{document_id}/image", response_class=Response, summary="An attached image's bytes",
+            responses={200: {"content": {"image/png": {}, "image/jpeg": {}}, "description": "The image"}})
+def file_image(chat_id: str, document_id: str, request: Request):
+    """Only images (checked at upload to be one): no other file is served back, as the page never needs it."""
+    document, data = service(request).image(owner(request), chat_id, document_id)
+    return Response(data, media_type=document.media_type, headers={"Cache-Control": "private, max-age=3600"})
 
 
 @router.post("/{chat_id}/messages", response_class=StreamingResponse, responses=EVENT_STREAM,

@@ -150,6 +150,13 @@ def build_pages() -> APIRouter:
     def chats(request: Request) -> ChatService:
         return request.app.state.chats
 
+    def image_ids(request: Request, chat: ChatRecord | None) -> set[str]:
+        """The chat's attachments that are images: each shows as a thumbnail in its message."""
+        service = chats(request)
+        if chat is None or service.documents is None:
+            return set()
+        return {d.id for d in service.files(current_user(request).id, chat.id) if d.media_type.startswith("image/")}
+
     def page(request: Request, chat: ChatRecord | None, status_code: int = 200, missing: str | None = None):
         service = chats(request)
         engine = service.engine
@@ -159,6 +166,7 @@ def build_pages() -> APIRouter:
             "local": user is LOCAL_USER,
             "chat": chat,
             "messages": _view(render, chat),
+            "images": image_ids(request, chat),
             "chats": service.list(user.id),
             "models": engine.models(),
             "default_model": engine.default_model,
@@ -187,8 +195,8 @@ def build_pages() -> APIRouter:
             chat = chats(request).get(current_user(request).id, chat_id)
         except ChatNotFound:
             return HTMLResponse("", status_code=404)
-        return templates.TemplateResponse(request, "_conversation.html",
-                                          {"chat": chat, "messages": _view(render, chat)})
+        return templates.TemplateResponse(request, "_conversation.html", {
+            "chat": chat, "messages": _view(render, chat), "images": image_ids(request, chat)})
 
     @router.get("/fragments/chats", response_class=HTMLResponse)
     def chat_list(request: Request, q: str | None = Query(None, max_length=200), current: str | None = None):

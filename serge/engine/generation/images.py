@@ -66,6 +66,8 @@ def read_image(raw: bytes, param: str = "image") -> Image:
             if kind not in FORMATS:
                 raise ImageRefused(f"{param}: {kind} images are not taken; send PNG, JPEG, GIF, WebP or BMP", param)
             img.load()  # every pixel: a file shorter than its header says fails here
+    except ImageRefused:
+        raise
     except PILImage.DecompressionBombError:
         raise ImageTooLarge(f"{param}: the image would decode to more pixels than Serge takes "
                             f"({MAX_IMAGE_PIXELS})", param) from None

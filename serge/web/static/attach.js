@@ -1,10 +1,20 @@
 // Files for the next message: taken by the picker, by dropping them on the message box
-// or by pasting them, shown as chips until sent, then uploaded to the chat (one request
-// each) so the message can name them by id. The server reads them; this only carries bytes.
+// or by pasting them, shown as chips until sent (an image with its thumbnail, as a data:
+// URL, which the page's CSP allows), then uploaded to the chat (one request each) so the
+// message can name them by id. The server reads them; this only carries bytes.
 
 import { errorText } from "./sse.js";
 
 const $ = (selector, root = document) => root.querySelector(selector);
+
+function thumbnail(file) {
+  const img = document.createElement("img");
+  img.alt = "";
+  const reader = new FileReader();
+  reader.addEventListener("load", () => { img.src = reader.result; });
+  reader.readAsDataURL(file);
+  return img;
+}
 
 export function attachments({ composer, input, picker, list, onError }) {
   const pending = [];
@@ -17,6 +27,7 @@ export function attachments({ composer, input, picker, list, onError }) {
       item.className = "attachment";
       const name = document.createElement("span");
       name.textContent = file.name; // as text, never as markup
+      if (file.type.startsWith("image/")) item.append(thumbnail(file));
       const remove = document.createElement("button");
       remove.type = "button";
       remove.className = "icon";
