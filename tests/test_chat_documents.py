@@ -125,8 +125,10 @@ def test_each_bad_file_is_a_4xx_naming_what_to_fix(client):
     chat = new_chat(client)
     big = upload(client, chat, "big.txt", b"a" * (MAX_FILE_BYTES + 1))
     assert big.status_code == 413 and str(MAX_FILE_BYTES) in big.json()["error"]["message"]
-    png = upload(client, chat, "photo.png", b"\x89PNG\r\n\x1a\n" + b"\0" * 100)
-    assert png.status_code == 415 and "PDF" in png.json()["error"]["message"]
+    video = upload(client, chat, "clip.mp4", b"\0\0\0\x18ftypmp42" + b"\0" * 100)
+    assert video.status_code == 415 and "PDF" in video.json()["error"]["message"]
+    png = upload(client, chat, "photo.png", b"\x89PNG\r\n\x1a\n" + b"\0" * 100)  # kept as an image, if it were one
+    assert png.status_code == 400 and "not an image" in png.json()["error"]["message"]
     locked = upload(client, chat, "secret.pdf", files.encrypted_pdf())
     assert locked.status_code == 422 and "encrypted" in locked.json()["error"]["message"]
     pages = upload(client, chat, "empty.pdf", files.empty_pages_pdf())
