@@ -26,7 +26,7 @@ import shutil
 import subprocess
 import sys
 
-BASE = "-DLLAVA_BUILD=OFF"  # Serge serves text models: llama.cpp's multimodal library stays out
+BASE = "-DLLAVA_BUILD=OFF"  # llama.cpp's multimodal library (mtmd) stays out: vision models run on transformers
 
 
 def _uname(flag: str, fallback: str) -> str:

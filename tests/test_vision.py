@@ -163,6 +163,9 @@ def test_a_hostile_image_is_a_4xx_in_each_dialect(client):
     ollama = client.post("/api/chat", json={"model": NAME, "stream": False,
                                             "messages": [{"role": "user", "content": ASK, "images": ["not base64!"]}]})
     assert ollama.status_code == 400
+    many = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": data_url(png("red"))}}]}] * 17
+    crowded = client.post("/v1/chat/completions", json={"model": NAME, "max_tokens": 2, "messages": many})
+    assert crowded.status_code == 413 and "the limit is 16" in crowded.json()["error"]["message"]
 
 
 def _chat_events(client, chat_id: str, body: dict) -> list[tuple[str, dict]]:

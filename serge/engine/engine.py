@@ -31,6 +31,7 @@ from serge.engine.models.errors import ModelNotFound
 from serge.engine.models.library import InstalledModel, ModelLibrary
 from serge.engine.local import EngineKind, LoadOptions
 from serge.engine.metrics import EngineMetrics, ModelSnapshot
+from serge.engine.generation.images import MAX_IMAGES, ImageTooLarge
 from serge.engine.generation.prompts import Message
 from serge.engine.models.pulls import Pulls, PullStatus
 from serge.engine.registry import (Budget, ModelInUse, ModelRegistry, auto_engine, llama_cpp_available,
@@ -216,8 +217,11 @@ class Engine:
                          context_window=getattr(backend, "context_window", None),
                          vision=bool(getattr(backend, "vision", False)))
 
-    def _check_sees(self, name: str | None) -> None:
-        """InvalidRequest unless the model takes images, naming the installed ones that do."""
+    def _check_sees(self, name: str | None, images: int) -> None:
+        """InvalidRequest unless the model takes images, naming the installed ones that do; ImageTooLarge
+        past MAX_IMAGES in one conversation."""
+        if images > MAX_IMAGES:
+            raise ImageTooLarge(f"the conversation has {images} images; the limit is {MAX_IMAGES}", "messages")
         info = self.info(self.check_model(name))
         if info.vision:
             return
@@ -246,8 +250,8 @@ class Engine:
         images need a model that sees them (`ModelInfo.vision`), else InvalidRequest names those that do. Raises
         ModelNotFound, ContextTooLong, InvalidRequest (a bad schema, tool_choice, logit_bias or n) or
         EngineBusy before anything runs."""
-        if any(m.images for m in messages):
-            self._check_sees(model)
+        if images := sum(len(m.images) for m in messages):
+            self._check_sees(model, images)
         with self._backend(model) as backend:  # not unloaded between loading and queueing the request
             stream = backend.submit(messages, params, tools, response_format, trim, think, n, cap, window)
         stream.model = backend.name

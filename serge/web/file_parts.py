@@ -14,7 +14,7 @@ import base64
 import binascii
 
 from serge.documents import FileRefused, extract
-from serge.engine import MAX_IMAGES, Image, ImageTooLarge, Message, read_image
+from serge.engine import Image, read_image
 from serge.web.errors import ApiError
 
 SUFFIXES = {"application/pdf": ".pdf", "text/plain": ".txt", "text/markdown": ".md", "text/html": ".html",
@@ -40,14 +40,6 @@ def _bytes(data: str, where: str) -> tuple[bytes, str | None]:
         return base64.b64decode(data, validate=True), media_type
     except (binascii.Error, ValueError):
         raise ApiError(400, f"{where}: the file's data is not base64", code="invalid_value", param=where) from None
-
-
-def with_image_limit(messages: list[Message], where: str) -> list[Message]:
-    """The messages, unless their images are more than one request takes (413 naming the limit)."""
-    count = sum(len(m.images) for m in messages)
-    if count > MAX_IMAGES:
-        raise ImageTooLarge(f"{where}: the request has {count} images; the limit is {MAX_IMAGES}", where)
-    return messages
 
 
 def image(data: str, where: str) -> Image:

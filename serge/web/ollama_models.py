@@ -24,7 +24,7 @@ from serge.engine import (MAX_IMAGES, MAX_STOP_STRINGS, OLLAMA_OPTIONS, Engine, 
                           SamplingParams, Tool, ToolCall, Tools)
 from serge.web.dialects import refused_settings
 from serge.web.errors import ApiError
-from serge.web.file_parts import image, with_image_limit
+from serge.web.file_parts import image
 
 log = logging.getLogger(__name__)
 
@@ -256,7 +256,7 @@ class OllamaChatRequest(_Generation):
             pictures = tuple(image(b, f"messages.{i}.images.{k}") for k, b in enumerate(m.images or ()))
             out.append(Message(m.role, m.content or "", calls, call_id,
                                m.tool_name if m.role == "tool" else None, pictures))
-        return with_image_limit(out, "messages")
+        return out
 
     def tool_offer(self) -> Tools | None:
         if not self.tools:

@@ -18,7 +18,7 @@ from serge.chats import MAX_MESSAGE_CHARS
 from serge.engine import MAX_TOP_LOGPROBS, OPENAI_NAMES, Image, Message, ResponseFormat, SamplingParams, Tool, ToolCall, Tools
 from serge.web.dialects import EchoedItem, StrictRequest, refused_settings
 from serge.web.errors import ApiError
-from serge.web.file_parts import file_text, image, refuse_address, with_image_limit
+from serge.web.file_parts import file_text, image, refuse_address
 
 
 MAX_MESSAGES_PER_REQUEST = 500
@@ -234,4 +234,4 @@ class ChatCompletionRequest(StrictRequest):
                 raise _bad(f"messages.{i}.content is missing", f"messages.{i}.content")
             calls = tuple(ToolCall(c.id, c.function.name, c.function.arguments) for c in m.tool_calls or ())
             messages.append(Message(role, text, calls, m.tool_call_id, m.name, m.images(f"messages.{i}.content")))
-        return with_image_limit(messages, "messages")
+        return messages
