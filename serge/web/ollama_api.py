@@ -196,10 +196,11 @@ async def _begin(request: Request, body, path: str) -> tuple[float, Engine, str,
     return started, engine, await run_in_threadpool(library_name, engine, body.model), keep_alive_zero(body.keep_alive)
 
 
-CHAT_DOC = """Ollama's chat. The fields Ollama documents are implemented; `images` (base64) go to a model that sees
-images, and to any other are a 400 naming the installed models that do. `think` (a model that thinks gives its thoughts in `message.thinking`; false asks its template
-not to think, where it can; a model that does not think answers without it), `keep_alive` other than 0
-(Serge unloads by its memory budget). Unknown fields and options are ignored, as Ollama ignores them.
+CHAT_DOC = """Ollama's chat. The fields Ollama documents are implemented except: `think` (a model that thinks
+gives its thoughts in `message.thinking`; false asks its template not to think, where it can; a model that
+does not think answers without it), `keep_alive` other than 0 (Serge unloads by its memory budget).
+`images` (base64) go to a model that sees images; to any other they are a 400 naming the installed models
+that do. Unknown fields and options are ignored, as Ollama ignores them.
 A conversation longer than the model's window loses its oldest turns (the system prompt is kept); the last
 record then says `truncated: true` and `dropped_messages`. `truncate: false` makes it a 400 instead."""
 
@@ -224,7 +225,8 @@ async def chat(body: OllamaChatRequest, request: Request):
 GENERATE_DOC = """Ollama's completion of one prompt. `prompt` (and `system`) go through the model's chat template
 as one user message; `raw: true` sends the prompt as it is; `suffix` asks for the text between prompt and suffix
 (fill-in-the-middle, for models with FIM tokens; else 400). `context` (deprecated in Ollama) is accepted and
-ignored, and no `context` is returned. `template` is refused (400); `images` as in /api/chat (not with raw or suffix). Options as in /api/chat."""
+ignored, and no `context` is returned. `template` is refused (400); `images` as in /api/chat (not with raw or
+suffix). Options as in /api/chat."""
 
 
 @router.post("/api/generate", summary="Ollama: complete a prompt (streamed as NDJSON unless stream: false)",

@@ -166,7 +166,8 @@ async def show(body: OllamaModelRequest, request: Request):
         info[f"{family}.context_length"] = window
     return {"modelfile": f"# {ollama_name(m.name)}: served by Serge from {m.source}\n",
             "parameters": parameters(m.defaults), "template": "", "license": "", "details": details(m),
-            "model_info": info, "capabilities": ["embedding"] if m.kind == "embedding" else ["completion", "tools"] + ["vision"] * m.vision,
+            "model_info": info,
+            "capabilities": ["embedding"] if m.kind == "embedding" else ["completion", "tools"] + ["vision"] * m.vision,
             "modified_at": _modified(m)}
 
 

@@ -3,11 +3,11 @@
 Ollama's server ignores fields it does not know, and so does Serge here (they are
 listed at debug level), so any Ollama client can talk to it; fields that would
 change the answer and that Serge cannot honour (`template`) are a 400 naming them;
-`images` go to a model that sees images (base64, checked as `serge.engine.read_image` does). `options` go through `OLLAMA_OPTIONS`, the map beside
-`SamplingParams`; `format` becomes a `ResponseFormat`, `tools` the engine's
-`Tools`, `messages` its `Message`s. Model names: Ollama's `name:tag` spelling maps
-onto library names by one rule (`library_name`, `ollama_name`). This module
-formats no replies.
+`images` go to a model that sees images (base64, checked by `serge.engine.read_image`).
+`options` go through `OLLAMA_OPTIONS`, the map beside `SamplingParams`; `format`
+becomes a `ResponseFormat`, `tools` the engine's `Tools`, `messages` its `Message`s.
+Model names: Ollama's `name:tag` spelling maps onto library names by one rule
+(`library_name`, `ollama_name`). This module formats no replies.
 """
 
 from __future__ import annotations
