@@ -204,3 +204,27 @@ def test_an_image_attached_to_a_text_only_chat_is_a_400_naming_the_models_that_s
     reply = client.post(f"/api/chats/{chat}/messages", json={"content": ASK, "attachments": [image_id]})
     assert reply.status_code == 400, reply.text
     assert "cannot see images" in reply.json()["error"]["message"] and NAME in reply.json()["error"]["message"]
+
+
+def _tiny_gguf(path) -> None:
+    import numpy as np
+    from gguf import GGUFWriter
+
+    writer = GGUFWriter(str(path), "llama")
+    writer.add_block_count(1)
+    writer.add_tensor("token_embd.weight", np.zeros((4, 4), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def test_a_gguf_sees_images_by_its_mmproj_file_but_not_on_this_llama_cpp(tmp_path):
+    from serge.engine.engine import sees_images
+
+    _tiny_gguf(tmp_path / "model-Q4_K_M.gguf")
+    assert not read_facts(tmp_path, "model-Q4_K_M.gguf").vision
+    _tiny_gguf(tmp_path / "mmproj-model-f16.gguf")
+    facts = read_facts(tmp_path, "model-Q4_K_M.gguf")
+    assert facts.vision and not read_facts(tmp_path, "mmproj-model-f16.gguf").vision
+    assert not sees_images(facts, "llama.cpp")  # this build has no mtmd: the Models page says "vision: not here"
