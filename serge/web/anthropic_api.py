@@ -163,7 +163,8 @@ async def create_message(
     beta: bool | None = Query(None, description="Accepted without effect (Claude Code sends ?beta=true)."),
 ):
     engine = _engine(request)
-    messages, tools, response_format = body.conversation(), body.tool_offer(), body.response_format()
+    messages = await run_in_threadpool(body.conversation)  # its files and images are read off the event loop
+    tools, response_format = body.tool_offer(), body.response_format()
     params = body.sampling()  # a bad setting is refused before the model is asked anything
     think = None if body.thinking is None else body.thinking.get("type") != "disabled"
     # Refused when it does not fit (trim=False), max_tokens capped to what the window leaves (cap=True).
@@ -260,7 +261,7 @@ async def count_tokens(
     anthropic_beta: str | None = Header(None, description="Accepted without effect."),
     beta: bool | None = Query(None, description="Accepted without effect."),
 ):
-    messages, tools = body.conversation(), body.tool_offer()
+    messages, tools = await run_in_threadpool(body.conversation), body.tool_offer()
     body.response_format()  # checked, though it changes no count
     count = await run_in_threadpool(_engine(request).count_tokens, body.model, messages, tools)
     return TokenCountOut(input_tokens=count)

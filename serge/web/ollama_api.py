@@ -211,7 +211,7 @@ async def chat(body: OllamaChatRequest, request: Request):
     started, engine, name, unload = await _begin(request, body, "/api/chat")
     if not body.messages:
         return await _load_or_unload(request, name, unload, {"message": {"role": "assistant", "content": ""}})
-    messages = body.conversation(name)
+    messages = await run_in_threadpool(body.conversation, name)  # its images are read off the event loop
     tools = body.tool_offer()
     params, num_ctx = body.sampling()
     response_format = body.response_format()
@@ -246,7 +246,8 @@ async def generate(body: OllamaGenerateRequest, request: Request):
             log.debug("Ollama /api/generate: num_ctx has no effect on a raw prompt")
         stream = await run_in_threadpool(engine.complete, name, body.prompt or "", params, body.suffix)
     else:
-        stream = await run_in_threadpool(engine.chat, name, body.conversation(), params, None, response_format,
+        messages = await run_in_threadpool(body.conversation)
+        stream = await run_in_threadpool(engine.chat, name, messages, params, None, response_format,
                                          cap=True, window=num_ctx)
     return await _answer(request, stream, chat=False, streamed=body.streamed, logprobs=bool(body.logprobs),
                          started=started, load_s=time.monotonic() - started, unload=unload)

@@ -95,7 +95,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
         raise ApiError(400, "stream_options is only allowed with stream: true", code="invalid_value",
                        param="stream_options")
     params = body.sampling()
-    messages = body.conversation()
+    messages = await run_in_threadpool(body.conversation)  # its files and images are read off the event loop
     tools = body.tool_offer()
     think = think_for(body.reasoning_effort)
     stream = await run_in_threadpool(_engine(request).chat, body.model, messages, params, tools, body.response_format,

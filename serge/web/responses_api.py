@@ -89,8 +89,8 @@ async def _start(body: CreateResponse, request: Request, user: str) -> tuple[Str
             raise ApiError(404, f"previous_response_id: {exc}", code="previous_response_not_found",
                            param="previous_response_id") from None
         history = [item for r in chain for item in (*r.input_items, *r.output_items)]
-    items = body.input_items()
-    messages = conversation(body.instructions, history + items)
+    items = await run_in_threadpool(body.input_items)  # its files and images are read off the event loop
+    messages = await run_in_threadpool(conversation, body.instructions, history + items)
     if not any(m.role != "system" for m in messages):
         raise ApiError(400, "input has no message or function call output to answer", code="invalid_value",
                        param="input")
