@@ -14,7 +14,8 @@ from pydantic import BaseModel, Field
 
 from serge.engine import GrammarError, Message, Tool, Tools
 from serge.engine.generation.grammar import Vocabulary
-from serge.engine.generation.tools import ToolFormat, plan_reply
+from serge.engine.generation.tool_calls import ToolFormat
+from serge.engine.generation.tools import plan_reply
 
 from conftest import MODEL, own_server
 from standin import byte_tokenizer

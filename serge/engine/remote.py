@@ -24,7 +24,7 @@ from collections.abc import Sequence
 import httpx
 
 from serge.engine.generation.prompts import Message, ToolCall
-from serge.engine.generation.grammar import InvalidRequest, ResponseFormat
+from serge.engine.generation.schemas import InvalidRequest, ResponseFormat
 from serge.engine.generation.sampling import OPENAI_NAMES, SamplingParams
 from serge.engine.generation.stream import FinishReason, GenerationRecord, Stream, TokenLogprob, ToolCallDelta, TopLogprob
 from serge.engine.generation.tools import Tools
