@@ -65,7 +65,8 @@ def free_port() -> int:
 
 
 @pytest.fixture(scope="session")
-def settings(tmp_path_factory) -> Settings:
+def real_settings(tmp_path_factory) -> Settings:
+    """The session's settings for the real model (a module on the stand-in still reaches them by this name)."""
     return Settings(
         data_dir=tmp_path_factory.mktemp("data"),
         models_dir=models_dir(),
@@ -73,17 +74,22 @@ def settings(tmp_path_factory) -> Settings:
     )
 
 
+@pytest.fixture(scope="session")
+def settings(real_settings) -> Settings:
+    return real_settings
+
+
 ENGINES = ("llama.cpp", "transformers")
 
 
 @pytest.fixture(scope="session")
-def engines(settings):
+def engines(real_settings):
     """engines(kind) -> the session's Engine serving MODEL with that local engine ("auto": the default)."""
     made: dict[str, Engine] = {}
 
     def get(kind: str = "auto") -> Engine:
         if kind not in made:
-            made[kind] = Engine(settings.model_copy(update={"engine": kind}))
+            made[kind] = Engine(real_settings.model_copy(update={"engine": kind}))
             made[kind].model(MODEL)
         return made[kind]
 
@@ -121,9 +127,9 @@ SMALL_WINDOW = 512  # tokens: a chat of a few dozen messages no longer fits
 
 
 @pytest.fixture(scope="session")
-def small_engine(settings):
+def small_engine(real_settings):
     """A second engine on the same model: one slot, room for four to wait, and a small context window."""
-    own = Settings(data_dir=settings.data_dir, models_dir=settings.models_path, max_running=1, max_queue=4,
+    own = Settings(data_dir=real_settings.data_dir, models_dir=real_settings.models_path, max_running=1, max_queue=4,
                    context_window=SMALL_WINDOW)
     with Engine(own) as engine:
         engine.model(MODEL)
@@ -180,6 +186,28 @@ def own_server(settings: Settings, engine: Engine, data_dir: Path, **overrides) 
     own = settings.model_copy(update={"data_dir": data_dir, "port": free_port(), **overrides})
     with ServerThread(build_app(own, engine), own.port) as running:
         yield running.url
+
+
+def server_of_its_own(**overrides):
+    """A module fixture `server`: a real server over the module's own `settings` and `engine` (the stand-in's
+    or a real one, whichever the module takes), with a data dir of its own and `overrides` on its settings:
+    `server = server_of_its_own(max_request_bytes=64_000)` at module top."""
+
+    @pytest.fixture(scope="module", name="server")
+    def fixture(settings, engine, tmp_path_factory, request):
+        folder = tmp_path_factory.mktemp(request.module.__name__.removeprefix("test_"))
+        with own_server(settings, engine, folder, **overrides) as url:
+            yield url
+
+    return fixture
+
+
+@pytest.fixture(scope="module")
+def real_server(real_settings, both_engines, tmp_path_factory):
+    """A real server over each local engine in turn, with the real model: for the few end-to-end tests a module
+    on the stand-in keeps on the real model (marked `real_model`); `both_engines` is the engine behind it."""
+    with own_server(real_settings, both_engines, tmp_path_factory.mktemp("real")) as url:
+        yield url
 
 
 @pytest.fixture(scope="session")

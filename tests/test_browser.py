@@ -8,7 +8,7 @@ import time
 
 import httpx
 import pytest
-from conftest import BROWSER, ServerThread, free_port, own_server
+from conftest import BROWSER, ServerThread, free_port, server_of_its_own
 from test_reply_listeners import long_chat
 
 from serge.settings import Settings
@@ -20,10 +20,7 @@ playwright_sync = pytest.importorskip("playwright.sync_api")
 expect = playwright_sync.expect
 
 
-@pytest.fixture(scope="module")
-def server(settings, engine, tmp_path_factory):
-    with own_server(settings, engine, tmp_path_factory.mktemp("browser")) as url:
-        yield url
+server = server_of_its_own()
 
 
 @pytest.fixture

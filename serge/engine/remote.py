@@ -46,18 +46,6 @@ def tool_fields(tools: Tools | None) -> dict:
     return out if tools.parallel else {**out, "parallel_tool_calls": False}
 
 
-def openai_message(m: Message) -> dict:
-    out: dict = {"role": m.role, "content": m.content}
-    if m.tool_calls:
-        out["tool_calls"] = [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
-                             for c in m.tool_calls]
-    if m.tool_call_id is not None:
-        out["tool_call_id"] = m.tool_call_id
-    if m.name is not None:
-        out["name"] = m.name
-    return out
-
-
 class RemoteBackend:
     """One remote model behind the engine's interface (see `engine.Backend`): a request body for its server."""
 
@@ -85,7 +73,7 @@ class RemoteBackend:
         params = params or SamplingParams()
         body = {
             "model": self._remote.model or self.name,
-            "messages": [openai_message(m) for m in messages],
+            "messages": [m.as_openai() for m in messages],
             "stream": True,
             "stream_options": {"include_usage": True},
             **request_fields(params),
