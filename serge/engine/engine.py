@@ -202,7 +202,8 @@ class Engine:
     def _fixed_info(self, name: str) -> ModelInfo:
         backend = self._fixed[name]
         return ModelInfo(name, backend.engine, backend.source, None, 0.0, name == self.default_model, True,
-                         remote=backend.engine == "remote", kind=backend.kind)
+                         remote=backend.engine == "remote", kind=backend.kind,
+                         context_window=getattr(backend, "context_window", None))  # a local one made in code knows it
 
     # --- generation ----------------------------------------------------------------
     def chat(self, model: str | None, messages: Sequence[Message], params: SamplingParams | None = None,
