@@ -224,6 +224,16 @@ def standin_server(standin_settings, standin_engine):
         yield running.url
 
 
+@pytest.fixture(scope="session")
+def small_standin_server(standin_settings, tmp_path_factory):
+    """Base URL of a real server over a stand-in whose context window is SMALL_WINDOW tokens."""
+    from standin import standin_engine
+
+    with standin_engine(standin_settings, context_window=SMALL_WINDOW) as small, \
+            own_server(standin_settings, small, tmp_path_factory.mktemp("small-standin")) as url:
+        yield url
+
+
 SAFETENSORS_REPO = "serge-tests/SmolLM2-135M-Instruct"  # the bundled model's safetensors checkpoint
 GGUF_REPO = "serge-tests/SmolLM2-135M-Instruct-GGUF"  # its GGUF under two quantization names
 BASE_REPO = "serge-tests/base-model"  # a checkpoint without a chat template

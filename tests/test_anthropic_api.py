@@ -17,8 +17,8 @@ from pydantic import BaseModel, Field
 from serge.settings import Settings
 from serge.web.app import build_app
 
-from conftest import MODEL as REAL, SMALL_WINDOW, ServerThread, free_port, own_server, server_of_its_own
-from standin import NAME as MODEL, stand_in, standin_engine
+from conftest import MODEL as REAL, SMALL_WINDOW, ServerThread, free_port, server_of_its_own
+from standin import NAME as MODEL, stand_in
 from test_accounts_api import add_user, serge
 
 settings, engine = stand_in("settings", "engine")
@@ -44,12 +44,6 @@ def client(server) -> Anthropic:
     return anthropic_client(server)
 
 
-@pytest.fixture(scope="module")
-def real(real_server) -> tuple[Anthropic, str]:
-    """The official client and the URL of a server over the real model, on each local engine."""
-    return anthropic_client(real_server), real_server
-
-
 def events(url: str, body: dict, model: str = MODEL, **kwargs) -> list[tuple[str, dict]]:
     """The raw server-sent events of a streamed message: (event name, data), pings included."""
     out = []
@@ -69,8 +63,8 @@ def events(url: str, body: dict, model: str = MODEL, **kwargs) -> list[tuple[str
 
 # --- create and stream ---------------------------------------------------------------------------------
 @pytest.mark.real_model
-def test_create_answers_in_anthropics_shape(real):
-    client, _ = real
+def test_create_answers_in_anthropics_shape(real_server):
+    client = anthropic_client(real_server)  # the real model, on each local engine
     message = client.messages.create(model=REAL, max_tokens=40, messages=HELLO, extra_body=GREEDY)
     assert message.id.startswith("msg_") and message.type == "message" and message.role == "assistant"
     assert message.model == REAL
@@ -82,8 +76,8 @@ def test_create_answers_in_anthropics_shape(real):
 
 
 @pytest.mark.real_model
-def test_a_stream_sends_every_event_in_order_and_adds_up_to_the_whole_reply(real):
-    client, url = real
+def test_a_stream_sends_every_event_in_order_and_adds_up_to_the_whole_reply(real_server):
+    client, url = anthropic_client(real_server), real_server  # the real model, on each local engine
     whole = client.messages.create(model=REAL, max_tokens=30, messages=HELLO, extra_body=GREEDY)
     seen = events(url, {"max_tokens": 30, "messages": HELLO, **GREEDY}, REAL)
     kinds = [k for k, _ in seen]
@@ -116,8 +110,8 @@ def test_a_stop_sequence_ends_the_reply_and_is_named(client):
 
 # --- tools ----------------------------------------------------------------------------------------------
 @pytest.mark.real_model
-def test_tool_choice_any_forces_a_tool_use_whose_input_meets_the_schema(real):
-    client, url = real
+def test_tool_choice_any_forces_a_tool_use_whose_input_meets_the_schema(real_server):
+    client, url = anthropic_client(real_server), real_server  # the real model, on each local engine
     message = client.messages.create(model=REAL, max_tokens=60, messages=ASK_WEATHER, tools=[WEATHER],
                                      tool_choice={"type": "any"}, extra_body=GREEDY)
     assert message.stop_reason == "tool_use"
@@ -274,17 +268,9 @@ def test_errors_come_in_anthropics_shape_with_its_types(client, server):
         client.messages.count_tokens(model=MODEL, messages=[])
 
 
-# --- the window, on an engine with a small one -----------------------------------------------------------
-@pytest.fixture(scope="module")
-def small_url(settings, tmp_path_factory):
-    """A server over a stand-in whose context window is SMALL_WINDOW tokens."""
-    with standin_engine(settings, context_window=SMALL_WINDOW) as small, \
-            own_server(settings, small, tmp_path_factory.mktemp("anthropic-small")) as url:
-        yield url
-
-
-def test_max_tokens_above_the_window_is_capped_to_what_it_leaves(small_url):
-    small = Anthropic(base_url=small_url, api_key="x", max_retries=0, timeout=300)
+# --- the window, on a stand-in with a small one -----------------------------------------------------------
+def test_max_tokens_above_the_window_is_capped_to_what_it_leaves(small_standin_server):
+    small = Anthropic(base_url=small_standin_server, api_key="x", max_retries=0, timeout=300)
     filler = " ".join(["apple"] * 40)
     long_question = [{"role": "user", "content": f"{filler}\nRepeat the word apple many times."}]
     prompt = small.messages.count_tokens(model=MODEL, messages=long_question).input_tokens
@@ -303,9 +289,9 @@ def test_max_tokens_above_the_window_is_capped_to_what_it_leaves(small_url):
     assert tight.usage.output_tokens == left and tight.stop_reason == "max_tokens"
 
 
-def test_a_conversation_longer_than_the_window_is_a_400_with_the_counts(small_url):
+def test_a_conversation_longer_than_the_window_is_a_400_with_the_counts(small_standin_server):
     turns = [{"role": r, "content": "word " * 150} for r in ("user", "assistant") * 3] + HELLO
-    response = httpx.post(f"{small_url}/v1/messages", json={"model": MODEL, "max_tokens": 10, "messages": turns},
+    response = httpx.post(f"{small_standin_server}/v1/messages", json={"model": MODEL, "max_tokens": 10, "messages": turns},
                           timeout=120)
     assert response.status_code == 400, response.text
     error = response.json()["error"]

@@ -5,10 +5,9 @@ stand-in model (standin.py): these are the chat template's and the API's promise
 from __future__ import annotations
 
 import httpx
-import pytest
 
-from conftest import own_server, server_of_its_own
-from standin import NAME as MODEL, stand_in, standin_engine
+from conftest import SMALL_WINDOW, server_of_its_own
+from standin import NAME as MODEL, stand_in
 
 settings, engine = stand_in("settings", "engine")
 server = server_of_its_own()
@@ -74,21 +73,13 @@ def test_a_reply_names_what_served_it(server):
     assert '"system_fingerprint": "fp_' in first
 
 
-@pytest.fixture(scope="module")
-def small_server(settings, tmp_path_factory):
-    """A server whose model has a 256-token window."""
-    with standin_engine(settings, context_window=256) as small, \
-            own_server(settings, small, tmp_path_factory.mktemp("small")) as url:
-        yield url
-
-
-def test_a_conversation_longer_than_the_window_is_refused_with_its_counts(small_server):
+def test_a_conversation_longer_than_the_window_is_refused_with_its_counts(small_standin_server):
     turns = []
     for i in range(20):  # about 1,000 tokens
         turns += [{"role": "user", "content": f"Tell me fact number {i} about the history of the city of Paris."},
                   {"role": "assistant", "content": f"Fact {i}: Paris was founded a very long time ago, long ago."}]
-    reply = post(small_server, {"messages": turns + [QUESTION], "max_tokens": 16})
+    reply = post(small_standin_server, {"messages": turns + [QUESTION], "max_tokens": 16})
     assert reply.status_code == 400, reply.text
     error = reply.json()["error"]
     assert error["code"] == "context_length_exceeded" and error["param"] == "messages"
-    assert "256 tokens" in error["message"] and "needs" in error["message"], error["message"]
+    assert f"{SMALL_WINDOW} tokens" in error["message"] and "needs" in error["message"], error["message"]

@@ -22,7 +22,7 @@ import ollama
 import pytest
 from conftest import GGUF_REPO, MODEL as REAL, SMALL_WINDOW, ServerThread, free_port, models_dir, own_server, \
     server_of_its_own
-from standin import NAME as MODEL, stand_in, standin_engine
+from standin import NAME as MODEL, stand_in
 from test_accounts_api import add_user, login, serge
 
 from serge.engine import Engine, ModelLibrary
@@ -335,21 +335,19 @@ def test_keep_alive_zero_unloads_the_model_once_it_is_idle(real_settings, tmp_pa
         assert unloaded.done_reason == "unload"
 
 
-def test_a_chat_longer_than_the_window_loses_its_oldest_turns_and_says_so(settings, tmp_path_factory):
+def test_a_chat_longer_than_the_window_loses_its_oldest_turns_and_says_so(small_standin_server):
     long_chat = []
     for i in range(40):
         long_chat += [{"role": "user", "content": f"Tell me fact number {i} about the sea, in detail please."},
                       {"role": "assistant", "content": f"Fact {i}: the sea is large, deep and full of salt water."}]
     long_chat.append({"role": "user", "content": "And one more?"})
-    with standin_engine(settings, context_window=SMALL_WINDOW) as small, \
-            own_server(settings, small, tmp_path_factory.mktemp("ollama-small")) as url:
-        body = {"model": MODEL, "messages": long_chat, "stream": False, "options": QUICK}
-        trimmed = post(url, "/api/chat", body).json()
-        assert trimmed["truncated"] is True and trimmed["dropped_messages"] > 10
-        assert trimmed["prompt_eval_count"] < SMALL_WINDOW
-        refused = post(url, "/api/chat", {**body, "truncate": False})
-        assert refused.status_code == 400 and set(refused.json()) == {"error"}
-        assert str(SMALL_WINDOW) in refused.json()["error"]
+    body = {"model": MODEL, "messages": long_chat, "stream": False, "options": QUICK}
+    trimmed = post(small_standin_server, "/api/chat", body).json()
+    assert trimmed["truncated"] is True and trimmed["dropped_messages"] > 10
+    assert trimmed["prompt_eval_count"] < SMALL_WINDOW
+    refused = post(small_standin_server, "/api/chat", {**body, "truncate": False})
+    assert refused.status_code == 400 and set(refused.json()) == {"error"}
+    assert str(SMALL_WINDOW) in refused.json()["error"]
 
 
 @pytest.mark.real_model

@@ -19,8 +19,8 @@ import pytest
 from openai import OpenAI
 from openai.types.responses import Response
 
-from conftest import MODEL as REAL, SMALL_WINDOW, ServerThread, free_port, own_server, server_of_its_own
-from standin import NAME as MODEL, stand_in, standin_engine
+from conftest import MODEL as REAL, ServerThread, free_port, server_of_its_own
+from standin import NAME as MODEL, stand_in
 from test_openai_dialect import City
 from test_accounts_api import add_user, serge
 
@@ -47,12 +47,6 @@ def client(server) -> OpenAI:
     return openai_client(server)
 
 
-@pytest.fixture(scope="module")
-def real(real_server) -> tuple[OpenAI, str]:
-    """The official client and the URL of a server over the real model, on each local engine."""
-    return openai_client(real_server), real_server
-
-
 def post(server, body, model: str = MODEL, **kwargs) -> httpx.Response:
     return httpx.post(f"{server}/v1/responses", json={"model": model, **body}, timeout=300, **kwargs)
 
@@ -63,8 +57,8 @@ def generated(engine) -> int:
 
 # --- text ------------------------------------------------------------------------------------------
 @pytest.mark.real_model
-def test_a_text_response_is_a_response_object_the_sdk_validates(real):
-    client, server = real
+def test_a_text_response_is_a_response_object_the_sdk_validates(real_server):
+    client, server = openai_client(real_server), real_server  # the real model, on each local engine
     reply = client.responses.create(model=REAL, input="What is the capital of France?", max_output_tokens=40,
                                     temperature=0, instructions="Answer in one short sentence.")
     assert reply.id.startswith("resp_") and reply.object == "response" and reply.model == REAL
@@ -94,8 +88,8 @@ TEXT_EVENTS = ["response.created", "response.in_progress", "response.output_item
 
 
 @pytest.mark.real_model
-def test_a_stream_sends_the_typed_events_in_order_and_its_deltas_add_up(real):
-    client, _ = real
+def test_a_stream_sends_the_typed_events_in_order_and_its_deltas_add_up(real_server):
+    client = openai_client(real_server)  # the real model, on each local engine
     events = list(client.responses.create(model=REAL, input="Name three colours.", max_output_tokens=30,
                                           temperature=0, stream=True))
     kinds = [e.type for e in events]
@@ -247,24 +241,16 @@ def test_hosted_tools_are_left_out_of_what_the_model_is_offered_and_named_in_the
                'web_search_preview"' in line for line in logged), logged
 
 
-@pytest.fixture(scope="module")
-def small_server(settings, tmp_path_factory):
-    """A server over a stand-in whose context window is SMALL_WINDOW tokens."""
-    with standin_engine(settings, context_window=SMALL_WINDOW) as small, \
-            own_server(settings, small, tmp_path_factory.mktemp("small")) as url:
-        yield url
-
-
-def test_a_conversation_longer_than_the_window_is_a_400_with_the_counts_unless_truncation_is_auto(small_server):
+def test_a_conversation_longer_than_the_window_is_a_400_with_the_counts_unless_truncation_is_auto(small_standin_server):
     turns = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"Tell me fact number {i} about the "
               f"history, geography and people of the city of Paris, in France, please."} for i in range(41)]
-    refused = post(small_server, {"input": turns, "max_output_tokens": 16})
+    refused = post(small_standin_server, {"input": turns, "max_output_tokens": 16})
     assert refused.status_code == 400, refused.text
     error = refused.json()["error"]
     assert error["code"] == "context_length_exceeded" and error["param"] == "input"
     needed, window = map(int, re.search(r"needs (\d+) tokens.*window is (\d+)", error["message"]).groups())
     assert window == 512 and needed > 1000
-    cut = post(small_server, {"input": turns, "max_output_tokens": 16, "truncation": "auto"})
+    cut = post(small_standin_server, {"input": turns, "max_output_tokens": 16, "truncation": "auto"})
     assert cut.status_code == 200, cut.text
     assert cut.json()["truncation"] == "auto" and cut.json()["usage"]["input_tokens"] < 512
 

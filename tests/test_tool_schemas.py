@@ -113,11 +113,21 @@ def real_client(real_server) -> OpenAI:
     return OpenAI(base_url=f"{real_server}/v1", api_key="not-needed", max_retries=0)
 
 
-@pytest.mark.parametrize("model", [Customer, Delivery], ids=["nested model", "list of models"])
-@pytest.mark.parametrize("on", ["standin", pytest.param("real", marks=pytest.mark.real_model)])
-def test_a_pydantic_function_tool_with_defs_is_called_with_arguments_its_model_accepts(request, on, model):
-    client, name = (request.getfixturevalue("client"), MODEL) if on == "standin" else \
-        (request.getfixturevalue("real_client"), REAL)
+MODELS = pytest.mark.parametrize("model", [Customer, Delivery], ids=["nested model", "list of models"])
+
+
+@MODELS
+def test_a_pydantic_function_tool_with_defs_is_called_with_arguments_its_model_accepts(client, model):
+    called_validly(client, MODEL, model)
+
+
+@pytest.mark.real_model
+@MODELS
+def test_the_real_model_calls_a_pydantic_function_tool_with_defs_validly_on_each_engine(real_client, model):
+    called_validly(real_client, REAL, model)
+
+
+def called_validly(client: OpenAI, name: str, model: type[BaseModel]) -> None:
     for seed in (1, 2):
         reply = client.chat.completions.create(model=name, messages=ASK, tools=[openai.pydantic_function_tool(model)],
                                                tool_choice="required", temperature=1.0, seed=seed, max_tokens=300)
