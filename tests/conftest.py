@@ -54,6 +54,21 @@ def _from_here(item, name: str) -> bool:
     return bool(defs) and defs[-1].func.__module__ == __name__ and name in item.fixturenames  # the last one wins
 
 
+@pytest.fixture(scope="session", autouse=True)
+def cheap_password_hashes():
+    """argon2id at its smallest costs in this process: the product's (argon2-cffi's defaults, 64 MiB and about
+    0.2 s a hash) made the login-throttle tests cost seconds each, and they check who may log in and how often,
+    not what a guess costs. A hash keeps its parameters, so either kind verifies."""
+    from functools import partial
+
+    from argon2 import PasswordHasher
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("serge.accounts.service.PasswordHasher",
+                      partial(PasswordHasher, time_cost=1, memory_cost=8, parallelism=1))
+        yield
+
+
 def models_dir() -> Path:
     return Path(os.environ.get("SERGE_TEST_MODELS_DIR") or Settings().models_path)
 
