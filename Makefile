@@ -18,6 +18,7 @@ bench: install-dev model
 	$(BIN)/python -m pip install --quiet -e ".[dev,bench]"
 	$(BIN)/python -m bench $(BENCH_ARGS)
 	$(BIN)/python -m bench.schema_cost
+	$(BIN)/python -m bench.dialects
 	$(BIN)/python -m bench.embeddings
 
 # 50 people on the chat API and /v1 for a few minutes; exits 1 when a reply is lost or

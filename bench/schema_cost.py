@@ -9,6 +9,12 @@ grammar step). Also measured, once per model: building llguidance's view of the
 tokenizer, compiling the schema, taking it again from the model's cache, and the
 grammar's own time per token (mask and advance, replaying a constrained reply),
 which a loaded machine's noise in tokens/s can hide.
+And the cost of the steering that closes a constrained reply within its budget (the last
+`FINISH_TOKENS` tokens, `sequence.finish_json`): the same schema workload with the
+steering switched off in this process (`FINISH_TOKENS = 0`) beside it on, on a schema a reply can
+close at any point (`CLOSABLE`, the sections without a minimum), so the table also says how
+many cut replies still parse either way. A steered reply closes before its budget ends, so it
+writes fewer tokens: that pair is compared on decode tokens/s (after the first token).
 Writes bench/results/schema-cost.{json,md}.
 """
 
@@ -19,6 +25,7 @@ import json
 import os
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 from bench.systems import BENCH_DIR, MODEL_NAME
@@ -32,6 +39,10 @@ SCHEMA = {"type": "json_schema", "json_schema": {"name": "guide", "strict": True
                                              "text": {"type": "string", "maxLength": 400}},
             "required": ["heading", "text"]}}},
     "required": ["title", "sections"]}}}
+
+CLOSABLE = {"type": "json_schema", "json_schema": {"name": "guide", "strict": True, "schema": {
+    **SCHEMA["json_schema"]["schema"], "properties": {**SCHEMA["json_schema"]["schema"]["properties"], "sections": {
+        k: v for k, v in SCHEMA["json_schema"]["schema"]["properties"]["sections"].items() if k != "minItems"}}}}}
 
 
 def _messages(tag: int):
@@ -51,6 +62,19 @@ def _grammar_us_per_token(engine, vocabulary, grammar: str, text: str) -> float:
     return (time.perf_counter() - started) / len(tokens) * 1e6
 
 
+@contextmanager
+def _steering(on: bool):
+    """The closing steering on (as shipped) or off, for the replies started inside."""
+    from serge.engine.generation import sequence
+
+    shipped = sequence.FINISH_TOKENS
+    sequence.FINISH_TOKENS = shipped if on else 0
+    try:
+        yield
+    finally:
+        sequence.FINISH_TOKENS = shipped
+
+
 def _level(engine, streams: int, params, fmt, tag: int) -> tuple[dict, str]:
     """`streams` replies started together: aggregate tokens/s over the level's wall time, and one reply."""
     started = time.perf_counter()
@@ -61,9 +85,19 @@ def _level(engine, streams: int, params, fmt, tag: int) -> tuple[dict, str]:
         records.append(stream.record)
     wall = time.perf_counter() - started
     tokens = sum(r.completion_tokens for r in records)
+    ttft = max(r.ttft_s or 0 for r in records)
     return {"streams": streams, "tokens": tokens, "wall_s": round(wall, 3), "tok_s": round(tokens / wall, 2),
-            "ttft_s": round(max(r.ttft_s or 0 for r in records), 3),
-            "finish": sorted({r.finish_reason.value for r in records})}, records[0].text
+            "ttft_s": round(ttft, 3), "decode_tok_s": round(tokens / (wall - ttft), 2) if wall > ttft else None,
+            "finish": sorted({r.finish_reason.value for r in records}),
+            "parse": sum(_parses(r.text) for r in records)}, records[0].text
+
+
+def _parses(text: str) -> bool:
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
 
 
 def measure(kind: str, models_dir: Path, threads: int, max_tokens: int, levels: list[int]) -> dict:
@@ -72,7 +106,7 @@ def measure(kind: str, models_dir: Path, threads: int, max_tokens: int, levels: 
 
     settings = Settings(data_dir=Path(tempfile.mkdtemp(prefix="serge-schema-bench-")), models_dir=models_dir,
                         engine=kind, torch_threads=threads, device="cpu", dtype="float32")
-    fmt = ResponseFormat.model_validate(SCHEMA)
+    fmt, closable = ResponseFormat.model_validate(SCHEMA), ResponseFormat.model_validate(CLOSABLE)
     free = SamplingParams(temperature=0, max_new_tokens=max_tokens, ignore_eos=True)
     constrained = SamplingParams(temperature=0, max_new_tokens=max_tokens)
     out: dict = {"engine": kind, "levels": []}
@@ -86,27 +120,36 @@ def measure(kind: str, models_dir: Path, threads: int, max_tokens: int, levels: 
             step()
             out[key] = round(time.perf_counter() - started, 6)
         engine.chat(None, _messages(9002), free).text()  # warm-up at full length
-        tag = 0
+        tag, schema_text = 0, ""
         for streams in levels:
-            for label, params, shape in (("free", free, None), ("schema", constrained, fmt)):
+            for label, params, shape, steered in (("free", free, None, True), ("schema", constrained, fmt, True),
+                                                  ("steered", constrained, closable, True),
+                                                  ("unsteered", constrained, closable, False)):
                 tag += 100
-                row, text = _level(engine, streams, params, shape, tag)
+                with _steering(steered):
+                    row, text = _level(engine, streams, params, shape, tag)
                 row["mode"] = label
                 out["levels"].append(row)
                 print(f"[schema-cost] {kind}: {streams} streams, {label}: {row['tok_s']} tok/s "
-                      f"({row['tokens']} tokens, {row['finish']})", flush=True)
-        out["grammar_us_per_token"] = round(_grammar_us_per_token(engine, vocabulary, grammar, text), 1)
+                      f"({row['tokens']} tokens, {row['finish']}, {row['parse']} parse)", flush=True)
+                schema_text = text if label == "schema" else schema_text
+        out["grammar_us_per_token"] = round(_grammar_us_per_token(engine, vocabulary, grammar, schema_text), 1)
     return out
 
 
 def table(results: list[dict]) -> str:
-    lines = ["| engine | streams | free tok/s | schema tok/s | schema / free | grammar per token | tokenizer view "
-             "| compile | cached |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| engine | streams | free tok/s | schema tok/s | schema / free | closing steered decode tok/s "
+             "| unsteered | steered / unsteered | parse steered, unsteered | grammar per token | tokenizer view | compile "
+             "| cached |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in results:
         by = {(x["streams"], x["mode"]): x for x in r["levels"]}
         for streams in sorted({x["streams"] for x in r["levels"]}):
             free, schema = by[(streams, "free")]["tok_s"], by[(streams, "schema")]["tok_s"]
+            on, off = by[(streams, "steered")], by[(streams, "unsteered")]
             lines.append(f"| {r['engine']} | {streams} | {free:.1f} | {schema:.1f} | {schema / free:.2f} | "
+                         f"{on['decode_tok_s']:.1f} | {off['decode_tok_s']:.1f} | "
+                         f"{on['decode_tok_s'] / off['decode_tok_s']:.2f} | "
+                         f"{on['parse']}/{streams}, {off['parse']}/{streams} | "
                          f"{r['grammar_us_per_token']:.0f} µs | {r['tokenizer_view_s'] * 1000:.0f} ms | "
                          f"{r['compile_s'] * 1000:.1f} ms | {r['cached_s'] * 1e6:.0f} µs |")
     return "\n".join(lines)
@@ -136,7 +179,8 @@ def main(argv: list[str] | None = None) -> int:
     print(text)
     args.out_dir.mkdir(parents=True, exist_ok=True)
     (args.out_dir / "schema-cost.json").write_text(json.dumps(
-        {"max_tokens": args.max_tokens, "threads": args.threads, "schema": SCHEMA, "results": results}, indent=2))
+        {"max_tokens": args.max_tokens, "threads": args.threads, "schema": SCHEMA, "closable": CLOSABLE,
+         "results": results}, indent=2))
     (args.out_dir / "schema-cost.md").write_text(
         f"# The cost of a JSON schema\n\n{args.max_tokens} new tokens per reply, greedy, {args.threads} threads, "
         f"CPU; `python -m bench.schema_cost`.\n\n{text}\n")

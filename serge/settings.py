@@ -147,7 +147,8 @@ class Settings(BaseSettings):
         256, ge=16, description="Prompt tokens run per step while other replies decode, so a long prompt stalls them for a step at most."
     )
     user_max_streams: int = Field(
-        4, ge=1, description="Replies one signed-in user (all their keys together) may have generating at once.",
+        4, ge=1, description="Replies one signed-in user (all their keys together) may have generating at once "
+        "(a request for n choices is one).",
     )
     user_requests_per_minute: int = Field(
         120, ge=1, description="Requests one signed-in user (all their keys together) may make per minute.",

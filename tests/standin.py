@@ -19,7 +19,10 @@ same logits as a fresh prefill. The reply being written (the tokens after the la
   tokens, the end-of-turn token (never, where the last message asked for something
   "long", as a real model goes on, or where `reply_tokens` is None);
 - once a grammar made it JSON (a `{` in it), like a model that knows a little JSON:
-  strings of a few characters, one-digit numbers, structure before anything else.
+  strings of a few characters, one-digit numbers, structure before anything else;
+- with `think_tokens`, behind a template that opens `<think>` for it
+  (`THINKING_TEMPLATE`, DeepSeek-R1's way), thoughts of words for `think_tokens`
+  tokens, then `</think>` and a blank line, then its answer as above.
 The preferred token stands well above the others (temperature still changes what is
 sampled); the rest follow a fixed order, so a grammar that forbids the preferred
 token gets the next one it allows. What this does not give: language, or the
@@ -31,6 +34,7 @@ from __future__ import annotations
 
 import pytest
 
+import copy
 import threading
 import time
 from collections.abc import Iterator
@@ -87,6 +91,14 @@ def byte_tokenizer():
     tokenizer.chat_template = CHAT_TEMPLATE
     assert tokenizer.convert_tokens_to_ids(["<|im_start|>", "<|im_end|>"]) == [IM_START, IM_END]
     return tokenizer
+
+
+# A template that thinks, DeepSeek-R1's way: it opens <think> for the model, unless asked not to think.
+THINKING_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n"
+    "{% else %}<think>\n{% endif %}{% endif %}")
 
 
 # --- the canned logits -----------------------------------------------------------------------
@@ -174,9 +186,23 @@ class StandInKV:
         return self._hashes[body - 1], self.tokens[body:], b"long" in bytes(t for t in asked if t < 256).lower()
 
 
-def next_logits(kv: StandInKV, reply_tokens: int | None) -> torch.Tensor:
+_OPEN, _CLOSE = list(b"<think>"), list(b"</think>\n\n")
+
+
+def next_logits(kv: StandInKV, reply_tokens: int | None, think_tokens: int | None = None) -> torch.Tensor:
     """The stand-in's next-token logits for a sequence: a function of its tokens alone."""
     seed, reply, long = kv.reply()
+    if think_tokens is not None and reply[: len(_OPEN)] == _OPEN:  # the template opened <think>
+        thought = reply[len(_OPEN) :]
+        ends = next((i for i in range(len(thought)) if thought[i : i + len(_CLOSE)] == _CLOSE), None)
+        if ends is None:
+            closing = len(thought) - think_tokens  # bytes of </think> written so far
+            if 0 <= closing < len(_CLOSE):
+                return _prefer(_TEXT, _CLOSE[closing])
+            return _prefer(_TEXT, _word_byte(_mix(seed, 4), thought))  # words of its own, not the answer's
+        reply = thought[ends + len(_CLOSE) :]  # the answer
+        if not reply:
+            return _prefer(_TEXT, _LETTERS[seed % 26])
     if 123 in reply:  # `{`: JSON, which only a grammar makes it write
         return _json_logits(seed, reply[reply.index(123) :])
     if reply_tokens is not None and not long and len(reply) >= reply_tokens:
@@ -224,8 +250,9 @@ class StandInForward:
 
     device = torch.device("cpu")
 
-    def __init__(self, reply_tokens: int | None = 24, step_s: float = 0.002) -> None:
+    def __init__(self, reply_tokens: int | None = 24, step_s: float = 0.002, think_tokens: int | None = None) -> None:
         self.reply_tokens = reply_tokens
+        self.think_tokens = think_tokens
         self.step_s = step_s
         self.worker: threading.Thread | None = None  # the thread `prepare` ran on
         self.closed = False
@@ -248,12 +275,12 @@ class StandInForward:
         self._run()
         for kv, token in zip(kvs, tokens):
             kv.feed([token])
-        return torch.stack([next_logits(kv, self.reply_tokens) for kv in kvs])
+        return torch.stack([next_logits(kv, self.reply_tokens, self.think_tokens) for kv in kvs])
 
     def prefill(self, kv: StandInKV, tokens: list[int]) -> torch.Tensor:
         self._run()
         kv.feed(tokens)
-        return next_logits(kv, self.reply_tokens)
+        return next_logits(kv, self.reply_tokens, self.think_tokens)
 
     def close(self) -> None:
         self.closed = True
@@ -274,10 +301,15 @@ def shared_tokenizer():
 
 def standin_model(name: str = NAME, *, reply_tokens: int | None = 24, step_s: float = 0.002,
                   limits: SchedulerLimits | None = None, metrics: EngineMetrics | None = None,
-                  context_window: int = CONTEXT_WINDOW, forward: Forward | None = None) -> LocalModel:
-    """A `LocalModel` over a real `Scheduler` and a `StandInForward`; close it (or its engine's fixture does)."""
+                  context_window: int = CONTEXT_WINDOW, forward: Forward | None = None,
+                  think_tokens: int | None = None) -> LocalModel:
+    """A `LocalModel` over a real `Scheduler` and a `StandInForward`; close it (or its engine's fixture does).
+    With `think_tokens`, a model that thinks: `THINKING_TEMPLATE`, and that many tokens of thoughts."""
     tokenizer = shared_tokenizer()
-    forward = forward or StandInForward(reply_tokens, step_s)
+    if think_tokens is not None:
+        tokenizer = copy.deepcopy(tokenizer)
+        tokenizer.chat_template = THINKING_TEMPLATE
+    forward = forward or StandInForward(reply_tokens, step_s, think_tokens)
     limits = limits or SchedulerLimits(max_running=16, prefill_chunk=256)
     scheduler = Scheduler(forward, tokenizer, eos_ids(tokenizer), 1, name, limits, metrics)
     return LocalModel(name=name, engine="stand-in", tokenizer=tokenizer, context_window=context_window,
@@ -299,6 +331,12 @@ def standin_engine(settings, name: str = NAME, **model) -> Iterator[Engine]:
     finally:
         engine.close()
         local.close()
+
+
+def cancelled(engine: Engine, name: str = NAME) -> float:
+    """Replies of `name` that ended cancelled, as the engine's metrics count them."""
+    sample = engine.metrics.registry.get_sample_value("serge_requests_total", {"model": name, "reason": "cancelled"})
+    return sample or 0.0
 
 
 def stand_in(*names: str):

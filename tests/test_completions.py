@@ -73,7 +73,7 @@ def test_a_streamed_completion_adds_up_to_the_whole_one(real_client):
     ({"prompt": PROMPT, "suffix": " is a city."}, "suffix", "fill-in-the-middle"),
     ({"prompt": []}, "prompt", "1 to"),
     ({"prompt": PROMPT, "max_tokens": 0}, "max_tokens", ""),
-    ({"prompt": PROMPT, "n": 3}, "n", "n=3"),
+    ({"prompt": PROMPT, "n": 9}, "n", "less than or equal to 8"),
     ({"prompt": PROMPT, "logprobs": 9}, "logprobs", ""),
     ({"prompt": PROMPT, "best_of": 2}, "best_of", "does not support"),
 ])

@@ -130,3 +130,27 @@ def test_with_accounts_no_key_no_embedding(settings, engine, tmp_path_factory):
         add_user(own.data_dir, "carol")
         refused = httpx.post(f"{running.url}/v1/embeddings", json={"input": "x"}, timeout=30)
         assert refused.status_code == 401, refused.text
+
+
+@real_model
+def test_langchains_openai_embeddings_work_against_it(server):
+    """LangChain sends OpenAI's tiktoken ids unless told not to; sent as text (either way it offers), the
+    vectors are the ones the openai client gets."""
+    from langchain_openai import OpenAIEmbeddings
+
+    from conftest import models_dir
+    from serge.engine.models.library import ModelLibrary
+
+    texts = ["The cat is sleeping on the sofa.", "A kitten naps on the couch."]
+    direct = [d.embedding for d in OpenAI(base_url=f"{server}/v1", api_key="unused").embeddings.create(
+        model=EMBEDDER, input=texts).data]
+    as_text = OpenAIEmbeddings(base_url=f"{server}/v1", api_key="unused", model=EMBEDDER,
+                               check_embedding_ctx_length=False)
+    own_tokenizer = OpenAIEmbeddings(base_url=f"{server}/v1", api_key="unused", model=EMBEDDER,
+                                     tiktoken_enabled=False, embedding_ctx_length=256,
+                                     tiktoken_model_name=str(ModelLibrary(models_dir()).find(EMBEDDER).path))
+    for embedder in (as_text, own_tokenizer):
+        vectors = embedder.embed_documents(texts)
+        assert [len(v) for v in vectors] == [384, 384]
+        assert all(cosine(a, b) > 0.9999 for a, b in zip(vectors, direct))
+        assert cosine(embedder.embed_query(texts[0]), direct[0]) > 0.9999

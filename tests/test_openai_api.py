@@ -11,7 +11,7 @@ from openai import OpenAI
 
 from serge.engine import resolve_device
 
-from standin import NAME as MODEL, stand_in
+from standin import NAME as MODEL, cancelled as _cancelled, stand_in
 
 
 # On the stand-in model (standin.py): nothing here needs the real one.
@@ -101,7 +101,7 @@ BAD_REQUESTS = {
     "negative max_tokens": ({"messages": HELLO, "max_tokens": 0}, 400, "max_tokens"),
     "max_tokens beyond the context": ({"messages": HELLO, "max_tokens": 10_000_000}, 400, "context window"),
     "five stop strings": ({"messages": HELLO, "stop": ["a", "b", "c", "d", "e"]}, 400, "stop"),
-    "n of two": ({"messages": HELLO, "n": 2}, 400, "n=2"),
+    "n above the most choices": ({"messages": HELLO, "n": 9}, 400, "less than or equal to 8"),
     "stream_options without stream": ({"messages": HELLO, "stream_options": {"include_usage": True}}, 400,
                                       "stream_options"),
     "not json": (None, 400, "JSON"),
@@ -126,11 +126,6 @@ def test_an_oversized_body_is_refused_with_413(server, settings):
     reply = post(server, big)
     assert reply.status_code == 413
     assert "larger than" in reply.json()["error"]["message"]
-
-
-def _cancelled(engine) -> float:
-    return engine.metrics.registry.get_sample_value(
-        "serge_requests_total", {"model": MODEL, "reason": "cancelled"}) or 0.0
 
 
 def test_a_client_that_disconnects_cancels_its_generation(server, engine):

@@ -1,5 +1,5 @@
 """A model that thinks has its thoughts apart from its answer: in the stream, the record and /v1's
-reasoning_content; reasoning_effort none asks its template not to think."""
+reasoning_content, /v1/responses' reasoning items; reasoning_effort none asks its template not to think."""
 
 from __future__ import annotations
 
@@ -116,3 +116,21 @@ def test_anthropic_messages_give_the_thoughts_as_a_thinking_block(thinking_serve
     with client.messages.stream(**ask_it) as stream:
         kinds = [e.delta.type for e in stream if e.type == "content_block_delta"]
     assert kinds and set(kinds) == {"thinking_delta"}
+
+
+def test_responses_give_the_thoughts_as_a_reasoning_item_and_effort_none_turns_them_off(thinking_server):
+    from openai import OpenAI
+    from openai.types.responses import ResponseReasoningItem
+
+    client = OpenAI(base_url=f"{thinking_server}/v1", api_key="unused", max_retries=0)
+    ask_it = {"model": "thinker", "input": "What is the capital of France?", "temperature": 0,
+              "max_output_tokens": 12}
+    thought = client.responses.create(**ask_it)  # it never closes </think> here: every token is a thought
+    assert isinstance(thought.output[0], ResponseReasoningItem) and thought.output[0].content[0].text.strip()
+    assert [i.type for i in thought.output] == ["reasoning", "message"] and not thought.output_text
+    assert thought.usage.output_tokens_details.reasoning_tokens == thought.usage.output_tokens > 0
+    with client.responses.stream(**ask_it) as stream:
+        streamed = "".join(e.delta for e in stream if e.type == "response.reasoning_text.delta")
+    assert streamed == thought.output[0].content[0].text
+    answered = client.responses.create(**ask_it, reasoning={"effort": "none"})
+    assert [i.type for i in answered.output] == ["message"] and answered.output_text.strip()

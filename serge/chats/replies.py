@@ -2,7 +2,8 @@
 
 A `Reply` owns a thread that reads the engine's `Stream` to the end, whoever is
 listening: the text is written to the database about once a second, and the
-final text, token counts, timings and finish reason when the stream ends. So a
+final text, token counts, timings and finish reason when the stream ends (a
+thinking model's thoughts are saved beside the text, the same way). So a
 page that closes, a `/stop`, or an engine error all leave a saved (incomplete)
 reply, and a server killed mid-reply leaves at most a second of text unsaved.
 When the database refuses a write (locked by another program, a full disk), the
@@ -39,7 +40,8 @@ COMPLETE = {FinishReason.STOP, FinishReason.LENGTH}
 class Reply:
     def __init__(self, store: ChatStore, owner: str, chat_id: str, message: MessageRecord,
                  user_message: MessageRecord | None, stream: Stream,
-                 on_done: Callable[[Reply], None], dropped_messages: int = 0) -> None:
+                 on_done: Callable[[Reply], None], dropped_messages: int = 0,
+                 sources: list[dict] | None = None) -> None:
         self.owner, self.chat_id = owner, chat_id
         self.message_id = message.id
         self.model = message.model
@@ -47,9 +49,11 @@ class Reply:
         self.stream = stream
         # Messages of the chat, oldest first, that the model did not see for this reply.
         self.dropped_messages = dropped_messages
+        self.sources = sources  # the passages of documents the model was given, kept with the reply
         self._store = store
         self._on_done = on_done
-        self._parts: list[str] = []  # the reply so far; only the reply's thread appends
+        # the reply so far, as ("delta", text) and ("reasoning", thought) in order; only the reply's thread appends
+        self._parts: list[tuple[str, str]] = []
         self._final: MessageRecord | None = None
         self._over = False  # saved for good and released by the chat: listeners may end
         self._listeners: list[Callable[[], None]] = []
@@ -75,8 +79,8 @@ class Reply:
 
     async def events(self) -> AsyncIterator[tuple[str, object]]:
         """("queued", requests ahead) while it waits for a slot, ("delta", text) for each piece
-        of the reply (from the first, however late the listener comes), then ("done", the
-        saved MessageRecord)."""
+        of the reply and ("reasoning", thought) for each piece of a thinking model's thoughts
+        (from the first, however late the listener comes), then ("done", the saved MessageRecord)."""
         loop = asyncio.get_running_loop()
         ready = asyncio.Event()
         wake = partial(loop.call_soon_threadsafe, ready.set)
@@ -96,7 +100,7 @@ class Reply:
                     yield "queued", position
                 while sent < len(self._parts):
                     sent += 1
-                    yield "delta", self._parts[sent - 1]
+                    yield self._parts[sent - 1]
                 if over:  # every part was in before `_over` was set
                     yield "done", self._final
                     return
@@ -120,13 +124,18 @@ class Reply:
         parts = self._parts
         flushed = time.monotonic()
         try:
-            for delta in self.stream:
-                parts.append(delta)
+            for delta in self.stream.deltas():
+                if delta.reasoning:
+                    parts.append(("reasoning", delta.reasoning))
+                if delta.text:
+                    parts.append(("delta", delta.text))
+                if not (delta.text or delta.reasoning):
+                    continue
                 self._tell_listeners()
                 if time.monotonic() - flushed >= FLUSH_EVERY_S:
                     flushed = time.monotonic()
                     try:
-                        self._store.save_text(self.owner, self.message_id, "".join(parts))
+                        self._store.save_text(self.owner, self.message_id, *self._so_far())
                     except DatabaseUnavailable as exc:  # kept in memory; the next flush or the end saves it
                         log.warning("reply %s: could not save its text so far: %s", self.message_id, exc.reason)
         except Exception:
@@ -138,22 +147,29 @@ class Reply:
             except Exception as exc:
                 record = None
                 log.error("reply %s: %s", self.message_id, exc)
-            self._final = self._save(record, "".join(parts))
+            self._final = self._save(record, *self._so_far())
             try:
                 self._on_done(self)
             finally:
                 self._over = True
                 self._tell_listeners()
 
-    def _save(self, record: GenerationRecord | None, text: str) -> MessageRecord:
+    def _so_far(self) -> tuple[str, str | None]:
+        """The reply's text and its thoughts (None when it has none), as streamed so far."""
+        parts = tuple(self._parts)
+        thought = "".join(value for kind, value in parts if kind == "reasoning")
+        return "".join(value for kind, value in parts if kind == "delta"), thought or None
+
+    def _save(self, record: GenerationRecord | None, text: str, thought: str | None) -> MessageRecord:
         if record is None:
-            values = dict(content=text, finish_reason="error", complete=False,
+            values = dict(content=text, reasoning=thought, finish_reason="error", complete=False,
                           error="the model worker did not stop in time")
         else:
             stats = {k: getattr(record, k) for k in MESSAGE_FIELDS if hasattr(record, k)}  # the same names
-            values = {**stats, "content": record.text or text, "seed": str(record.seed),
+            values = {**stats, "content": record.text or text, "reasoning": record.reasoning or thought,
+                      "reasoning_tokens": record.reasoning_tokens or None, "seed": str(record.seed),
                       "finish_reason": record.finish_reason.value, "complete": record.finish_reason in COMPLETE,
-                      "dropped_messages": self.dropped_messages}
+                      "dropped_messages": self.dropped_messages, "sources": self.sources}
         try:
             return self._store.finish_message(self.owner, self.message_id, **values)
         except DatabaseUnavailable as exc:  # tell the listeners, and keep trying behind them

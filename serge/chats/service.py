@@ -15,10 +15,13 @@ import threading
 
 from pydantic import ValidationError
 
+from serge.chats.documents import ChatDocuments
 from serge.chats.replies import Reply
 from serge.chats.transfer import ChatExport, export_json
+from serge.documents import MAX_FILES_PER_MESSAGE
 from serge.engine import Engine, Message, ModelNotFound, SamplingParams
-from serge.store import ChatRecord, ChatStore, DatabaseUnavailable, MessageRecord, NewMessage
+from serge.store import (ChatRecord, ChatStore, DatabaseUnavailable, DocumentNotFound, DocumentRecord, MessageRecord,
+                         NewMessage)
 
 log = logging.getLogger(__name__)
 
@@ -68,9 +71,10 @@ def auto_title(text: str) -> str:
 
 
 class ChatService:
-    def __init__(self, store: ChatStore, engine: Engine) -> None:
+    def __init__(self, store: ChatStore, engine: Engine, documents: ChatDocuments | None = None) -> None:
         self.store = store
         self.engine = engine
+        self.documents = documents  # None: this service takes no files
         self._active: dict[str, Reply | None] = {}  # None: reserved while the reply starts
         self._lock = threading.Lock()
 
@@ -130,7 +134,35 @@ class ChatService:
     def delete(self, owner: str, chat_id: str) -> None:
         self.store.get_chat(owner, chat_id)  # not found before anything stops
         self.stop(owner, chat_id)
+        if self.documents is not None:
+            self.documents.store.delete_chat(owner, chat_id)
         self.store.delete_chat(owner, chat_id)
+
+    # --- files --------------------------------------------------------------------
+    def _documents(self) -> ChatDocuments:
+        if self.documents is None:
+            raise InvalidChatInput("this server takes no files", "file")
+        return self.documents
+
+    def attach(self, owner: str, chat_id: str, name: str, data: bytes) -> DocumentRecord:
+        """Keep a file for the chat, to be attached to a message by its id; FileRefused says why not."""
+        self.store.get_chat(owner, chat_id)
+        return self._documents().attach(owner, chat_id, name, data)
+
+    def files(self, owner: str, chat_id: str) -> list[DocumentRecord]:
+        self.store.get_chat(owner, chat_id)
+        return self._documents().store.list(owner, chat_id)
+
+    def _check_attachments(self, owner: str, chat_id: str, attachments: list[str]) -> list[str] | None:
+        if not attachments:
+            return None
+        if len(attachments) > MAX_FILES_PER_MESSAGE:
+            raise InvalidChatInput(f"attachments lists {len(attachments)} files; the limit is "
+                                   f"{MAX_FILES_PER_MESSAGE} per message", "attachments")
+        for document_id in attachments:
+            if self._documents().store.get(owner, document_id).chat_id != chat_id:
+                raise DocumentNotFound(f"chat {chat_id!r} has no document {document_id!r}; upload it to this chat")
+        return list(dict.fromkeys(attachments))
 
     def select(self, owner: str, chat_id: str, message_id: str) -> ChatRecord:
         """Flip to another version of a message (and the conversation that follows it)."""
@@ -152,6 +184,7 @@ class ChatService:
         check_text(chat.system_prompt, "chat.system_prompt", MAX_SYSTEM_PROMPT_CHARS)
         for i, m in enumerate(data.messages):
             check_text(m.content, f"messages.{i}.content", MAX_MESSAGE_CHARS)
+            check_text(m.reasoning, f"messages.{i}.reasoning", MAX_MESSAGE_CHARS)
         try:
             return self.store.import_chat(
                 owner,
@@ -180,13 +213,14 @@ class ChatService:
             elif self._active.get(reply_or_chat.chat_id) is reply_or_chat:
                 del self._active[reply_or_chat.chat_id]
 
-    def reply(self, owner: str, chat_id: str, content: str) -> Reply:
-        """Save the user's message, then start the assistant's reply to it."""
+    def reply(self, owner: str, chat_id: str, content: str, attachments: list[str] | None = None) -> Reply:
+        """Save the user's message (with the ids of the chat's files it comes with), then start the reply to it."""
         check_text(content, "content", MAX_MESSAGE_CHARS, required=True)
         chat = self.store.get_chat(owner, chat_id)
+        attached = self._check_attachments(owner, chat_id, attachments or [])
         self._reserve(chat_id)
         try:
-            user = self.store.add_message(owner, chat_id, NewMessage("user", content))
+            user = self.store.add_message(owner, chat_id, NewMessage("user", content, attachments=attached))
             if not chat.messages and chat.title == DEFAULT_TITLE:
                 self.store.update_chat(owner, chat_id, title=auto_title(content))
             return self._start(owner, chat_id, user, user)
@@ -219,8 +253,8 @@ class ChatService:
             raise InvalidChatInput("only your own messages can be edited", "message_id")
         self._reserve(chat_id)
         try:
-            user = self.store.add_message(
-                owner, chat_id, NewMessage("user", content, parent_id=original.parent_id, after_current=False))
+            user = self.store.add_message(owner, chat_id, NewMessage(
+                "user", content, parent_id=original.parent_id, after_current=False, attachments=original.attachments))
             return self._start(owner, chat_id, user, user)
         except BaseException:
             self._release(chat_id)
@@ -236,8 +270,9 @@ class ChatService:
         return reply.wait(timeout)
 
     def _conversation(self, owner: str, chat_id: str, question: MessageRecord
-                      ) -> tuple[ChatRecord, list[Message], list[int]]:
-        """The chat, the messages for the engine, and where each (but the system prompt) is on the branch."""
+                      ) -> tuple[ChatRecord, list[Message], list[int], list[str]]:
+        """The chat, the messages for the engine, where each (but the system prompt) is on the branch, and the
+        documents attached on the branch up to the question."""
         chat = self.store.get_chat(owner, chat_id)  # the question is on the branch on screen
         upto = []
         for m in chat.messages:
@@ -245,17 +280,25 @@ class ChatService:
             if m.id == question.id:
                 break
         history = [Message("system", chat.system_prompt)] if chat.system_prompt else []
-        places = []
+        places, attached = [], []
         for i, m in enumerate(upto):
+            attached += m.attachments or []
             if m.role == "assistant" and not m.content:
                 continue  # a reply that failed before it said anything
+            # A reply's thoughts stay out: thinking templates (Qwen3's, DeepSeek-R1's) drop earlier turns' thoughts.
             history.append(Message(m.role, m.content))
             places.append(i)
-        return chat, history, places
+        return chat, history, places, attached
 
     def _start(self, owner: str, chat_id: str, question: MessageRecord, user: MessageRecord | None) -> Reply:
-        chat, history, places = self._conversation(owner, chat_id, question)
+        chat, history, places, attached = self._conversation(owner, chat_id, question)
         model = chat.model or self.engine.default_model
+        sources = None
+        if attached and self.documents is not None:  # the files go in with the question; what of them is told
+            given = self.documents.given(owner, model, attached, history)
+            if given.text:
+                history[-1] = Message("user", f"{given.text}\n\n{history[-1].content}")
+            sources = given.sources
         try:
             placeholder = self.store.add_message(owner, chat_id, NewMessage(
                 "assistant", "", parent_id=question.id, after_current=False, model=model, settings=chat.settings,
@@ -272,7 +315,7 @@ class ChatService:
             raise
         # the engine counts what it left out of `history`; the page counts messages on the branch
         dropped = places[stream.dropped_messages - 1] + 1 if stream.dropped_messages else 0
-        reply = Reply(self.store, owner, chat_id, placeholder, user, stream, self._release, dropped)
+        reply = Reply(self.store, owner, chat_id, placeholder, user, stream, self._release, dropped, sources)
         with self._lock:
             self._active[chat_id] = reply
         return reply.start()

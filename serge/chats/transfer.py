@@ -54,6 +54,8 @@ class ExportedMessage(BaseModel):
     parent_id: str | None = Field(None, max_length=64)
     role: Literal["user", "assistant"]
     content: str
+    reasoning: str | None = None  # exports before thinking was stored have none
+    reasoning_tokens: int | None = Field(None, ge=0)
     model: Label = None
     settings: dict | None = None
     prompt_tokens: int | None = Field(None, ge=0)
@@ -67,6 +69,7 @@ class ExportedMessage(BaseModel):
     complete: bool = True
     error: str | None = Field(None, max_length=10_000)
     dropped_messages: int | None = Field(None, ge=0)
+    sources: list[dict] | None = Field(None, max_length=100)  # a reply's passages of files (the files stay behind)
     created_at: datetime | None = None
     updated_at: datetime | None = None
 
@@ -117,5 +120,8 @@ def export_markdown(chat: ChatRecord) -> str:
             heading += f" · {m.model}"  # which model wrote it: a chat may switch models between replies
         if m.role == "assistant" and not m.complete:
             heading += f" ({m.finish_reason or 'incomplete'})"
-        lines += [f"## {heading}", "", m.content, ""]
+        lines += [f"## {heading}", ""]
+        if m.reasoning:  # a thinking model's thoughts, quoted above its reply
+            lines += ["> _Thoughts:_", *(f"> {line}".rstrip() for line in m.reasoning.strip().splitlines()), ""]
+        lines += [m.content, ""]
     return "\n".join(lines).rstrip() + "\n"

@@ -15,9 +15,9 @@ from serge.engine.generation.prompts import ContextTooLong, Message, ToolCall
 from serge.engine.models.pulls import PullStatus
 from serge.engine.local import ModelLoadFailed
 from serge.engine.registry import ModelInUse, ModelTooLarge
-from serge.engine.generation.sampling import (ANTHROPIC_NAMES, MAX_TOP_LOGPROBS, OLLAMA_OPTIONS, OPENAI_NAMES,
-                                             RESPONSES_NAMES, SamplingParams)
-from serge.engine.generation.scheduler import EngineBusy, SchedulerLimits
+from serge.engine.generation.sampling import (ANTHROPIC_NAMES, MAX_STOP_STRINGS, MAX_TOP_LOGPROBS, OLLAMA_OPTIONS,
+                                             OPENAI_NAMES, RESPONSES_NAMES, SamplingParams)
+from serge.engine.generation.admission import EngineBusy, SchedulerLimits
 from serge.engine.generation.stream import Delta, FinishReason, GenerationError, GenerationRecord, Stream, TokenLogprob
 from serge.engine.generation.tools import Tool, Tools
 
@@ -42,6 +42,7 @@ __all__ = [
     "InvalidRequest",
     "InvalidSource",
     "LoadedInfo",
+    "MAX_STOP_STRINGS",
     "MAX_TOP_LOGPROBS",
     "OLLAMA_OPTIONS",
     "OPENAI_NAMES",

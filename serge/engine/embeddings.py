@@ -7,7 +7,9 @@ normalisation. Texts are cut to the model's `max_seq_length`, as sentence-transf
 cuts them, and run in batches of similar length (little padding). A request's texts
 are one job; jobs for one model run one at a time on the caller's thread, so an
 embedding never waits behind a chat's reply (chats have their own workers).
-It knows nothing of HTTP; the engine hands it out like any other backend.
+A GGUF embedding model runs on llama.cpp instead (`llama_embeddings`), behind the
+same `EmbeddingModel`. It knows nothing of HTTP; the engine hands it out like any
+other backend.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -70,21 +73,60 @@ class Pooling:
         return F.normalize(out, p=2, dim=-1) if self.normalize else out
 
 
-class EmbeddingModel:
-    """A loaded embedding model behind the engine's interface: `embed`, and a clear no to chat."""
+class Encoder(Protocol):
+    """What an engine gives `EmbeddingModel`: a text's token ids (cut to `limit`), pooled vectors for a batch."""
 
-    engine: EngineKind = "transformers"
+    vocab_size: int
+
+    def ids(self, text: str, limit: int) -> list[int]: ...
+
+    def vectors(self, batch: list[list[int]]) -> torch.Tensor: ...  # [texts, dimensions], float32 on the CPU
+
+    def close(self) -> None: ...
+
+
+class TorchEncoder:
+    """A transformers encoder and its sentence-transformers pooling: token ids in, one vector per text out."""
+
+    def __init__(self, tokenizer, model, pooling: Pooling, threads: int) -> None:
+        self.tokenizer, self.model, self.pooling, self.threads = tokenizer, model, pooling, threads
+        self.vocab_size = len(tokenizer)
+
+    def ids(self, text: str, limit: int) -> list[int]:
+        return self.tokenizer(text, truncation=True, max_length=limit)["input_ids"]
+
+    def close(self) -> None:
+        """Nothing to free: the weights go with the last reference."""
+
+    def vectors(self, batch: list[list[int]]) -> torch.Tensor:
+        torch.set_num_threads(self.threads)  # per thread under OpenMP: set where the work runs
+        width = max(map(len, batch))
+        pad = self.tokenizer.pad_token_id or 0
+        input_ids = torch.tensor([b + [pad] * (width - len(b)) for b in batch], device=self.model.device)
+        mask = torch.tensor([[1] * len(b) + [0] * (width - len(b)) for b in batch], device=self.model.device)
+        with torch.inference_mode():
+            hidden = self.model(input_ids=input_ids, attention_mask=mask).last_hidden_state
+            return self.pooling(hidden, mask).cpu()
+
+
+class EmbeddingModel:
+    """A loaded embedding model behind the engine's interface: `embed`, and a clear no to chat.
+
+    Which engine runs it is its `encoder`'s business (transformers here, llama.cpp in
+    `llama_embeddings`); the checks, the batching and the bookkeeping are this class's."""
+
     kind = "embedding"
 
-    def __init__(self, name: str, tokenizer, model, pooling: Pooling, context_window: int, dimensions: int,
-                 load_seconds: float, memory_bytes: int, threads: int, source: str = "") -> None:
-        self.name, self.tokenizer, self.model, self.pooling = name, tokenizer, model, pooling
+    def __init__(self, name: str, encoder: Encoder, context_window: int, dimensions: int, load_seconds: float,
+                 memory_bytes: int, engine: EngineKind = "transformers", source: str = "",
+                 device: str | None = None, gpu_bytes: int = 0) -> None:
+        self.name, self.encoder, self.engine = name, encoder, engine
         self.context_window = context_window  # tokens per text; longer texts are cut
         self.dimensions, self.load_seconds, self.memory_bytes = dimensions, load_seconds, memory_bytes
-        self.threads, self.source = threads, source
+        self.source = source
         self.defaults = SamplingParams()
-        self.device: str | None = None  # the plan's, where every transformers load goes
-        self.gpu_bytes = 0
+        self.device = device  # None: the plan's, where every transformers load goes
+        self.gpu_bytes = gpu_bytes
         self._lock = threading.Lock()  # one job at a time on the model
         self._count = threading.Lock()
         self._pending = 0
@@ -105,11 +147,10 @@ class EmbeddingModel:
         with self._count:
             self._pending += 1
         try:
-            with self._lock, torch.inference_mode():
-                torch.set_num_threads(self.threads)  # per thread under OpenMP: set where the work runs
+            with self._lock:
                 for start in range(0, len(order), BATCH):
                     chunk = order[start:start + BATCH]
-                    out[chunk] = self._run([ids[i] for i in chunk])
+                    out[chunk] = self.encoder.vectors([ids[i] for i in chunk])
         finally:
             with self._count:
                 self._pending -= 1
@@ -117,19 +158,11 @@ class EmbeddingModel:
 
     def _ids(self, text: str | list[int]) -> list[int]:
         if isinstance(text, str):
-            return self.tokenizer(text, truncation=True, max_length=self.context_window)["input_ids"]
-        if any(not 0 <= t < len(self.tokenizer) for t in text):
+            return self.encoder.ids(text, self.context_window)
+        if any(not 0 <= t < self.encoder.vocab_size for t in text):
             raise InvalidRequest(f"input holds a token id outside this model's vocabulary (0 to "
-                                 f"{len(self.tokenizer) - 1})", "input")
+                                 f"{self.encoder.vocab_size - 1})", "input")
         return list(text[: self.context_window])
-
-    def _run(self, batch: list[list[int]]) -> torch.Tensor:
-        width = max(map(len, batch))
-        pad = self.tokenizer.pad_token_id or 0
-        input_ids = torch.tensor([b + [pad] * (width - len(b)) for b in batch], device=self.model.device)
-        mask = torch.tensor([[1] * len(b) + [0] * (width - len(b)) for b in batch], device=self.model.device)
-        hidden = self.model(input_ids=input_ids, attention_mask=mask).last_hidden_state
-        return self.pooling(hidden, mask).cpu()
 
     # --- what a chat model does, refused ---------------------------------------------
     def submit(self, *_, **__):
@@ -139,7 +172,8 @@ class EmbeddingModel:
     count_tokens = complete = submit
 
     def close(self) -> None:
-        """Nothing to free: the weights go with the registry's last reference."""
+        """Frees what the encoder holds outside Python (llama.cpp's model and context)."""
+        self.encoder.close()
 
 
 def load_embedder(installed: InstalledModel, options: LoadOptions) -> EmbeddingModel:
@@ -155,7 +189,7 @@ def load_embedder(installed: InstalledModel, options: LoadOptions) -> EmbeddingM
     seconds = time.monotonic() - started
     log.info("Loaded %s in %.1f s", installed.name, seconds)
     return EmbeddingModel(
-        name=installed.name, tokenizer=tokenizer, model=model, pooling=Pooling.read(folder), context_window=window,
-        dimensions=installed.facts.dimensions or model.config.hidden_size, load_seconds=seconds,
-        memory_bytes=model.get_memory_footprint(), threads=options.threads, source=installed.source,
+        name=installed.name, encoder=TorchEncoder(tokenizer, model, Pooling.read(folder), options.threads),
+        context_window=window, dimensions=installed.facts.dimensions or model.config.hidden_size,
+        load_seconds=seconds, memory_bytes=model.get_memory_footprint(), source=installed.source,
     )

@@ -39,7 +39,7 @@ from serge.engine.remote import RemoteClient
 from serge.engine.embeddings import Embeddings
 from serge.engine.generation.schemas import InvalidRequest, ResponseFormat
 from serge.engine.generation.sampling import SamplingParams
-from serge.engine.generation.scheduler import SchedulerLimits
+from serge.engine.generation.admission import SchedulerLimits
 from serge.engine.generation.stream import Stream
 from serge.engine.generation.tools import Tools
 from serge.settings import Settings
@@ -55,11 +55,13 @@ class Backend(Protocol):
 
     def submit(self, messages: Sequence[Message], params: SamplingParams | None = None,
                tools: Tools | None = None, response_format: ResponseFormat | None = None,
-               trim: bool = True, think: bool | None = None) -> Stream: ...
+               trim: bool = True, think: bool | None = None, n: int = 1, cap: bool = False,
+               window: int | None = None) -> Stream: ...
 
     def count_tokens(self, messages: Sequence[Message], tools: Tools | None = None) -> int: ...
 
-    def complete(self, prompt: str, params: SamplingParams | None = None, suffix: str | None = None) -> Stream: ...
+    def complete(self, prompt: str, params: SamplingParams | None = None, suffix: str | None = None,
+                 n: int = 1) -> Stream: ...
 
 
 @dataclass(frozen=True)
@@ -203,29 +205,36 @@ class Engine:
         backend = self._fixed[name]
         return ModelInfo(name, backend.engine, backend.source, None, 0.0, name == self.default_model, True,
                          remote=backend.engine == "remote", kind=backend.kind,
-                         context_window=getattr(backend, "context_window", None))  # a local one made in code knows it
+                         context_window=getattr(backend, "context_window", None))
 
     # --- generation ----------------------------------------------------------------
     def chat(self, model: str | None, messages: Sequence[Message], params: SamplingParams | None = None,
              tools: Tools | None = None, response_format: ResponseFormat | None = None,
-             trim: bool = True, think: bool | None = None) -> Stream:
+             trim: bool = True, think: bool | None = None, n: int = 1, cap: bool = False,
+             window: int | None = None) -> Stream:
         """Start a reply to `messages`, offering `tools`, shaped by `response_format`; the stream says which
-        model (`stream.model`). A conversation too long for the window loses its oldest turns, or with
-        `trim=False` is refused. A last message from the assistant is continued (a prefill). A model that
-        thinks has its thoughts apart (`Delta.reasoning`, `record.reasoning`); `think=False` asks its
-        template not to, where the template allows. Raises
-        ModelNotFound, ContextTooLong, InvalidRequest (a bad schema, tool_choice or logit_bias) or
+        model (`stream.model`) and how long the prompt is (`stream.prompt_tokens`). A conversation too long
+        for the window loses its oldest turns, or with `trim=False` is refused. `cap=True`: max_new_tokens
+        is capped to what the window leaves after the prompt instead of refused (clients that set it for
+        the largest hosted models); `window`: the reply gets at most what that many tokens of context leave
+        after the prompt (Ollama's num_ctx).
+        `n` choices (1 to the model's slots) share one prefill and decode in one batch, as one `Stream`
+        (each `Delta.choice` says whose, `stream.records` one per choice). A last message from the
+        assistant is continued (a prefill). A model that thinks has its thoughts apart (`Delta.reasoning`,
+        `record.reasoning`); `think=False` asks its template not to, where the template allows. Raises
+        ModelNotFound, ContextTooLong, InvalidRequest (a bad schema, tool_choice, logit_bias or n) or
         EngineBusy before anything runs."""
         with self._backend(model) as backend:  # not unloaded between loading and queueing the request
-            stream = backend.submit(messages, params, tools, response_format, trim, think)
+            stream = backend.submit(messages, params, tools, response_format, trim, think, n, cap, window)
         stream.model = backend.name
         return stream
 
     def complete(self, model: str | None, prompt: str, params: SamplingParams | None = None,
-                 suffix: str | None = None) -> Stream:
-        """Continue raw text (no chat template); `suffix`: fill in the middle, for models with FIM tokens."""
+                 suffix: str | None = None, n: int = 1) -> Stream:
+        """Continue raw text (no chat template), in `n` choices as `chat` gives them; `suffix`: fill in the
+        middle, for models with FIM tokens."""
         with self._backend(model) as backend:
-            stream = backend.complete(prompt, params, suffix)
+            stream = backend.complete(prompt, params, suffix, n)
         stream.model = backend.name
         return stream
 

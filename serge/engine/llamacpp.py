@@ -66,12 +66,12 @@ class LlamaKV:
         self._parked: ctypes.Array | None = None
 
     def copy(self, length: int) -> LlamaKV:
-        """A new sequence holding this one's first `length` cells (only a parked one is copied)."""
-        if self._parked is None:
-            raise RuntimeError("only a parked llama.cpp sequence is copied")
+        """A new sequence holding this one's first `length` cells, in a slice of its own: from host memory
+        when parked, else through it (the other choices of a request for n)."""
+        parked = self._parked if self._parked is not None else self._forward.park(self)
         other = self._forward.new_kv()
         try:
-            self._forward.restore(self._parked, other, length)
+            self._forward.restore(parked, other, length)
         except BaseException:  # the slice it took goes back, whatever failed
             other.release()
             raise

@@ -23,7 +23,8 @@ from serge.engine.generation.prompts import (ContextTooLong, Message, TemplateOp
                                               placed, template_takes_mid_system)
 from serge.engine.generation.thinking import Thinking, opens_thinking, template_thinks
 from serge.engine.generation.sampling import SamplingParams
-from serge.engine.generation.scheduler import Scheduler, SchedulerLimits
+from serge.engine.generation.admission import SchedulerLimits
+from serge.engine.generation.scheduler import Scheduler
 from serge.engine.generation.stream import Stream
 from serge.engine.generation.tool_calls import ToolFormat, find_tool_format
 from serge.engine.generation.tools import Tools, plan_reply
@@ -83,22 +84,27 @@ class LocalModel:
 
     def submit(self, messages: Sequence[Message], params: SamplingParams | None = None,
                tools: Tools | None = None, response_format: ResponseFormat | None = None,
-               trim: bool = True, think: bool | None = None) -> Stream:
-        """Start a reply; raises ContextTooLong, InvalidRequest or EngineBusy before anything runs.
-        `think=False` asks the template not to think (`enable_thinking`, where the template has it)."""
+               trim: bool = True, think: bool | None = None, n: int = 1, cap: bool = False,
+               window: int | None = None) -> Stream:
+        """Start a reply (`n` choices of it, from one prefill); raises ContextTooLong, InvalidRequest or
+        EngineBusy before anything runs. `think=False` asks the template not to think (`enable_thinking`,
+        where the template has it). `cap`: max_new_tokens is capped to what the window leaves after the
+        prompt, never refused. `window` (Ollama's num_ctx): the reply gets at most what that many tokens
+        leave after the prompt, one at least (the model's own window still decides what is trimmed)."""
         params = self._checked(params)
         rule = response_format.rule() if response_format is not None else None
         plan = plan_reply(self.tool_format, placed(messages, self._mid_system), tools, rule)
         tokenizer = TemplateOptions(self.tokenizer, enable_thinking=False) if think is False else self.tokenizer
         prompt = build_prompt(tokenizer, plan.messages, self.context_window, params.max_new_tokens,
-                              plan.template_tools, trim)
+                              plan.template_tools, trim, cap)
+        room = prompt.room if window is None else max(1, min(prompt.room, window - len(prompt.ids)))
         thinking = None
         if self.thinks:  # does the prompt leave the reply inside <think> (the template opened it)?
             thinking = Thinking(inside=opens_thinking(self.tokenizer.decode(prompt.ids[-16:])))
         json_only = plan.grammar is not None and (rule is not None or (tools is not None and tools.mode == "required"))
-        stream = self.scheduler.submit(prompt.ids, params.resolved(prompt.room), plan.grammar, plan.reader,
-                                       plan.grammar_param, finish_json=json_only, thinking=thinking)
-        stream.dropped_messages = prompt.dropped_messages
+        stream = self.scheduler.submit(prompt.ids, params.resolved(room), plan.grammar, plan.reader,
+                                       plan.grammar_param, finish_json=json_only, thinking=thinking, n=n)
+        stream.dropped_messages, stream.prompt_tokens = prompt.dropped_messages, len(prompt.ids)
         return stream
 
     def count_tokens(self, messages: Sequence[Message], tools: Tools | None = None) -> int:
@@ -106,8 +112,10 @@ class LocalModel:
         plan = plan_reply(self.tool_format, placed(messages, self._mid_system), tools, None)
         return count_tokens(self.tokenizer, plan.messages, plan.template_tools)
 
-    def complete(self, prompt: str, params: SamplingParams | None = None, suffix: str | None = None) -> Stream:
-        """Continue raw text, no chat template; with `suffix`, fill in the middle where the model has FIM tokens."""
+    def complete(self, prompt: str, params: SamplingParams | None = None, suffix: str | None = None,
+                 n: int = 1) -> Stream:
+        """Continue raw text, no chat template (`n` choices, one prefill); with `suffix`, fill in the middle
+        where the model has FIM tokens."""
         params = self._checked(params)
         if suffix is not None:
             if self._fim is None:
@@ -125,7 +133,9 @@ class LocalModel:
                                  f"{params.max_new_tokens or 1}, but the model's context window is "
                                  f"{self.context_window} tokens; send less", len(ids) + (params.max_new_tokens or 1),
                                  self.context_window)
-        return self.scheduler.submit(ids, params.resolved(room))
+        stream = self.scheduler.submit(ids, params.resolved(room), n=n)
+        stream.prompt_tokens = len(ids)
+        return stream
 
     @property
     def pending(self) -> int:

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from serge.engine.models.library import InstalledModel, ModelLibrary
 from serge.engine.local import EngineKind, LoadOptions, LocalModel, ModelLoadFailed
-from serge.engine.generation.scheduler import EngineBusy
+from serge.engine.generation.admission import EngineBusy
 
 log = logging.getLogger(__name__)
 
@@ -139,11 +139,11 @@ class ModelRegistry:
     def engine_for(self, installed: InstalledModel) -> EngineKind:
         """Which local engine serves this model."""
         wanted = self._model_engines.get(installed.name, self._engine)
-        if installed.facts.kind == "embedding":
-            if installed.gguf_path is not None:
-                raise ValueError(f"model {installed.name!r} is a GGUF embedding model; Serge runs embedding models "
-                                 f"from safetensors (sentence-transformers folders) only, for now")
-            return "transformers"
+        if installed.facts.kind == "embedding":  # a GGUF on llama.cpp, a sentence-transformers folder on torch
+            if installed.gguf_path is not None and not llama_cpp_available():
+                raise ValueError(f"model {installed.name!r} is a GGUF embedding model, which runs on llama.cpp; "
+                                 f"install llama-cpp-python to serve it")
+            return "llama.cpp" if installed.gguf_path is not None else "transformers"
         if wanted == "auto":
             gguf = installed.gguf_path is not None
             installed_llama = gguf and llama_cpp_available()
@@ -161,6 +161,10 @@ class ModelRegistry:
     def estimate(self, installed: InstalledModel, engine: EngineKind | None = None) -> int:
         """Memory `installed` takes once loaded on `engine` (its own engine by default), before it is loaded."""
         engine = engine or self.engine_for(installed)
+        if installed.facts.kind == "embedding" and engine == "llama.cpp":
+            from serge.engine import llama_embeddings
+
+            return llama_embeddings.estimate(installed.facts)
         if installed.facts.kind == "embedding":  # float32 weights as they are, nothing packed beside them
             return installed.facts.weights_bytes + 64 * 2**20
         if engine == "llama.cpp":
@@ -179,13 +183,13 @@ class ModelRegistry:
             planned = placement(installed.facts, self.options)
             return planned.offload.describe(), planned.gpu_bytes
         plan = self.options.plan
-        on_gpu = plan.device_type != "cpu"
-        return plan.device, self.estimate(installed, engine) if on_gpu else 0
+        on_gpu = plan.device_type != "cpu" and (engine != "llama.cpp" or llama_cpp_offloads())
+        return plan.device if on_gpu else "cpu", self.estimate(installed, engine) if on_gpu else 0
 
     def window(self, installed: InstalledModel, engine: EngineKind) -> int | None:
         """Tokens of prompt and reply a reply gets once `installed` is loaded on `engine` (before it is)."""
         facts = installed.facts
-        if engine == "llama.cpp":
+        if engine == "llama.cpp" and facts.kind == "chat":
             from serge.engine.llamacpp import kv_layout
 
             return kv_layout(self.options, max(1, facts.kv_bytes_per_token or 0), facts.context_length or 2048,
@@ -308,7 +312,11 @@ class ModelRegistry:
             if victims:
                 log.info("Unloading %s to make room for %s", ", ".join(v.model.name for v in victims), installed.name)
                 self._close(victims)
-            if installed.facts.kind == "embedding":
+            if installed.facts.kind == "embedding" and engine == "llama.cpp":
+                from serge.engine.llama_embeddings import load_llama_embedder
+
+                loaded = load_llama_embedder(installed, self.options)
+            elif installed.facts.kind == "embedding":
                 from serge.engine.embeddings import load_embedder
 
                 loaded = load_embedder(installed, self.options)

@@ -62,14 +62,20 @@ class RemoteBackend:
         raise InvalidRequest(f"{self.name!r} is served by a remote server, which counts its own tokens; Serge cannot "
                              f"count them for it", "model")
 
-    def complete(self, prompt: str, params: SamplingParams | None = None, suffix: str | None = None) -> Stream:
+    def complete(self, prompt: str, params: SamplingParams | None = None, suffix: str | None = None,
+                 n: int = 1) -> Stream:
         raise InvalidRequest(f"{self.name!r} is served by a remote server; send raw completions to it directly",
                              "model")
 
     def submit(self, messages: Sequence[Message], params: SamplingParams | None = None,
                tools: Tools | None = None, response_format: ResponseFormat | None = None,
-               trim: bool = True, think: bool | None = None) -> Stream:
-        """`trim` and `think` are the remote server's business: it applies its own window and template."""
+               trim: bool = True, think: bool | None = None, n: int = 1, cap: bool = False,
+               window: int | None = None) -> Stream:
+        """`trim`, `think`, `cap` and `window` are the remote server's business: it applies its own window
+        and template. One choice only: its usage does not say which choice spent what."""
+        if n != 1:
+            raise InvalidRequest(f"{self.name!r} is served by a remote server; Serge asks it for one choice "
+                                 f"(n=1)", "n")
         params = params or SamplingParams()
         body = {
             "model": self._remote.model or self.name,

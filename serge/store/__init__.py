@@ -1,4 +1,4 @@
-"""Storage of chats, messages and accounts: SQLAlchemy tables, sessions and Alembic migrations.
+"""Storage of chats, messages, their documents and accounts: SQLAlchemy tables, sessions and Alembic migrations.
 
 Nothing here knows about the engine or HTTP; every chat query is scoped by owner.
 """
@@ -8,11 +8,13 @@ from serge.store.accounts import (
 )
 from serge.store.chats import (MESSAGE_FIELDS, ChatNotFound, ChatRecord, ChatStore, MessageNotFound, MessageRecord,
                                NewMessage)
+from serge.store.documents import ChunkHit, DocumentNotFound, DocumentRecord, DocumentStore, FileStore, NewChunk
 from serge.store.db import Database, DatabaseUnavailable, exposed, private_dir
 from serge.store.responses import ResponseNotFound, ResponseRecord, ResponseStore
 
 __all__ = [
-    "LOCAL_OWNER", "MESSAGE_FIELDS", "AccountStore", "ChatNotFound", "ChatRecord", "ChatStore", "Database", "DatabaseUnavailable",
+    "LOCAL_OWNER", "MESSAGE_FIELDS", "AccountStore", "ChatNotFound", "ChunkHit", "DocumentNotFound", "DocumentRecord",
+    "DocumentStore", "FileStore", "NewChunk", "ChatRecord", "ChatStore", "Database", "DatabaseUnavailable",
     "KeyNotFound",
     "KeyRecord", "LastAdmin", "MessageNotFound", "MessageRecord", "NameTaken", "NewMessage", "ResponseNotFound",
     "ResponseRecord", "ResponseStore", "UserNotFound", "UserRecord", "exposed", "private_dir",

@@ -42,6 +42,8 @@ class MessageRecord:
     parent_id: str | None
     role: str
     content: str
+    reasoning: str | None  # a thinking model's thoughts before `content`; None for one that did not think
+    reasoning_tokens: int | None
     model: str | None
     settings: dict | None
     prompt_tokens: int | None
@@ -55,6 +57,8 @@ class MessageRecord:
     complete: bool
     error: str | None
     dropped_messages: int | None
+    attachments: list | None  # a user message's: the ids of the documents it came with
+    sources: list | None  # a reply's: the passages of documents it was given (document_id, file, page, passage, score)
     created_at: datetime
     updated_at: datetime
     alternatives: tuple[str, ...] = ()  # this message and its siblings, oldest first
@@ -93,6 +97,7 @@ class NewMessage:
     settings: dict | None = None
     complete: bool = True
     finish_reason: str | None = None
+    attachments: list[str] | None = None
 
 
 @dataclass(frozen=True)
@@ -236,7 +241,7 @@ class ChatStore:
             row = Message(
                 id=new_id(), chat_id=chat_id, parent_id=parent_id, role=new.role, content=new.content,
                 model=new.model, settings=new.settings, complete=new.complete, finish_reason=new.finish_reason,
-                created_at=stamp, updated_at=stamp,
+                attachments=new.attachments, created_at=stamp, updated_at=stamp,
             )
             session.add(row)
             chat.current_id = row.id
@@ -246,11 +251,11 @@ class ChatStore:
     def _owned(self, owner: str):
         return Message.chat_id.in_(select(Chat.id).where(Chat.owner == owner))
 
-    def save_text(self, owner: str, message_id: str, content: str) -> None:
-        """Save a reply's text so far (called about once a second while it streams)."""
+    def save_text(self, owner: str, message_id: str, content: str, reasoning: str | None = None) -> None:
+        """Save a reply's text (and thoughts) so far (called about once a second while it streams)."""
         with self.db.session() as session, session.begin():
             session.execute(update(Message).where(Message.id == message_id, self._owned(owner))
-                            .values(content=content, updated_at=now()))
+                            .values(content=content, reasoning=reasoning, updated_at=now()))
 
     def finish_message(self, owner: str, message_id: str, **values) -> MessageRecord:
         """Write a reply's final text and stats, and touch its chat's last activity."""

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from sqlalchemy import JSON, Boolean, DateTime, Float, ForeignKey, Index, Integer, String, Text, TypeDecorator
+from sqlalchemy import (JSON, Boolean, DateTime, Float, ForeignKey, Index, Integer, LargeBinary, String, Text,
+                        TypeDecorator)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -69,6 +70,9 @@ class Message(Base):
     parent_id: Mapped[str | None] = mapped_column(ForeignKey("messages.id", ondelete="CASCADE"), index=True)
     role: Mapped[str] = mapped_column(String(16))
     content: Mapped[str] = mapped_column(Text, default="")
+    # a thinking model's reply: its thoughts, apart from `content`, and the tokens it spent on them
+    reasoning: Mapped[str | None] = mapped_column(Text)
+    reasoning_tokens: Mapped[int | None] = mapped_column(Integer)
     model: Mapped[str | None] = mapped_column(String(200))
     settings: Mapped[dict | None] = mapped_column(JSON)
     prompt_tokens: Mapped[int | None] = mapped_column(Integer)
@@ -84,8 +88,47 @@ class Message(Base):
     error: Mapped[str | None] = mapped_column(Text)
     # a reply's: how many of the chat's oldest messages were left out of the model's view to fit its context
     dropped_messages: Mapped[int | None] = mapped_column(Integer)
+    attachments: Mapped[list | None] = mapped_column(JSON)  # a user message's: the ids of its documents
+    sources: Mapped[list | None] = mapped_column(JSON)  # a reply's: the passages it was given, with their scores
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=now)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=now)
+
+
+class Document(Base):
+    """A file given to a chat: its bytes are kept once in the data dir under `sha256`, its text here by page."""
+
+    __tablename__ = "documents"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    owner: Mapped[str] = mapped_column(String(64), index=True)
+    chat_id: Mapped[str] = mapped_column(ForeignKey("chats.id", ondelete="CASCADE"), index=True)
+    name: Mapped[str] = mapped_column(String(255))
+    media_type: Mapped[str] = mapped_column(String(100))
+    size_bytes: Mapped[int] = mapped_column(Integer)
+    sha256: Mapped[str] = mapped_column(String(64), index=True)
+    pages: Mapped[list] = mapped_column(JSON, default=list)  # the text of page 1, 2, ...
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=now)
+
+
+class DocumentChunk(Base):
+    """A passage of a document, with its page and its vector (float32 bytes; None where none could be made).
+
+    On SQLite a full-text index over `text` (FTS5, made by the migration) follows this table by triggers.
+    """
+
+    __tablename__ = "document_chunks"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    document_id: Mapped[str] = mapped_column(ForeignKey("documents.id", ondelete="CASCADE"), index=True)
+    seq: Mapped[int] = mapped_column(Integer)
+    page: Mapped[int] = mapped_column(Integer)
+    text: Mapped[str] = mapped_column(Text)
+    embedding: Mapped[bytes | None] = mapped_column(LargeBinary)
+
+
+# SQLite's FTS5 index over document_chunks.text, and the shadow tables FTS5 keeps beside it (`_data`, `_idx`, ...):
+# made by migration 0006, with no model here, since SQLAlchemy cannot describe a virtual table.
+FULL_TEXT_TABLE = "document_chunks_fts"
 
 
 class User(Base):

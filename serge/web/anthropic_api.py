@@ -22,7 +22,7 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 
-from serge.engine import ContextTooLong, Engine, FinishReason, GenerationRecord, Message, Stream, Tools
+from serge.engine import Engine, FinishReason, GenerationRecord, Stream
 from serge.web.dialects import cancel_on_disconnect, failure
 from serge.web.anthropic_models import NO_EFFECT_FIELDS, CountTokensRequest, MessagesRequest
 from serge.web.errors import error_body
@@ -151,22 +151,6 @@ def _input(arguments: str) -> dict:
     return value if isinstance(value, dict) else {}
 
 
-def _capped(engine: Engine, model: str, messages: list[Message], tools: Tools | None, max_tokens: int
-            ) -> tuple[int, int | None]:
-    """(max_tokens, capped to what the window leaves after the prompt; the prompt's tokens, where counted).
-    Runs on a worker thread: it may load the model."""
-    if engine.info(model).remote:  # the remote server applies its own window
-        return max_tokens, None
-    prompt = engine.count_tokens(model, messages, tools)
-    window = engine.info(model).context_window
-    if window is None:
-        return max_tokens, prompt
-    if prompt >= window:
-        raise ContextTooLong(f"the conversation needs {prompt} tokens, but the model's context window is {window} "
-                             f"tokens, which leaves no room for a reply; shorten the conversation", prompt + 1, window)
-    return min(max_tokens, window - prompt), prompt
-
-
 @router.post("/messages", summary="Create a message (Anthropic's Messages API; streamed or not)",
              description=MESSAGES_DOC, response_model=MessageOut, responses=RESPONSES)
 async def create_message(
@@ -178,15 +162,16 @@ async def create_message(
 ):
     engine = _engine(request)
     messages, tools, response_format = body.conversation(), body.tool_offer(), body.response_format()
-    body.sampling()  # a bad setting is refused before the model is asked anything
-    max_tokens, prompt = await run_in_threadpool(_capped, engine, body.model, messages, tools, body.max_tokens)
+    params = body.sampling()  # a bad setting is refused before the model is asked anything
     think = None if body.thinking is None else body.thinking.get("type") != "disabled"
-    stream = await run_in_threadpool(engine.chat, body.model, messages, body.sampling(max_tokens), tools,
-                                     response_format, False, think)
+    # Refused when it does not fit (trim=False), max_tokens capped to what the window leaves (cap=True).
+    stream = await run_in_threadpool(engine.chat, body.model, messages, params, tools, response_format, False, think,
+                                     cap=True)
     note_generation(request, stream.model, stream)
     message_id = f"msg_{uuid.uuid4().hex[:24]}"
     if body.stream:
-        return StreamingResponse(_events(stream, message_id, prompt or 0), media_type="text/event-stream",
+        return StreamingResponse(_events(stream, message_id, stream.prompt_tokens or 0),
+                                 media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
     watcher = cancel_on_disconnect(request, stream)
     try:

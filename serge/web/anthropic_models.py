@@ -17,8 +17,10 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, ValidationError, model_validator
 
 from serge.chats import MAX_MESSAGE_CHARS
-from serge.engine import ANTHROPIC_NAMES, Message, ResponseFormat, SamplingParams, Tool, ToolCall, Tools
+from serge.engine import ANTHROPIC_NAMES, MAX_STOP_STRINGS, Message, ResponseFormat, SamplingParams, Tool, ToolCall, Tools
+from serge.documents import marked
 from serge.web.errors import ApiError
+from serge.web.file_parts import file_text, named, refuse_address
 from serge.web.dialects import EchoedItem, StrictRequest, refused_settings
 
 
@@ -60,6 +62,29 @@ class ImageBlock(_Strict):
     cache_control: CacheControl | None = None
 
 
+class DocumentBlock(_Strict):
+    """A text file (PDF, plain text, Markdown, HTML, DOCX) as base64 or text: its text goes into the message,
+    named by its title. A url or file source is refused: Serge fetches nothing a request names."""
+
+    type: Literal["document"]
+    source: dict[str, Any] = Field(description="base64 (media_type, data) or text (data); url and file are refused.")
+    title: str | None = Field(None, max_length=255)
+    context: str | None = Field(None, max_length=10_000, description=NO_EFFECT)
+    citations: dict[str, Any] | None = Field(None, description=NO_EFFECT)
+    cache_control: CacheControl | None = Field(None, description=NO_EFFECT)
+
+    def text(self, where: str) -> str:
+        kind, media = self.source.get("type"), self.source.get("media_type")
+        data = self.source.get("data")
+        if kind in ("base64", "text") and isinstance(data, str):
+            if kind == "text":
+                return marked(named(self.title, media or "text/plain"), (data,))
+            return file_text(data, f"{where}.source.data", self.title, media)
+        if kind in ("url", "file"):
+            raise refuse_address(f"{where}.source")
+        raise _bad(f"{where}.source: send a base64 or text source", f"{where}.source.type")
+
+
 class ToolUseBlock(_Strict):
     type: Literal["tool_use"]
     id: str = Field(max_length=256)
@@ -88,7 +113,8 @@ class RedactedThinkingBlock(_Strict):
     data: str
 
 
-Block = Annotated[TextBlock | ImageBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock | RedactedThinkingBlock,
+Block = Annotated[TextBlock | ImageBlock | DocumentBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock
+                  | RedactedThinkingBlock,
                   Field(discriminator="type")]
 
 
@@ -207,7 +233,8 @@ class MessagesRequest(_Conversation):
     max_tokens: int = Field(ge=1, description="Required. Above what the context window leaves for the reply, it "
                                               "is capped to that (stop_reason max_tokens if reached).")
     stream: bool | None = None
-    stop_sequences: list[str] | None = None
+    stop_sequences: list[str] | None = Field(None, description=f"Up to {MAX_STOP_STRINGS} strings that end the "
+                                                             "reply.")
     temperature: float | None = Field(None, ge=0, le=1)
     top_p: float | None = Field(None, gt=0, le=1)
     top_k: int | None = Field(None, ge=0)
@@ -240,6 +267,9 @@ def _text(blocks: str | list, where: str) -> str:
         for j, b in enumerate(blocks):
             if isinstance(b, ImageBlock):
                 raise _no_images(f"{where}.{j}")
+            if isinstance(b, DocumentBlock):
+                parts.append(b.text(f"{where}.{j}"))
+                continue
             if not isinstance(b, TextBlock):
                 raise _bad(f"{where}.{j}: a {b.type} block cannot be here, only text", f"{where}.{j}.type")
             parts.append(b.text)
@@ -262,8 +292,8 @@ def _assistant(blocks: list, where: str) -> Message:
             calls.append(ToolCall(b.id, b.name, json.dumps(b.input)))
         elif isinstance(b, ImageBlock):
             raise _no_images(f"{where}.{j}")
-        elif isinstance(b, ToolResultBlock):
-            raise _bad(f"{where}.{j}: a tool_result belongs in a user message", f"{where}.{j}.type")
+        elif isinstance(b, (ToolResultBlock, DocumentBlock)):
+            raise _bad(f"{where}.{j}: a {b.type} belongs in a user message", f"{where}.{j}.type")
         # thinking and redacted_thinking: earlier reasoning, left out of the prompt
     return Message("assistant", _text(texts, where), tuple(calls))
 
@@ -278,7 +308,7 @@ def _user(blocks: list, where: str) -> list[Message]:
                 texts = []
             result = _text(b.content, f"{where}.{j}.content")
             out.append(Message("tool", f"Error: {result}" if b.is_error else result, tool_call_id=b.tool_use_id))
-        elif isinstance(b, (TextBlock, ImageBlock)):
+        elif isinstance(b, (TextBlock, ImageBlock, DocumentBlock)):
             texts.append(b)
         else:
             raise _bad(f"{where}.{j}: a {b.type} block belongs in an assistant message", f"{where}.{j}.type")

@@ -22,7 +22,8 @@ from serge.accounts import Accounts, LoginSessions, load_secret
 from serge.chats import ChatService
 from serge.engine import Engine
 from serge.settings import Settings
-from serge.store import AccountStore, ChatStore, Database, ResponseStore
+from serge.chats.documents import ChatDocuments
+from serge.store import AccountStore, ChatStore, Database, DocumentStore, FileStore, ResponseStore
 from serge.web.account_pages import build_account_pages
 from serge.web.accounts_api import router as accounts_router
 from serge.web.anthropic_api import router as anthropic_router
@@ -65,7 +66,8 @@ def build_app(settings: Settings, engine: Engine) -> FastAPI:
         app.state.accounts = Accounts(accounts)
         app.state.sessions = LoginSessions(accounts, load_secret(settings.data_dir),
                                            timedelta(days=settings.session_days))
-        app.state.chats = ChatService(ChatStore(database), engine)
+        documents = ChatDocuments(DocumentStore(database, FileStore(settings.data_dir / "files")), engine)
+        app.state.chats = ChatService(ChatStore(database), engine, documents)
         app.state.chats.recover()  # replies cut off by a crash are shown as interrupted
         app.state.responses = ResponseStore(database)
         loader = threading.Thread(target=_warm_up, args=(app.state.engine, app), name="serge-warm-up", daemon=True)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
@@ -24,6 +25,8 @@ from serge.web.errors import error_body
 
 MAX_INT = 2**63 - 1
 JSON_APIS = ("/api/", "/v1/")  # paths whose bodies are JSON only
+UPLOADS = re.compile(r"/api/chats/[^/]+/files")  # but for this one: a file, as multipart/form-data
+UPLOAD_OVERHEAD_BYTES = 64_000  # the form around the file
 
 
 class BadJson(ValueError):
@@ -106,6 +109,10 @@ def json_problem(body: bytes) -> tuple[str, str | None] | None:
             "send valid Unicode"), field
 
 
+def is_upload(path: str, content_type: str | None) -> bool:
+    return bool(UPLOADS.fullmatch(path)) and (content_type or "").lower().startswith("multipart/form-data")
+
+
 def is_json(content_type: str) -> bool:
     media = content_type.split(";", 1)[0].strip().lower()
     return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
@@ -116,18 +123,22 @@ def _refuse(path: str, status: int, message: str, code: str, param: str | None =
 
 
 class BodyCheck:
-    def __init__(self, app, max_bytes: int) -> None:
+    def __init__(self, app, max_bytes: int, max_upload_bytes: int = 0) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.max_upload_bytes = max(max_bytes, max_upload_bytes)  # a file sent to a chat
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         headers = Headers(scope=scope)
-        too_large = _refuse(scope["path"], 413, f"the request body is larger than {self.max_bytes} bytes; send less "
-                                 "(SERGE_MAX_REQUEST_BYTES sets the cap)", "request_too_large")
+        limit, cap = self.max_bytes, "SERGE_MAX_REQUEST_BYTES sets the cap"
+        if is_upload(scope["path"], headers.get("content-type")):
+            limit, cap = self.max_upload_bytes, "a file may be at most that large, less its form"
+        too_large = _refuse(scope["path"], 413, f"the request body is larger than {limit} bytes; send less "
+                                 f"({cap})", "request_too_large")
         declared = headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > self.max_bytes:
+        if declared.isdigit() and int(declared) > limit:
             return await too_large(scope, receive, send)
 
         chunks, size = [], 0
@@ -137,7 +148,7 @@ class BodyCheck:
                 return  # the client left before sending its whole body
             chunk = message.get("body", b"")
             size += len(chunk)
-            if size > self.max_bytes:
+            if size > limit:
                 return await too_large(scope, receive, send)
             chunks.append(chunk)
             if not message.get("more_body", False):

@@ -2,8 +2,12 @@
 
 It parses requests, calls `ChatService`, and formats records as JSON or a reply
 as server-sent events (`start`, which says how many of the oldest messages the
-model could not see, then `delta` events with text, then `done` with the saved
-message). A client that goes away stops its reply, as `/stop` does.
+model could not see, then `delta` events with text and, for a model that thinks,
+`reasoning` events with its thoughts, then `done` with the saved message). A
+client that goes away stops its reply, as `/stop` does. A file is
+sent to `/files` (multipart/form-data, the one body here that is not JSON) and
+attached to a message by the id that comes back; a reply's `sources` say which of
+its passages the model was given.
 """
 
 from __future__ import annotations
@@ -14,15 +18,16 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Literal
 
-from fastapi import APIRouter, Query, Request, Response
+from fastapi import APIRouter, File, Query, Request, Response, UploadFile
 from fastapi.responses import PlainTextResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
 from serge.chats import ChatExport, ChatService, Reply
 from serge.chats import export_markdown
+from serge.documents import MAX_FILE_BYTES, MAX_FILES_PER_MESSAGE, FileTooLarge
 from serge.engine import EngineBusy, ModelLoadFailed, SamplingParams
-from serge.store import ChatRecord, MessageRecord
+from serge.store import ChatRecord, DocumentRecord, MessageRecord
 from serge.web.auth import current_user
 from serge.web.docs import EVENT_STREAM, MARKDOWN
 from serge.web.errors import ApiError
@@ -47,6 +52,9 @@ class ChatPatch(ChatIn):
 
 class MessageIn(BaseModel):
     content: str = Field(description="What the user writes.")
+    attachments: list[str] = Field(default_factory=list, max_length=MAX_FILES_PER_MESSAGE,
+                                   description="Ids of files uploaded to this chat (POST .../files) that come with "
+                                               "the message.")
 
 
 def owner(request: Request) -> str:
@@ -90,6 +98,11 @@ def chat_out(chat: ChatRecord, *, messages: bool = True) -> dict:
     return body
 
 
+def document_out(d: DocumentRecord) -> dict:
+    return {"id": d.id, "name": d.name, "media_type": d.media_type, "size_bytes": d.size_bytes, "pages": len(d.pages),
+            "chars": sum(len(p) for p in d.pages), "created_at": d.created_at.isoformat()}
+
+
 def _event(kind: str, data: dict) -> str:
     return f"event: {kind}\ndata: {json.dumps(data)}\n\n"
 
@@ -105,8 +118,8 @@ def reply_events(request: Request, reply: Reply) -> StreamingResponse:
                 "dropped_messages": reply.dropped_messages,
             })
             async for kind, value in reply.events():
-                if kind == "delta":
-                    yield _event("delta", {"text": value})
+                if kind in ("delta", "reasoning"):
+                    yield _event(kind, {"text": value})
                 elif kind == "queued":
                     yield _event("queued", {"ahead": value})
                 else:
@@ -164,11 +177,27 @@ def export_chat(chat_id: str, request: Request, format: Literal["md", "json"] = 
                     headers={"Content-Disposition": f'attachment; filename="chat-{chat_id}.json"'})
 
 
+@router.post("/{chat_id}/files", status_code=201,
+             summary="Upload a file (text, Markdown, code, HTML, PDF or DOCX) for the chat's messages to attach")
+async def upload_file(chat_id: str, request: Request, file: UploadFile = File(description="The file itself.")):
+    data = await file.read(MAX_FILE_BYTES + 1)
+    if len(data) > MAX_FILE_BYTES:
+        raise FileTooLarge(f"{file.filename or 'the file'} is larger than {MAX_FILE_BYTES} bytes, the limit per file")
+    document = await run_in_threadpool(service(request).attach, owner(request), chat_id, file.filename or "file", data)
+    return document_out(document)
+
+
+@router.get("/{chat_id}/files", summary="The chat's files, oldest first")
+def list_files(chat_id: str, request: Request):
+    return {"data": [document_out(d) for d in service(request).files(owner(request), chat_id)]}
+
+
 @router.post("/{chat_id}/messages", response_class=StreamingResponse, responses=EVENT_STREAM,
-             summary="Send a message; the reply streams back as server-sent events")
+             summary="Send a message, with files of the chat attached; the reply streams back as server-sent events")
 async def send_message(chat_id: str, body: MessageIn, request: Request):
     with reply_errors():
-        reply = await run_in_threadpool(service(request).reply, owner(request), chat_id, body.content)
+        reply = await run_in_threadpool(service(request).reply, owner(request), chat_id, body.content,
+                                        body.attachments)
     return reply_events(request, reply)
 
 

@@ -4,7 +4,9 @@ Editor autocomplete plugins speak it, with `suffix` for fill-in-the-middle where
 model has FIM tokens (else a 400). HTTP only: the request is checked here, the
 engine's `complete` does the work, and the answer is OpenAI's `text_completion`
 shape, whole or as server-sent events ending with `data: [DONE]`. A list of
-prompts gives one choice each, in order.
+prompts gives `n` choices each, in order (prompt i's are indices i*n to i*n+n-1);
+a prompt's n choices share its prefill. Stop strings: up to `MAX_STOP_STRINGS`,
+more than OpenAI's 4, since autocomplete plugins send more (Continue, 10 to 20).
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ from serge.engine import FinishReason, GenerationRecord, SamplingParams, Stream,
 from serge.web.docs import TEXT_COMPLETION
 from serge.web.errors import ApiError
 from serge.web.dialects import StrictRequest, cancel_on_disconnect, failure, refused_settings
-from serge.web.openai_api import fingerprint
+from serge.web.openai_api import fingerprint, usage
+from serge.web.openai_models import MAX_CHOICES
 from serge.web.request_log import note_generation
 
 router = APIRouter(prefix="/v1", tags=["OpenAI-compatible"])
@@ -47,7 +50,8 @@ class CompletionRequest(StrictRequest):
                                                                "likeliest alternatives.")
     echo: bool = Field(False, description="Put the prompt before the continuation in the text.")
     stream: bool = False
-    n: int = Field(1, description="Only 1 is supported.")
+    n: int = Field(1, ge=1, le=MAX_CHOICES, description=f"Choices per prompt (1 to {MAX_CHOICES}), sharing its "
+                                                        "prefill; with seed, choice i uses seed + i.")
     user: str | None = Field(None, description="Accepted for compatibility; no effect.")
 
     def prompts(self) -> list[str]:
@@ -58,9 +62,6 @@ class CompletionRequest(StrictRequest):
             if len(text) > MAX_PROMPT_CHARS:
                 raise ApiError(400, f"prompt[{i}] is {len(text)} characters; the limit is {MAX_PROMPT_CHARS}",
                                code="invalid_value", param="prompt")
-        if self.n != 1:
-            raise ApiError(400, f"n={self.n} is not supported; Serge returns one choice per prompt (n=1)",
-                           code="invalid_value", param="n")
         return prompts
 
     def sampling(self) -> SamplingParams:
@@ -93,7 +94,7 @@ async def completions(body: CompletionRequest, request: Request):
     streams: list[Stream] = []
     try:
         for text in prompts:  # all queued at once: they decode in one batch
-            streams.append(await run_in_threadpool(engine.complete, body.model, text, params, body.suffix))
+            streams.append(await run_in_threadpool(engine.complete, body.model, text, params, body.suffix, body.n))
     except BaseException:
         for stream in streams:
             stream.cancel()
@@ -106,27 +107,30 @@ async def completions(body: CompletionRequest, request: Request):
     def head(text: str) -> str:
         return text if body.echo and not body.suffix else ""
 
+    n = body.n
     if not body.stream:
-        choices, usage = [], {"prompt_tokens": 0, "completion_tokens": 0}
+        choices, counts = [], [0, 0, 0]
         watcher = cancel_on_disconnect(request, *streams)
         try:
-            for index, (text, stream) in enumerate(zip(prompts, streams)):
-                tokens = [t async for delta in stream.adeltas() for t in delta.tokens]
-                record = stream.record
-                if record.finish_reason is FinishReason.ERROR:
-                    raise failure(record)
+            for at, (text, stream) in enumerate(zip(prompts, streams)):
+                tokens: list[list[TokenLogprob]] = [[] for _ in range(n)]
+                async for delta in stream.adeltas():
+                    tokens[delta.choice].extend(delta.tokens)
                 prefix = head(text)
-                choices.append({"index": index, "text": prefix + record.text, "finish_reason": _finish(record),
-                                "logprobs": _logprobs(tokens, len(prefix)) if wants else None})
-                usage["prompt_tokens"] += record.prompt_tokens
-                usage["completion_tokens"] += record.completion_tokens
+                for choice, record in enumerate(stream.records):
+                    if record.finish_reason is FinishReason.ERROR:
+                        raise failure(record)
+                    choices.append({"index": at * n + choice, "text": prefix + record.text,
+                                    "finish_reason": _finish(record),
+                                    "logprobs": _logprobs(tokens[choice], len(prefix)) if wants else None})
+                counts = [a + b for a, b in zip(counts, usage(stream.records).values())]
         finally:
             watcher.cancel()
             for stream in streams:
                 stream.cancel()
         return {"id": completion_id, "object": "text_completion", "created": created, "model": name,
                 "system_fingerprint": fingerprint(name), "choices": choices,
-                "usage": {**usage, "total_tokens": usage["prompt_tokens"] + usage["completion_tokens"]}}
+                "usage": dict(zip(("prompt_tokens", "completion_tokens", "total_tokens"), counts))}
 
     def chunk(index: int, text: str, finish: str | None = None, tokens: list[TokenLogprob] | None = None,
               offset: int = 0) -> str:
@@ -138,20 +142,23 @@ async def completions(body: CompletionRequest, request: Request):
 
     async def events():
         try:
-            for index, (text, stream) in enumerate(zip(prompts, streams)):
-                sent = head(text)
-                if sent:
-                    yield chunk(index, sent)
+            for at, (text, stream) in enumerate(zip(prompts, streams)):
+                sent = [head(text)] * n
+                for choice in range(n):
+                    if sent[choice]:
+                        yield chunk(at * n + choice, sent[choice])
                 async for delta in stream.adeltas():
                     if delta.text:
-                        yield chunk(index, delta.text, tokens=list(delta.tokens), offset=len(sent))
-                        sent += delta.text
-                record = stream.record
-                if record.finish_reason is FinishReason.ERROR:
-                    yield "data: " + json.dumps({"error": {"message": f"generation failed: {record.error}",
+                        yield chunk(at * n + delta.choice, delta.text, tokens=list(delta.tokens),
+                                    offset=len(sent[delta.choice]))
+                        sent[delta.choice] += delta.text
+                records = stream.records
+                if failed := next((r for r in records if r.finish_reason is FinishReason.ERROR), None):
+                    yield "data: " + json.dumps({"error": {"message": f"generation failed: {failed.error}",
                                                            "type": "server_error"}}) + "\n\n"
                     break
-                yield chunk(index, "", _finish(record))
+                for choice, record in enumerate(records):
+                    yield chunk(at * n + choice, "", _finish(record))
             yield "data: [DONE]\n\n"
         finally:
             for stream in streams:  # the client went away mid-reply, or the reply is done

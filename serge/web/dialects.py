@@ -1,6 +1,7 @@
 """What every API dialect shares, so each translator holds only its own shapes: the request models'
 bases (null is unset; unknown fields refused, or in echoed items ignored and logged), the watch that
-cancels a whole reply's generation when its client leaves, and the error a failed generation gives.
+cancels a whole reply's generation when its client leaves, the error a failed generation gives, and what
+OpenAI's reasoning efforts ask of a model that thinks.
 """
 
 from __future__ import annotations
@@ -69,3 +70,12 @@ def failure(record: GenerationRecord) -> ApiError:
     if record.remote_error:
         return ApiError(502, f"generation failed: {record.error}", code="remote_model_failed")
     return ApiError(500, f"generation failed: {record.error}", code="generation_failed")
+
+
+# OpenAI's efforts that ask for (next to) no thinking: a template can only think or not.
+NO_THINKING = ("none", "minimal")
+
+
+def think_for(effort: str | None) -> bool | None:
+    """An OpenAI reasoning effort as the engine's `think`: None (unsaid), else whether to think."""
+    return None if effort is None else effort not in NO_THINKING

@@ -33,14 +33,16 @@ BUSY = {"description": "Unavailable for now, with the reason in error.code: engi
 # Open API 3.1 describes an event stream by the schema of one event; `data` holds JSON text.
 _JSON_TEXT = {"type": "string", "contentMediaType": "application/json"}
 _REPLY_EVENT = {"type": "object", "required": ["event", "data"],
-                "properties": {"event": {"enum": ["start", "queued", "delta", "done"]}, "data": _JSON_TEXT}}
+                "properties": {"event": {"enum": ["start", "queued", "delta", "reasoning", "done"]},
+                               "data": _JSON_TEXT}}
 _CHUNK_EVENT = {"type": "object", "required": ["data"],
                 "properties": {"data": {"description": "a chat.completion.chunk, an error, or [DONE]",
                                         "type": "string"}}}
 
 # For routes whose reply is a stream of server-sent events.
-EVENT_STREAM = {200: {"description": "Server-sent events: start, queued while waiting, delta with text, "
-                                     "then done with the saved message.",
+EVENT_STREAM = {200: {"description": "Server-sent events: start, queued while waiting, delta with text "
+                                     "(and reasoning with the thoughts of a model that thinks), then done "
+                                     "with the saved message.",
                       "content": {"text/event-stream": {"schema": _REPLY_EVENT}}}, 503: BUSY}
 # For /v1/chat/completions: JSON, or server-sent events with "stream": true.
 COMPLETION = {200: {"description": "A chat.completion, or chat.completion.chunk events when streamed.",

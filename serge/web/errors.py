@@ -19,10 +19,11 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from serge.accounts import InvalidAccountInput
 from serge.chats import ChatBusy, ChatNotFound, InvalidChatInput, MessageNotFound
+from serge.documents import FileTooLarge, UnreadableFile, UnsupportedFile
 from serge.engine import (ContextTooLong, DeviceUnavailable, EngineBusy, InvalidModelName, InvalidRequest,
                           InvalidSource, ModelInUse, ModelLoadFailed, ModelNotFound, ModelTooLarge, PullFailed,
                           PullNotFound, PullRefused)
-from serge.store import DatabaseUnavailable, KeyNotFound, LastAdmin, NameTaken, ResponseNotFound, UserNotFound
+from serge.store import DatabaseUnavailable, DocumentNotFound, KeyNotFound, LastAdmin, NameTaken, ResponseNotFound, UserNotFound
 
 
 DATABASE_RETRY_S = 5
@@ -142,6 +143,10 @@ ERRORS: dict[type[Exception], tuple[int, str, str | None]] = {
     KeyNotFound: (404, "not_found", None),
     LastAdmin: (409, "last_admin", None),
     ResponseNotFound: (404, "response_not_found", "response_id"),
+    DocumentNotFound: (404, "document_not_found", "attachments"),
+    FileTooLarge: (413, "file_too_large", "file"),
+    UnsupportedFile: (415, "unsupported_file", "file"),
+    UnreadableFile: (422, "unreadable_file", "file"),
 }
 
 

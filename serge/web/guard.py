@@ -28,10 +28,11 @@ from starlette.datastructures import Headers
 from starlette.middleware.cors import CORSMiddleware
 from starlette.responses import JSONResponse
 
+from serge.documents import MAX_FILE_BYTES
 from serge.settings import Settings
 from serge.web.errors import error_body
 from serge.web.headers import SecurityHeaders
-from serge.web.bodies import JSON_APIS, BodyCheck, is_json
+from serge.web.bodies import JSON_APIS, UPLOAD_OVERHEAD_BYTES, BodyCheck, is_json, is_upload
 
 STATE_CHANGING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 DEFAULT_PORTS = {"http": 80, "https": 443}
@@ -111,7 +112,8 @@ class HostPolicy:
             return Refusal(403, f"refused a {site} {method}: pages on other sites may not change anything here",
                            "cross_origin")
         content_type = headers.get("content-type")
-        if path.startswith(JSON_APIS) and content_type is not None and not is_json(content_type):
+        if (path.startswith(JSON_APIS) and content_type is not None and not is_json(content_type)
+                and not is_upload(path, content_type)):
             return Refusal(415, f"this API reads JSON, not {content_type.split(';')[0][:100]!r}; "
                                 "send application/json", "unsupported_media_type")
         return None
@@ -149,7 +151,8 @@ class Guard:
 
 def protect(app: FastAPI, settings: Settings) -> None:
     """Install, outermost first: security headers, CORS (only when configured), the guard, the body check."""
-    app.add_middleware(BodyCheck, max_bytes=settings.max_request_bytes)
+    app.add_middleware(BodyCheck, max_bytes=settings.max_request_bytes,
+                       max_upload_bytes=MAX_FILE_BYTES + UPLOAD_OVERHEAD_BYTES)
     app.add_middleware(Guard, policy=HostPolicy.of(settings))
     if settings.cors_origins:  # API keys, not the browser's cookies, cross origins
         app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins, allow_methods=["*"],

@@ -188,15 +188,6 @@ async def _load_or_unload(request: Request, name: str, unload: bool, piece: dict
     return JSONResponse({**_record(name), **piece, "done": True, "done_reason": "unload" if unload else "load"})
 
 
-async def _capped(engine: Engine, name: str, messages, tools, params, num_ctx: int | None):
-    """num_ctx as a cap: prompt and reply within num_ctx tokens (the model's own window still decides the rest)."""
-    if num_ctx is None:
-        return params
-    prompt = await run_in_threadpool(engine.count_tokens, name, messages, tools)
-    room = max(1, num_ctx - prompt)
-    return params.model_copy(update={"max_new_tokens": min(params.max_new_tokens or room, room)})
-
-
 async def _begin(request: Request, body, path: str) -> tuple[float, Engine, str, bool]:
     """What a generating route does first: start the clock, note what it ignores, name the model, read keep_alive."""
     started = time.monotonic()
@@ -223,10 +214,9 @@ async def chat(body: OllamaChatRequest, request: Request):
     tools = body.tool_offer()
     params, num_ctx = body.sampling()
     response_format = body.response_format()
-    params = await _capped(engine, name, messages, tools, params, num_ctx)
     stream = await run_in_threadpool(engine.chat, name, messages, params, tools, response_format,
                                      trim=body.truncate is not False, think=None if body.think is None
-                                     else body.think is not False)
+                                     else body.think is not False, cap=True, window=num_ctx)
     return await _answer(request, stream, chat=True, streamed=body.streamed, logprobs=bool(body.logprobs),
                          started=started, load_s=time.monotonic() - started, unload=unload)
 
@@ -254,9 +244,8 @@ async def generate(body: OllamaGenerateRequest, request: Request):
             log.debug("Ollama /api/generate: num_ctx has no effect on a raw prompt")
         stream = await run_in_threadpool(engine.complete, name, body.prompt or "", params, body.suffix)
     else:
-        messages = body.conversation()
-        params = await _capped(engine, name, messages, None, params, num_ctx)
-        stream = await run_in_threadpool(engine.chat, name, messages, params, None, response_format)
+        stream = await run_in_threadpool(engine.chat, name, body.conversation(), params, None, response_format,
+                                         cap=True, window=num_ctx)
     return await _answer(request, stream, chat=False, streamed=body.streamed, logprobs=bool(body.logprobs),
                          started=started, load_s=time.monotonic() - started, unload=unload)
 

@@ -20,8 +20,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from serge.chats import MAX_MESSAGE_CHARS
-from serge.engine import (OLLAMA_OPTIONS, Engine, Message, ModelNotFound, ResponseFormat, SamplingParams, Tool,
-                          ToolCall, Tools)
+from serge.engine import (MAX_STOP_STRINGS, OLLAMA_OPTIONS, Engine, Message, ModelNotFound, ResponseFormat,
+                          SamplingParams, Tool, ToolCall, Tools)
 from serge.web.dialects import refused_settings
 from serge.web.errors import ApiError
 
@@ -171,8 +171,8 @@ class _Generation(_Open):
                                                         "decoding.")
     options: dict[str, Any] | None = Field(None, max_length=MAX_OPTIONS, description=(
         "num_predict, temperature, top_k, top_p, min_p, repeat_penalty, presence_penalty, frequency_penalty, seed, "
-        "stop; num_ctx caps prompt + reply (it never grows the model's window). Others are ignored, as Ollama "
-        "ignores options it does not know."))
+        f"stop (up to {MAX_STOP_STRINGS}); num_ctx caps prompt + reply (it never grows the model's window). Others "
+        "are ignored, as Ollama ignores options it does not know."))
     keep_alive: float | str | None = Field(None, description="0 unloads the model once it is idle; other "
                                                              "durations have no effect (Serge unloads by its "
                                                              "memory budget).")

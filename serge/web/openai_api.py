@@ -3,8 +3,9 @@
 HTTP only: it parses and checks the request (`openai_models`), asks the engine
 for a stream, and formats the reply as JSON or server-sent events in OpenAI's
 shapes: content, `tool_calls` (streamed as OpenAI streams them: a first piece
-with the call's id and name, then pieces of its arguments) and `logprobs`. A
-client that goes away cancels its generation.
+with the call's id and name, then pieces of its arguments) and `logprobs`, for each
+of the `n` choices (streamed chunks carry their choice's index). A client that
+goes away cancels its generation, every choice of it.
 """
 
 from __future__ import annotations
@@ -20,10 +21,10 @@ from starlette.concurrency import run_in_threadpool
 
 from serge import __version__
 from serge.engine import Engine, FinishReason, GenerationRecord, ModelInfo, TokenLogprob
-from serge.web.dialects import cancel_on_disconnect, failure
+from serge.web.dialects import cancel_on_disconnect, failure, think_for
 from serge.web.docs import COMPLETION
 from serge.web.errors import ApiError, error_body
-from serge.web.openai_models import HARMLESS, REFUSED, ChatCompletionRequest
+from serge.web.openai_models import HARMLESS, MAX_CHOICES, REFUSED, ChatCompletionRequest
 from serge.web.request_log import note_generation
 
 router = APIRouter(prefix="/v1", tags=["OpenAI-compatible"])
@@ -52,12 +53,10 @@ def fingerprint(model: str) -> str:
     return "fp_" + hashlib.sha256(f"serge {__version__} {model}".encode()).hexdigest()[:12]
 
 
-def _usage(record: GenerationRecord) -> dict:
-    return {
-        "prompt_tokens": record.prompt_tokens,
-        "completion_tokens": record.completion_tokens,
-        "total_tokens": record.prompt_tokens + record.completion_tokens,
-    }
+def usage(records: tuple[GenerationRecord, ...]) -> dict:
+    """The prompt once (the choices share it), and every choice's completion tokens."""
+    prompt, completion = records[0].prompt_tokens, sum(r.completion_tokens for r in records)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
 def _finish_reason(record: GenerationRecord) -> str:
@@ -82,24 +81,25 @@ COMPLETIONS_DOC = f"""OpenAI's chat completions. Every field listed here is impl
 response_format (json_object, json_schema) and a required or named tool_choice are enforced by
 constrained decoding. Log-probabilities come from the distribution each token was drawn from: after
 penalties, logit_bias, the grammar, temperature, top_k, min_p and top_p (renormalized); at
-temperature 0, from the unscaled distribution after penalties, logit_bias and the grammar."""
+temperature 0, from the unscaled distribution after penalties, logit_bias and the grammar.
+
+n (1 to {MAX_CHOICES}) choices share one prefill of the prompt and decode in one batch; choice i samples
+with seed + i (the top-level seed is choice 0's), so a seeded request gives the same choices again and
+its choice 0 is the reply n=1 gives. usage counts the prompt once and every choice's tokens."""
 
 
 @router.post("/chat/completions", responses=COMPLETION, summary="Create a chat completion (streamed or not)",
              description=COMPLETIONS_DOC)
 async def chat_completions(body: ChatCompletionRequest, request: Request):
-    if body.n != 1:
-        raise ApiError(400, f"n={body.n} is not supported; Serge returns exactly one choice (n=1)",
-                       code="invalid_value", param="n")
     if body.stream_options is not None and not body.stream:
         raise ApiError(400, "stream_options is only allowed with stream: true", code="invalid_value",
                        param="stream_options")
     params = body.sampling()
     messages = body.conversation()
     tools = body.tool_offer()
-    think = None if body.reasoning_effort is None else body.reasoning_effort != "none"
+    think = think_for(body.reasoning_effort)
     stream = await run_in_threadpool(_engine(request).chat, body.model, messages, params, tools, body.response_format,
-                                     False, think)  # trim=False: an agent managing its own context must hear it
+                                     False, think, body.n)  # trim=False: an agent managing its context must hear it
     name = stream.model
     note_generation(request, name, stream)
     completion_id = f"chatcmpl-{uuid.uuid4().hex}"
@@ -108,39 +108,34 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
 
     if not body.stream:
         watcher = cancel_on_disconnect(request, stream)
-        tokens: list[TokenLogprob] = []
+        tokens: list[list[TokenLogprob]] = [[] for _ in range(body.n)]
         try:
             async for delta in stream.adeltas():
-                tokens.extend(delta.tokens)
+                tokens[delta.choice].extend(delta.tokens)
         finally:
             watcher.cancel()
-        record = stream.record
-        if record.finish_reason is FinishReason.ERROR:
-            raise failure(record)
-        message = {"role": "assistant", "content": record.text if record.text or not record.tool_calls else None,
-                   "refusal": None}
-        if record.reasoning:
-            message["reasoning_content"] = record.reasoning
-        if record.tool_calls:
-            message["tool_calls"] = [{"id": c.id, "type": "function",
-                                      "function": {"name": c.name, "arguments": c.arguments}}
-                                     for c in record.tool_calls]
+        records = stream.records
+        for record in records:
+            if record.finish_reason is FinishReason.ERROR:
+                raise failure(record)
         return {
             "id": completion_id,
             "object": "chat.completion",
             "created": created,
             "model": name,
             "system_fingerprint": fingerprint(name),
-            "seed": record.seed,
-            "choices": [{"index": 0, "message": message, "finish_reason": _finish_reason(record),
-                         "logprobs": _logprobs(tokens) if wants_logprobs else None}],
-            "usage": _usage(record),
+            "seed": records[0].seed,
+            "choices": [{"index": i, "message": _message(record), "finish_reason": _finish_reason(record),
+                         "logprobs": _logprobs(tokens[i]) if wants_logprobs else None}
+                        for i, record in enumerate(records)],
+            "usage": usage(records),
         }
 
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
 
-    def chunk(delta: dict, finish: str | None = None, tokens: list[TokenLogprob] | None = None, **extra) -> str:
-        choice = {"index": 0, "delta": delta, "finish_reason": finish}
+    def chunk(index: int, delta: dict, finish: str | None = None, tokens: list[TokenLogprob] | None = None,
+              **extra) -> str:
+        choice = {"index": index, "delta": delta, "finish_reason": finish}
         if wants_logprobs:
             choice["logprobs"] = _logprobs(tokens) if tokens else None
         payload = {"id": completion_id, "object": "chat.completion.chunk", "created": created, "model": name,
@@ -148,11 +143,12 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
         return f"data: {json.dumps(payload)}\n\n"
 
     async def events():
-        pending: list[TokenLogprob] = []  # tokens whose text is still held back
+        pending: list[list[TokenLogprob]] = [[] for _ in range(body.n)]  # tokens whose text is held back
         try:
-            yield chunk({"role": "assistant", "content": ""})
+            for index in range(body.n):
+                yield chunk(index, {"role": "assistant", "content": ""})
             async for delta in stream.adeltas():
-                pending.extend(delta.tokens)
+                pending[delta.choice].extend(delta.tokens)
                 out: dict = {}
                 if delta.reasoning:
                     out["reasoning_content"] = delta.reasoning
@@ -161,17 +157,18 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
                 if delta.tool_calls:
                     out["tool_calls"] = [_call_piece(c) for c in delta.tool_calls]
                 if out:
-                    yield chunk(out, tokens=pending)
-                    pending = []
-            record = stream.record
-            if record.finish_reason is FinishReason.ERROR:
-                yield f"data: {json.dumps(error_body(f'generation failed: {record.error}', status=500))}\n\n"
+                    yield chunk(delta.choice, out, tokens=pending[delta.choice])
+                    pending[delta.choice] = []
+            records = stream.records
+            if failed := next((r for r in records if r.finish_reason is FinishReason.ERROR), None):
+                yield f"data: {json.dumps(error_body(f'generation failed: {failed.error}', status=500))}\n\n"
             else:
-                yield chunk({}, _finish_reason(record), tokens=pending, seed=record.seed)
+                for index, record in enumerate(records):
+                    yield chunk(index, {}, _finish_reason(record), tokens=pending[index], seed=record.seed)
                 if include_usage:
-                    usage = {"id": completion_id, "object": "chat.completion.chunk", "created": created,
-                             "model": name, "choices": [], "usage": _usage(record)}
-                    yield f"data: {json.dumps(usage)}\n\n"
+                    tail = {"id": completion_id, "object": "chat.completion.chunk", "created": created,
+                            "model": name, "choices": [], "usage": usage(records)}
+                    yield f"data: {json.dumps(tail)}\n\n"
             yield "data: [DONE]\n\n"
         finally:
             if not stream.done:  # the client went away mid-reply
@@ -179,6 +176,18 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
 
     return StreamingResponse(events(), media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+def _message(record: GenerationRecord) -> dict:
+    """One choice's message: its text (null beside tool calls alone), thoughts and calls."""
+    message = {"role": "assistant", "content": record.text if record.text or not record.tool_calls else None,
+               "refusal": None}
+    if record.reasoning:
+        message["reasoning_content"] = record.reasoning
+    if record.tool_calls:
+        message["tool_calls"] = [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                                 for c in record.tool_calls]
+    return message
 
 
 def _call_piece(c) -> dict:

@@ -10,7 +10,7 @@ This module turns a request into the engine's own values (`Message`,
 from __future__ import annotations
 
 import json
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, ValidationError
 
@@ -18,17 +18,20 @@ from serge.chats import MAX_MESSAGE_CHARS
 from serge.engine import MAX_TOP_LOGPROBS, OPENAI_NAMES, Message, ResponseFormat, SamplingParams, Tool, ToolCall, Tools
 from serge.web.dialects import EchoedItem, StrictRequest, refused_settings
 from serge.web.errors import ApiError
+from serge.web.file_parts import file_text, refuse_address
 
 
 MAX_MESSAGES_PER_REQUEST = 500
 MAX_TOOLS = 128
+MAX_CHOICES = 8  # n: replies to one request, sharing its prefill
+OPENAI_MAX_STOP = 4  # stop strings: OpenAI's documented limit, kept where its chat completions promise it
 NO_EFFECT = "Accepted for compatibility with OpenAI's API; it has no effect in Serge."
 # OpenAI's fields that ask nothing of a local model: accepted, without effect (declared below).
 HARMLESS = ("user", "metadata", "store", "service_tier", "prompt_cache_key", "prompt_cache_retention",
             "safety_identifier")
 # Some of OpenAI's fields Serge does not implement; they, and any field not declared below, are a 400.
 REFUSED = ("audio", "modalities other than text", "prediction", "verbosity",
-           "web_search_options", "functions", "function_call", "n > 1")
+           "web_search_options", "functions", "function_call", f"n > {MAX_CHOICES}")
 
 
 def _bad(message: str, param: str) -> ApiError:
@@ -38,6 +41,24 @@ def _bad(message: str, param: str) -> ApiError:
 class TextPart(StrictRequest):
     type: Literal["text"]
     text: str
+
+
+class FileIn(StrictRequest):
+    file_data: str | None = Field(None, description="The file's bytes: base64, or a data: URL of them.")
+    filename: str | None = Field(None, max_length=255, description="Its name, which says its format.")
+    file_id: str | None = Field(None, max_length=256, description="Refused: Serge has no Files API; send file_data.")
+
+
+class FilePart(StrictRequest):
+    """A text file (plain text, Markdown, code, HTML, PDF, DOCX): its text goes into the message, named."""
+
+    type: Literal["file"]
+    file: FileIn
+
+    def text(self, where: str) -> str:
+        if self.file.file_id is not None or not self.file.file_data:
+            raise refuse_address(f"{where}.file")
+        return file_text(self.file.file_data, f"{where}.file.file_data", self.file.filename)
 
 
 class FunctionCallIn(StrictRequest):
@@ -54,18 +75,21 @@ class ToolCallIn(StrictRequest):
 class ChatMessageIn(EchoedItem):
     role: Literal["system", "developer", "user", "assistant", "tool"] = Field(
         description="developer is treated as system; tool answers an assistant's tool call.")
-    content: str | list[TextPart] | None = Field(None, description="The text, or a list of text parts; "
-                                                                   "may be null for an assistant's tool calls.")
+    content: str | list[Annotated[TextPart | FilePart, Field(discriminator="type")]] | None = Field(
+        None, description="The text, or a list of text and file parts; may be null for an assistant's tool calls.")
     name: str | None = Field(None, max_length=256, description="A participant's name; the template decides its use.")
     tool_calls: list[ToolCallIn] | None = Field(None, description="An assistant's calls, as Serge returned them.")
     tool_call_id: str | None = Field(None, max_length=256, description="A tool message: the call it answers.")
     refusal: None = Field(None, description="Echoed assistant messages may carry it, as null.")
     annotations: list[Any] | None = Field(None, description=NO_EFFECT)
 
-    def text(self) -> str:
+    def text(self, where: str = "content") -> str:
         if self.content is None:
             return ""
-        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(p.text if isinstance(p, TextPart) else p.text(f"{where}.{j}") + "\n\n"
+                       for j, p in enumerate(self.content))
 
 
 class FunctionDefinition(StrictRequest):
@@ -100,13 +124,14 @@ class ChatCompletionRequest(StrictRequest):
     messages: list[ChatMessageIn] = Field(min_length=1, max_length=MAX_MESSAGES_PER_REQUEST)
     stream: bool = False
     stream_options: StreamOptions | None = Field(None, description="Only with stream: true.")
-    n: int = Field(1, description="Only 1 is supported.")
+    n: int = Field(1, ge=1, le=MAX_CHOICES, description=f"Choices to return (1 to {MAX_CHOICES}); they share one "
+                                                        "prefill of the prompt and decode in one batch.")
     temperature: float | None = None
     top_p: float | None = None
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
-    stop: str | list[str] | None = None
-    seed: int | None = None
+    stop: str | list[str] | None = Field(None, description=f"Up to {OPENAI_MAX_STOP} strings, as OpenAI allows.")
+    seed: int | None = Field(None, description="Makes sampling repeatable; with n > 1, choice i uses seed + i.")
     frequency_penalty: float | None = None
     presence_penalty: float | None = None
     logit_bias: dict[int, float] | None = Field(None, description="Token id -> -100 to 100, added to its score.")
@@ -124,8 +149,8 @@ class ChatCompletionRequest(StrictRequest):
     repetition_penalty: float | None = Field(None, description="Not in OpenAI's API: >1 discourages repeats.")
     ignore_eos: bool | None = Field(None, description="Not in OpenAI's API: generate past end-of-turn (benchmarks).")
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = Field(
-        None, description="For a model that thinks: none asks its template not to (where the template allows); any "
-                          "other value lets it think. Its thoughts come back as reasoning_content.")
+        None, description="For a model that thinks: none or minimal asks its template not to (where the template "
+                          "allows); any other value lets it think. Its thoughts come back as reasoning_content.")
     user: str | None = Field(None, description=NO_EFFECT)
     metadata: dict[str, str] | None = Field(None, description=NO_EFFECT)
     store: bool | None = Field(None, description=NO_EFFECT)
@@ -137,6 +162,9 @@ class ChatCompletionRequest(StrictRequest):
     def sampling(self) -> SamplingParams:
         if self.top_logprobs is not None and not self.logprobs:
             raise _bad("top_logprobs needs logprobs: true", "top_logprobs")
+        if isinstance(self.stop, list) and len(self.stop) > OPENAI_MAX_STOP:
+            raise _bad(f"stop has {len(self.stop)} strings; OpenAI's chat completions take at most {OPENAI_MAX_STOP}",
+                       "stop")
         fields = {ours: getattr(self, theirs) for ours, theirs in OPENAI_NAMES.items() if ours not in ("logprobs",)}
         fields["max_new_tokens"] = self.max_completion_tokens if self.max_completion_tokens is not None \
             else self.max_tokens
@@ -168,7 +196,7 @@ class ChatCompletionRequest(StrictRequest):
     def conversation(self) -> list[Message]:
         messages = []
         for i, m in enumerate(self.messages):
-            text = m.text()
+            text = m.text(f"messages.{i}.content")
             if len(text) > MAX_MESSAGE_CHARS:
                 raise _bad(f"messages.{i}.content is {len(text)} characters; the limit is {MAX_MESSAGE_CHARS}",
                            f"messages.{i}.content")

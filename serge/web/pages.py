@@ -88,6 +88,7 @@ def _view(render: MarkdownRenderer, chat: ChatRecord | None) -> list[dict]:
             "html": render.render(m.content) if m.role == "assistant" else None,
             "status": m.status,
             "stats": _stats(m),
+            "thought": thought_text(m),
             "dropped": dropped_text(m.dropped_messages or 0),
             "position": index + 1,
             "count": len(m.alternatives) or 1,
@@ -104,6 +105,16 @@ def dropped_text(count: int) -> str:
         return ""
     oldest = "the oldest message" if count == 1 else f"the {count} oldest messages"
     return f"written without {oldest}: the chat is longer than the model's context"
+
+
+def thought_text(m: MessageRecord) -> str:
+    """The line a reply's folded thoughts show: how long the model thought (the page's script says "Thinking…")."""
+    if not m.reasoning_tokens:
+        return "Thought"
+    text = f"Thought for {m.reasoning_tokens} tokens"
+    if m.tokens_per_s:
+        text += f" · about {max(1, round(m.reasoning_tokens / m.tokens_per_s))} s"
+    return text
 
 
 def _stats(m: MessageRecord) -> str:

@@ -91,10 +91,12 @@ class RequestLog:
             "model": state.get("log_model"), "tools_left_out": state.get("log_tools_left_out"),
         }
         stream: Stream | None = state.get("log_stream")
-        record = stream.record if stream is not None and stream.done else None  # not done: the client left
-        if record is not None:
-            fields.update(prompt_tokens=record.prompt_tokens, completion_tokens=record.completion_tokens,
-                          ttft_s=record.ttft_s, gen_s=record.duration_s, finish=record.finish_reason.value)
+        records = stream.records if stream is not None and stream.done else ()  # not done: the client left
+        if records:
+            record = records[0]  # and n > 1 choices' tokens together
+            fields.update(prompt_tokens=record.prompt_tokens, completion_tokens=sum(r.completion_tokens for r in records),
+                          ttft_s=record.ttft_s, gen_s=record.duration_s, finish=record.finish_reason.value,
+                          choices=len(records) if len(records) > 1 else None)
         fields["total_s"] = total_s
         if log.isEnabledFor(logging.DEBUG) and scope.get("query_string"):
             fields["query"] = scope["query_string"].decode("latin-1")

@@ -28,7 +28,8 @@ from serge.web.docs import BUSY
 from serge.web.errors import ApiError
 from serge.web.dialects import cancel_on_disconnect, failure
 from serge.web.request_log import note_generation, note_tools_left_out
-from serge.web.responses_models import HARMLESS, HOSTED, CreateResponse, conversation, new_id
+from serge.web.responses_items import conversation, new_id
+from serge.web.responses_models import HARMLESS, HOSTED, CreateResponse
 from serge.web.responses_output import (DeletedResponse, InputItemList, OutputItems, ResponseOut, echo,
                                         response_object, status_of, usage)
 
@@ -36,7 +37,13 @@ router = APIRouter(prefix="/v1", tags=["OpenAI Responses API"])
 
 CREATE_DOC = f"""OpenAI's Responses API. `input` is a string or a list of items: messages (roles user,
 assistant, system, developer; parts input_text, output_text), function_call and function_call_output
-items, and reasoning items (skipped: Serge's models write none). Images and files are a 400.
+items, and reasoning items (accepted and left out of the prompt, as thinking templates leave earlier
+thoughts out). Images and files are a 400.
+
+A model that thinks (its template knows `<think>`) answers with a `reasoning` item before its message:
+`summary` empty, its thoughts whole in `content` as one `reasoning_text` part, and their tokens in
+usage.output_tokens_details.reasoning_tokens. reasoning.effort none or minimal asks its template not to
+think, where the template allows.
 
 Function tools are offered as the Responses API spells them (flat: type, name, description,
 parameters, strict). Hosted tools ({", ".join(HOSTED)}, and any other type but function) are left out of
@@ -50,10 +57,12 @@ response.completed, and not at all if the client goes away first (its generation
 truncation disabled (the default) answers a conversation that does not fit the model's window with a 400
 naming the token counts; auto leaves out its oldest turns. Accepted without effect: {", ".join(HARMLESS)}.
 With `stream: true`: server-sent events response.created, response.in_progress, then for each output item
-response.output_item.added, (response.content_part.added, response.output_text.delta...,
-response.output_text.done, response.content_part.done) or (response.function_call_arguments.delta...,
-response.function_call_arguments.done), response.output_item.done; then response.completed or
-response.incomplete; `error` if generation fails on the way. Every event has a rising sequence_number."""
+response.output_item.added, (response.content_part.added, response.reasoning_text.delta...,
+response.reasoning_text.done, response.content_part.done) for a reasoning item, (response.content_part.added,
+response.output_text.delta..., response.output_text.done, response.content_part.done) for a message, or
+(response.function_call_arguments.delta..., response.function_call_arguments.done) for a call,
+response.output_item.done; then response.completed or response.incomplete; `error` if generation fails on
+the way. Every event has a rising sequence_number."""
 
 _STREAMED = {200: {"model": ResponseOut, "description": "A response, or its events when streamed.",
                    "content": {"text/event-stream": {"schema": {"type": "object", "required": ["event", "data"],
@@ -89,7 +98,7 @@ async def _start(body: CreateResponse, request: Request, user: str) -> tuple[Str
     note_tools_left_out(request, body.left_out())
     try:
         stream = await run_in_threadpool(_engine(request).chat, body.model, messages, params, tools, response_format,
-                                         body.truncation == "auto")
+                                         body.truncation == "auto", body.think())
     except ContextTooLong as exc:
         text = str(exc)
         param = "max_output_tokens" if text.startswith("max_new_tokens") else "input"

@@ -1,142 +1,37 @@
 """The body of `/v1/responses` (OpenAI's Responses API), and its translation into the engine's values.
 
-`input` is a string or a list of items: messages (parts `input_text`, `output_text`,
-`refusal`), `function_call` and `function_call_output` items, and `reasoning` items
-(echoed by clients, skipped: Serge's models write none). Items are first written in
-the one shape Serge stores and lists them in (`canonical`: ids, `status`, parts as
-OpenAI lists them), and a conversation is made from such items (`conversation`), so
-a stored chain and a new request become messages the same way.
-
-Tools are OpenAI's flat function tools; hosted tools (`HOSTED`, and any other type
-that is not `function`) are left out of what the model is offered, never refused.
-Unknown top-level fields are a 400 naming them; an item's own unknown keys (clients
-echo output items with fields of their own) are ignored and listed at debug level.
-This module formats no replies.
+`input` is a string or a list of items (`responses_items`: messages, function calls and
+their outputs, reasoning items). Tools are OpenAI's flat function tools; hosted tools
+(`HOSTED`, and any other type that is not `function`) are left out of what the model is
+offered, never refused. `reasoning.effort` none or minimal asks a model that thinks not
+to, where its template allows. Unknown top-level fields are a 400 naming them. This
+module formats no replies.
 """
 
 from __future__ import annotations
 
 import json
-import logging
-import uuid
-from dataclasses import replace
 from typing import Annotated, Any, Literal
 
-from pydantic import (BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag, ValidationError,
-                      field_validator)
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, field_validator
 
 from serge.chats import MAX_MESSAGE_CHARS
-from serge.engine import (MAX_TOP_LOGPROBS, RESPONSES_NAMES, Message, ResponseFormat, SamplingParams, Tool, ToolCall,
-                          Tools)
-from serge.web.errors import ApiError, describe_validation
-from serge.web.dialects import EchoedItem, StrictRequest, refused_settings
+from serge.engine import MAX_TOP_LOGPROBS, RESPONSES_NAMES, ResponseFormat, SamplingParams, Tool, Tools
+from serge.web.dialects import StrictRequest, refused_settings, think_for
+from serge.web.errors import describe_validation
 from serge.web.openai_models import MAX_TOOLS, NO_EFFECT
-
-log = logging.getLogger(__name__)
+from serge.web.responses_items import InputItem, ReasoningItem, canonical, invalid, or_a_string
 
 MAX_INPUT_ITEMS = 1000
-MAX_PARTS = 100
 # Tools OpenAI runs on its own servers (or that need a client protocol Serge's models do not speak):
 # left out of what the model is offered, named in the request log. Any other non-function type is too.
 HOSTED = ("web_search", "web_search_preview", "file_search", "code_interpreter", "computer_use_preview",
           "computer", "image_generation", "local_shell", "shell", "mcp", "custom", "apply_patch", "tool_search")
 # Accepted and without effect here (the API reference says so field by field).
-HARMLESS = ("reasoning", "include (but message.output_text.logprobs)", "prompt_cache_key", "prompt_cache_retention",
-            "client_metadata", "safety_identifier", "metadata", "user", "service_tier", "stream_options",
-            "text.verbosity", "background: false")
+HARMLESS = ("reasoning.summary", "include (but message.output_text.logprobs)", "prompt_cache_key",
+            "prompt_cache_retention", "client_metadata", "safety_identifier", "metadata", "user", "service_tier",
+            "stream_options", "text.verbosity", "background: false")
 LOGPROBS = "message.output_text.logprobs"
-
-
-def _bad(message: str, param: str) -> ApiError:
-    return ApiError(400, message, code="invalid_value", param=param)
-
-
-def new_id(prefix: str) -> str:
-    return f"{prefix}_{uuid.uuid4().hex}"
-
-
-class _Item(EchoedItem):
-    """An input item (clients echo output items with fields of their own)."""
-
-    id: str | None = Field(None, max_length=256, description="The item's id, as Serge returned it.")
-    status: Literal["in_progress", "completed", "incomplete"] | None = Field(None, description=NO_EFFECT)
-
-
-class TextPart(_Item):
-    type: Literal["input_text", "output_text"]
-    text: str
-
-
-class RefusalPart(_Item):
-    type: Literal["refusal"]
-    refusal: str
-
-
-class MediaPart(_Item):
-    """Images, files and audio: refused, as Serge's models read text only."""
-
-    type: Literal["input_image", "input_file", "input_audio"]
-
-
-Part = Annotated[TextPart | RefusalPart | MediaPart, Field(discriminator="type")]
-
-
-def _or_a_string(schema: dict) -> None:
-    """The documented schema of a list that may also be sent as a plain string."""
-    listed = dict(schema)
-    schema.clear()
-    schema["anyOf"] = [{"type": "string"}, listed]
-
-
-def _text_is_a_part(value):
-    return [{"type": "input_text", "text": value}] if isinstance(value, str) else value
-
-
-# Text, or a list of parts (checked for size once joined).
-Parts = Annotated[list[Part], BeforeValidator(_text_is_a_part), Field(max_length=MAX_PARTS,
-                                                                      json_schema_extra=_or_a_string)]
-
-
-class MessageItem(_Item):
-    type: Literal["message"] = "message"
-    role: Literal["user", "assistant", "system", "developer"] = Field(
-        description="developer is treated as system; system and developer messages may come anywhere.")
-    content: Parts = Field(description="The text, or a list of parts.")
-
-
-class FunctionCallItem(_Item):
-    type: Literal["function_call"]
-    call_id: str = Field(max_length=256)
-    name: str = Field(max_length=64)
-    arguments: str = Field(description="The call's arguments, as JSON text.")
-
-
-class FunctionCallOutputItem(_Item):
-    type: Literal["function_call_output"]
-    call_id: str = Field(max_length=256, description="The call this answers.")
-    output: Parts = Field(description="What the function returned, as text (or text parts).")
-
-
-class ReasoningItem(_Item):
-    """A reasoning item a client echoes back: skipped (Serge's models write none)."""
-
-    type: Literal["reasoning"]
-    summary: list[Any] | None = None
-    content: list[Any] | None = None
-    encrypted_content: str | None = None
-
-
-def _item_kind(data: Any) -> str:
-    kind = data.get("type") if isinstance(data, dict) else getattr(data, "type", None)
-    return kind or "message"  # a message may leave its type out (OpenAI's "easy" input message)
-
-
-InputItem = Annotated[
-    Annotated[MessageItem, Tag("message")] | Annotated[FunctionCallItem, Tag("function_call")]
-    | Annotated[FunctionCallOutputItem, Tag("function_call_output")] | Annotated[ReasoningItem, Tag("reasoning")],
-    Discriminator(_item_kind, custom_error_type="invalid_item", custom_error_message=(
-        "an input item is a message, function_call, function_call_output or reasoning item; Serge takes no "
-        "other type"))]
 
 
 class FunctionTool(StrictRequest):
@@ -214,13 +109,13 @@ class TextFormat(StrictRequest):
         if self.type == "json_object":
             return ResponseFormat(type="json_object")
         if self.name is None or self.schema_ is None:
-            raise _bad("text.format of type json_schema needs name and schema", "text.format")
+            raise invalid("text.format of type json_schema needs name and schema", "text.format")
         try:
             return ResponseFormat.model_validate({"type": "json_schema", "json_schema": {
                 "name": self.name, "schema": self.schema_, "description": self.description, "strict": self.strict}})
         except ValidationError as exc:
             message, _ = describe_validation(exc.errors())
-            raise _bad(f"text.format: {message}", "text.format") from None
+            raise invalid(f"text.format: {message}", "text.format") from None
 
 
 class TextConfig(StrictRequest):
@@ -230,7 +125,9 @@ class TextConfig(StrictRequest):
 
 
 class Reasoning(StrictRequest):
-    effort: str | None = Field(None, max_length=16, description=NO_EFFECT)
+    effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None = Field(None, description=(
+        "For a model that thinks: none or minimal asks its template not to (where the template allows); any other "
+        "value lets it think. Its thoughts come back as reasoning items."))
     summary: str | None = Field(None, max_length=16, description=NO_EFFECT)
     generate_summary: str | None = Field(None, max_length=16, description=NO_EFFECT)
 
@@ -241,7 +138,7 @@ class StreamOptions(StrictRequest):
 
 class CreateResponse(StrictRequest):
     model: str | None = Field(None, description="An installed model; the server's default when left out.")
-    input: list[InputItem] = Field(min_length=1, max_length=MAX_INPUT_ITEMS, json_schema_extra=_or_a_string,
+    input: list[InputItem] = Field(min_length=1, max_length=MAX_INPUT_ITEMS, json_schema_extra=or_a_string,
                                    description="A user message as a string, or a list of items.")
     instructions: str | None = Field(None, max_length=MAX_MESSAGE_CHARS, description=(
         "A system message put first; not carried over from previous_response_id, as OpenAI's."))
@@ -269,7 +166,8 @@ class CreateResponse(StrictRequest):
         "turns are left out."))
     include: list[str] | None = Field(None, max_length=32, description=(
         f"{LOGPROBS} adds log-probabilities; the others are accepted without effect."))
-    reasoning: Reasoning | None = Field(None, description=NO_EFFECT)
+    reasoning: Reasoning | None = Field(None, description="effort none or minimal: no thinking; summary has no "
+                                                          "effect (thoughts come whole, as reasoning_text).")
     background: Literal[False] | None = Field(None, description="Only false: Serge answers in the foreground.")
     metadata: dict[str, str] | None = Field(None, max_length=16, description="Kept and echoed; no effect.")
     user: str | None = Field(None, max_length=256, description=NO_EFFECT)
@@ -298,6 +196,9 @@ class CreateResponse(StrictRequest):
         except ValidationError as exc:
             raise refused_settings(exc, {"max_new_tokens": "max_output_tokens"}) from None
 
+    def think(self) -> bool | None:
+        return think_for(self.reasoning.effort if self.reasoning else None)
+
     def response_format(self) -> ResponseFormat | None:
         return self.text.format.response_format() if self.text and self.text.format else None
 
@@ -312,20 +213,20 @@ class CreateResponse(StrictRequest):
         """The function tools and tool_choice as the engine takes them; None when none are offered."""
         choice, functions = self.tool_choice, self.functions()
         if isinstance(choice, HostedChoice):
-            raise _bad(f"tool_choice asks for the hosted tool {choice.type!r}, which Serge cannot run; "
+            raise invalid(f"tool_choice asks for the hosted tool {choice.type!r}, which Serge cannot run; "
                        f"choose auto, none, required or a function", "tool_choice")
         names = [t.name for t in functions]
         if len(set(names)) != len(names):
-            raise _bad("two tools have the same name", "tools")
+            raise invalid("two tools have the same name", "tools")
         if not functions:
             if choice is not None and choice not in ("auto", "none"):
-                raise _bad("tool_choice asks for a tool call, but no function tools were given", "tool_choice")
+                raise invalid("tool_choice asks for a tool call, but no function tools were given", "tool_choice")
             return None
         parallel = self.parallel_tool_calls is not False
         if isinstance(choice, AllowedTools):
             allowed = {t.get("name") for t in choice.tools if t.get("type") == "function"}
             if unknown := allowed - set(names):
-                raise _bad(f"tool_choice.tools names {sorted(unknown)}, which are not among the tools",
+                raise invalid(f"tool_choice.tools names {sorted(unknown)}, which are not among the tools",
                            "tool_choice.tools")
             functions = [t for t in functions if t.name in allowed]
             choice = choice.mode if functions else "none"
@@ -341,50 +242,3 @@ class CreateResponse(StrictRequest):
         return [canonical(item, i) for i, item in enumerate(self.input) if not isinstance(item, ReasoningItem)]
 
 
-def _part_text(parts: list, param: str) -> str:
-    for j, p in enumerate(parts):
-        if isinstance(p, MediaPart):
-            raise _bad(f"{param}.{j} is {p.type}; Serge's models read text only", f"{param}.{j}.type")
-    return "".join(p.text if isinstance(p, TextPart) else p.refusal for p in parts)
-
-
-def canonical(item: MessageItem | FunctionCallItem | FunctionCallOutputItem, index: int) -> dict:
-    """An input item as the API lists it (and Serge stores it), with an id; checked for size and media."""
-    param = f"input.{index}"
-    if isinstance(item, MessageItem):
-        text = _part_text(item.content, f"{param}.content")
-        if len(text) > MAX_MESSAGE_CHARS:
-            raise _bad(f"{param}.content is {len(text)} characters; the limit is {MAX_MESSAGE_CHARS}",
-                       f"{param}.content")
-        if item.role == "assistant":
-            return {"type": "message", "id": item.id or new_id("msg"), "role": "assistant", "status": "completed",
-                    "content": [{"type": "output_text", "text": text, "annotations": []}]}
-        return {"type": "message", "id": item.id or new_id("msg"), "role": item.role, "status": "completed",
-                "content": [{"type": "input_text", "text": text}]}
-    if isinstance(item, FunctionCallItem):
-        return {"type": "function_call", "id": item.id or new_id("fc"), "call_id": item.call_id, "name": item.name,
-                "arguments": item.arguments, "status": "completed"}
-    output = _part_text(item.output, f"{param}.output")
-    if len(output) > MAX_MESSAGE_CHARS:
-        raise _bad(f"{param}.output is {len(output)} characters; the limit is {MAX_MESSAGE_CHARS}", f"{param}.output")
-    return {"type": "function_call_output", "id": item.id or new_id("fco"), "call_id": item.call_id,
-            "output": output, "status": "completed"}
-
-
-def conversation(instructions: str | None, items: list[dict]) -> list[Message]:
-    """The engine's messages for stored-shape items: a function_call joins the assistant message before it."""
-    messages = [Message("system", instructions)] if instructions else []
-    for item in items:
-        kind = item["type"]
-        if kind == "message":
-            role = "system" if item["role"] == "developer" else item["role"]
-            messages.append(Message(role, "".join(p.get("text", "") for p in item["content"])))
-        elif kind == "function_call":
-            call = ToolCall(item["call_id"], item["name"], item["arguments"])
-            if messages and messages[-1].role == "assistant":
-                messages[-1] = replace(messages[-1], tool_calls=(*messages[-1].tool_calls, call))
-            else:
-                messages.append(Message("assistant", "", (call,)))
-        elif kind == "function_call_output":
-            messages.append(Message("tool", item["output"], tool_call_id=item["call_id"]))
-    return messages

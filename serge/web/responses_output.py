@@ -1,12 +1,13 @@
 """What `/v1/responses` answers: the `response` object, its output items, and its typed stream events.
 
-`OutputItems` reads a reply's deltas once and makes both the output items (a `message`
-with `output_text`, `function_call` items) and the events a streamed reply sends on
-the way (`response.output_item.added`, `response.output_text.delta`, ...), so a
-streamed and a whole reply are made of the same items. `response_object` puts a
-response together from its parts, the same way for a fresh reply and a stored one.
-The pydantic models at the end document the shapes in /docs; replies are built as
-plain JSON values here. Nothing here talks to the engine or the database.
+`OutputItems` reads a reply's deltas once and makes both the output items (a thinking
+model's `reasoning` item with its thoughts as `reasoning_text`, a `message` with
+`output_text`, `function_call` items) and the events a streamed reply sends on the way
+(`response.output_item.added`, `response.reasoning_text.delta`,
+`response.output_text.delta`, ...), so a streamed and a whole reply are made of the
+same items. `response_object` puts a response together from its parts, the same way
+for a fresh reply and a stored one. The pydantic models at the end document the
+shapes in /docs; replies are built as plain JSON values here. Nothing here talks to the engine or the database.
 """
 
 from __future__ import annotations
@@ -16,13 +17,15 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from serge.engine import Delta, FinishReason, GenerationRecord, TokenLogprob
-from serge.web.responses_models import CreateResponse, FunctionChoice, new_id
+from serge.web.responses_items import new_id
+from serge.web.responses_models import CreateResponse, FunctionChoice
 
 
 def usage(record: GenerationRecord) -> dict:
     return {"input_tokens": record.prompt_tokens,
             "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
-            "output_tokens": record.completion_tokens, "output_tokens_details": {"reasoning_tokens": 0},
+            "output_tokens": record.completion_tokens,
+            "output_tokens_details": {"reasoning_tokens": record.reasoning_tokens},
             "total_tokens": record.prompt_tokens + record.completion_tokens}
 
 
@@ -85,6 +88,7 @@ class OutputItems:
         self.output: list[dict] = []
         self._logprobs = logprobs
         self._message: dict | None = None  # the message item being written, with its one output_text part
+        self._thought: dict | None = None  # the reasoning item being written, with its one reasoning_text part
         self._tokens: list[TokenLogprob] = []  # tokens whose text has not arrived yet
         self._calls: dict[int, dict] = {}  # the engine's call index -> its function_call item
         self._open_call: dict | None = None
@@ -96,6 +100,18 @@ class OutputItems:
         events: list[dict] = []
         if self._logprobs:
             self._tokens.extend(delta.tokens)
+        if delta.reasoning:
+            self._tokens = []  # a thought's tokens are not the answer's
+            events += self._close_message("completed") + self._close_call()
+            if self._thought is None:
+                events += self._open_thought()
+            part = self._thought["content"][0]
+            part["text"] += delta.reasoning
+            events.append({"type": "response.reasoning_text.delta", "item_id": self._thought["id"],
+                           "output_index": self._index(self._thought), "content_index": 0,
+                           "delta": delta.reasoning})
+        if delta.text or delta.tool_calls:
+            events += self._close_thought("completed")
         if delta.text:
             events += self._close_call()
             if self._message is None:
@@ -127,12 +143,36 @@ class OutputItems:
         return events
 
     def finish(self, record: GenerationRecord) -> list[dict]:
-        """The events that close every open item; a reply with no item at all gets an empty message."""
+        """The events that close every open item; a reply with no message or call (none, or only thoughts, as
+        when its budget ends while it thinks) gets an empty message."""
         status = status_of(record)
-        events = self._close_call(status)
-        if not self.output:
+        events = self._close_thought(status) + self._close_call(status)
+        if not any(item["type"] != "reasoning" for item in self.output):
             events += self._open_message()
         return events + self._close_message(status)
+
+    def _open_thought(self) -> list[dict]:
+        part = {"type": "reasoning_text", "text": ""}
+        self._thought = {"type": "reasoning", "id": new_id("rs"), "status": "in_progress", "summary": [],
+                         "content": [part]}
+        self.output.append(self._thought)
+        index = self._index(self._thought)
+        return [{"type": "response.output_item.added", "output_index": index,
+                 "item": {**self._thought, "content": []}},
+                {"type": "response.content_part.added", "item_id": self._thought["id"], "output_index": index,
+                 "content_index": 0, "part": {**part}}]
+
+    def _close_thought(self, status: str) -> list[dict]:
+        item, self._thought = self._thought, None
+        if item is None:
+            return []
+        item["status"] = status
+        part, index = item["content"][0], self._index(item)
+        return [{"type": "response.reasoning_text.done", "item_id": item["id"], "output_index": index,
+                 "content_index": 0, "text": part["text"]},
+                {"type": "response.content_part.done", "item_id": item["id"], "output_index": index,
+                 "content_index": 0, "part": part},
+                {"type": "response.output_item.done", "output_index": index, "item": item}]
 
     def _open_message(self) -> list[dict]:
         part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
@@ -176,12 +216,19 @@ class OutputText(BaseModel):
     logprobs: list[dict] = Field(description="With include message.output_text.logprobs or top_logprobs.")
 
 
+class ReasoningText(BaseModel):
+    type: Literal["reasoning_text"]
+    text: str = Field(description="A thinking model's thoughts, whole.")
+
+
 class OutputItem(BaseModel):
-    type: Literal["message", "function_call"]
-    id: str = Field(description="msg_... or fc_...")
+    type: Literal["reasoning", "message", "function_call"]
+    id: str = Field(description="rs_..., msg_... or fc_...")
     status: Literal["completed", "incomplete"]
     role: Literal["assistant"] | None = Field(None, description="A message's.")
-    content: list[OutputText] | None = Field(None, description="A message's: one output_text part.")
+    summary: list[Any] | None = Field(None, description="A reasoning item's: always empty (its content is whole).")
+    content: list[OutputText | ReasoningText] | None = Field(None, description=(
+        "A message's: one output_text part; a reasoning item's (before the message): one reasoning_text part."))
     call_id: str | None = Field(None, description="A function_call's: call_... (answer it with a "
                                                   "function_call_output item of this call_id).")
     name: str | None = None
@@ -232,7 +279,8 @@ class DeletedResponse(BaseModel):
 class InputItemList(BaseModel):
     object: Literal["list"]
     data: list[dict] = Field(description="The response's input items: message, function_call, "
-                                         "function_call_output, each with its id.")
+                                         "function_call_output, each with its id (reasoning items sent "
+                                         "as input are not kept).")
     first_id: str | None
     last_id: str | None
     has_more: bool

@@ -25,7 +25,8 @@ class KV(Protocol):
         ...
 
     def copy(self, length: int) -> KV:
-        """A new, independent sequence holding this one's first `length` positions (a prefix-cache hit)."""
+        """A new, independent sequence holding this one's first `length` positions: a prefix-cache hit, or,
+        while this one runs, its prompt for the other choices of a request for n."""
         ...
 
     def shrink(self) -> None:

@@ -262,19 +262,29 @@ def build_prompt(
     max_new_tokens: int | None = None,
     tools: list[dict] | None = None,
     trim: bool = True,
+    cap: bool = False,
 ) -> Prompt:
     """`tools` (OpenAI's function definitions) go to the template as they are; None: no tools.
-    `trim=False`: a conversation that does not fit is refused (ContextTooLong with the counts), never cut."""
+    `trim=False`: a conversation that does not fit is refused (ContextTooLong with the counts), never cut.
+    `cap`: `max_new_tokens` is a ceiling, never refused: the reply gets what the window leaves after the
+    prompt (`Prompt.room`, which `SamplingParams.resolved` caps it to); trimming still keeps a quarter of
+    the window for it at most, and a prompt that leaves no room at all is refused."""
     if not messages:
         raise ValueError("a conversation needs at least one message")
-    if max_new_tokens is not None and max_new_tokens >= context_window:
+    if not cap and max_new_tokens is not None and max_new_tokens >= context_window:
         raise ContextTooLong(
             f"max_new_tokens is {max_new_tokens}, but the model's context window is {context_window} tokens; "
             f"ask for fewer", max_new_tokens, context_window)
     reserve = max_new_tokens or min(DEFAULT_REPLY_ROOM, context_window // 4)
+    if cap:
+        reserve = max(1, min(reserve, context_window // 4)) if trim else 1
     budget = context_window - reserve
     if not trim:
         ids = _render(tokenizer, messages, tools)
+        if cap and len(ids) > budget:
+            raise ContextTooLong(
+                f"the conversation needs {len(ids)} tokens, but the model's context window is {context_window} "
+                f"tokens, which leaves no room for a reply; shorten the conversation", len(ids) + 1, context_window)
         if len(ids) > budget:
             raise ContextTooLong(
                 f"the conversation needs {len(ids)} tokens plus {reserve} for the reply, but the model's context "

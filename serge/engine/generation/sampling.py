@@ -26,7 +26,7 @@ import random
 import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-MAX_STOP_STRINGS = 4
+MAX_STOP_STRINGS = 32  # every dialect's limit (editor autocomplete sends 10 to 20); OpenAI's chat completions keep 4
 MAX_STOP_LENGTH = 200
 MAX_LOGIT_BIAS = 1024  # tokens one request may bias
 MAX_TOP_LOGPROBS = 20
@@ -106,6 +106,11 @@ class SamplingParams(BaseModel):
             "ignore_eos": bool(p.ignore_eos),
             "logit_bias": p.logit_bias or {},
         })
+
+    def for_choice(self, index: int) -> SamplingParams:
+        """Choice `index` of a request's n (after `resolved`): the seed plus `index`, mod 2**63, so the
+        choices differ, the same seeded request gives the same choices, and choice 0 is the one n=1 gives."""
+        return self if index == 0 else self.model_copy(update={"seed": (self.seed + index) % 2**63})
 
     @property
     def greedy(self) -> bool:

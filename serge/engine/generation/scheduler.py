@@ -9,7 +9,10 @@ them by a step, never by its whole length; every waiting prompt when none decode
 and samples each sequence's next token with its own settings and random
 generator. A sequence that finishes, stops, fails or is
 cancelled leaves the batch in the same step, and its KV goes to the prefix cache,
-from which the next turn of the same chat takes what it shares.
+from which the next turn of the same chat takes what it shares. A request for n
+choices is admitted whole (n slots at once, in its turn) and its prompt runs once:
+choice 0 prefills it, and each other choice starts from a copy of that KV
+(`KV.copy`) and the same next-token logits, then all n decode in the batch.
 
 The scheduler runs any *forward*, as `forward.Forward` writes it down (and each
 sequence's KV as `forward.KV`): `transformers.BatchForward` for transformers,
@@ -25,16 +28,18 @@ Every sequence ends with `stream.finish()`, on every path.
 
 from __future__ import annotations
 
+import copy
 import logging
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass
 
 import torch
 
+from serge.engine.generation.admission import EngineBusy, SchedulerLimits
 from serge.engine.generation.forward import Forward
 from serge.engine.generation.grammar import Vocabulary
+from serge.engine.generation.schemas import InvalidRequest
 from serge.engine.generation.kvcache import PrefixCache
 from serge.engine.metrics import EngineMetrics
 from serge.engine.generation.sampling import SamplingParams
@@ -43,38 +48,6 @@ from serge.engine.generation.thinking import Thinking
 from serge.engine.generation.stream import FinishReason, GenerationError, Stream, TextAssembler
 
 log = logging.getLogger(__name__)
-
-
-class EngineBusy(RuntimeError):
-    """Every slot is taken and the queue is full; try again after `retry_after_s`."""
-
-    def __init__(self, retry_after_s: float, message: str = "the server is busy; try again later") -> None:
-        super().__init__(message)
-        self.retry_after_s = retry_after_s
-
-
-@dataclass(frozen=True)
-class SchedulerLimits:
-    """How much one model's scheduler takes on at once."""
-
-    max_running: int | None = None  # None: see `running_for`
-    max_queue: int = 64
-    queue_timeout_s: float = 120.0
-    prefix_cache_mb: int = 512
-    prefill_chunk: int = 256
-
-    def running_for(self, device: torch.device) -> int:
-        return self.max_running or (64 if device.type == "cuda" else 16)
-
-    @classmethod
-    def from_settings(cls, settings) -> SchedulerLimits:
-        return cls(
-            max_running=settings.max_running,
-            max_queue=settings.max_queue,
-            queue_timeout_s=settings.queue_timeout_s,
-            prefix_cache_mb=settings.prefix_cache_mb,
-            prefill_chunk=settings.prefill_chunk,
-        )
 
 
 def _message(exc: BaseException) -> str:
@@ -110,7 +83,7 @@ class Scheduler:
         self.metrics = metrics if metrics is not None else EngineMetrics()
         self._m = self.metrics.model(name)
         self._lock = threading.Condition()
-        self._waiting: deque[Sequence] = deque()  # under _lock
+        self._waiting: deque[list[Sequence]] = deque()  # requests (each its n choices), under _lock
         self._active = 0  # sequences admitted and not finished; under _lock
         self._closing = False
         self._forget = False  # drop the prefix cache before the next admission
@@ -121,8 +94,9 @@ class Scheduler:
 
     def submit(self, prompt: list[int], params: SamplingParams, grammar: str | None = None,
                reader: ReplyReader | None = None, grammar_param: str = "response_format",
-               finish_json: bool = False, thinking: Thinking | None = None) -> Stream:
-        """Queue a generation; raises `EngineBusy` when every slot and the queue are full.
+               finish_json: bool = False, thinking: Thinking | None = None, n: int = 1) -> Stream:
+        """Queue a generation of `n` choices (one stream); raises `EngineBusy` when every slot and the queue
+        are full, InvalidRequest when n is more than run at once. Choice i samples with `params.for_choice(i)`.
 
         `finish_json`: every reply the grammar allows is JSON, so near the end of its budget the
         reply is steered to close what is open (see `Sequence.choose`).
@@ -132,17 +106,23 @@ class Scheduler:
         """
         if not prompt:
             raise ValueError("a prompt needs at least one token")
-        matcher = self.vocabulary.matcher(grammar, grammar_param) if grammar is not None else None
+        if not 1 <= n <= self.max_running:
+            raise InvalidRequest(f"n={n}: this model runs at most {self.max_running} replies at once "
+                                 f"(SERGE_MAX_RUNNING), so a request may ask for 1 to {self.max_running} choices", "n")
         if params.logprobs is not None:
             self.vocabulary.prepare()  # token bytes: a second's work, here rather than on the worker
-        stream = Stream()
-        seq = Sequence(list(prompt), params, stream, TextAssembler(self._tokenizer, params.stop), self._eos,
-                       self.vocabulary, matcher, reader, finish_json=finish_json, thinking=thinking)
+        stream = Stream(n)
+        group = [Sequence(list(prompt), params.for_choice(i), stream,
+                          TextAssembler(self._tokenizer, params.stop), self._eos, self.vocabulary,
+                          self.vocabulary.matcher(grammar, grammar_param) if grammar is not None else None,
+                          copy.deepcopy(reader) if i else reader, finish_json=finish_json,
+                          thinking=copy.deepcopy(thinking) if i else thinking, choice=i) for i in range(n)]
+        group[0].followers = group[1:]
         with self._lock:
             if self._closing:
                 raise GenerationError(f"the model {self.name!r} is being unloaded; try again")
             waiting = len(self._waiting)
-            if self._active + waiting >= self.max_running + self.max_queue:
+            if self._active + self._queued() + n > self.max_running + self.max_queue:
                 self._m.rejected.inc()
                 retry = min(300.0, max(1.0, self._mean_duration * (waiting + 1) / self.max_running))
                 raise EngineBusy(
@@ -151,16 +131,20 @@ class Scheduler:
                     f"try again in {retry:.0f} s",
                 )
             stream.queue_position = waiting
-            self._waiting.append(seq)
+            self._waiting.append(group)
             self._m.queued.set(len(self._waiting))
             self._lock.notify()
         return stream
 
+    def _queued(self) -> int:
+        """Under the lock: sequences waiting (a request's n choices count n)."""
+        return sum(map(len, self._waiting))
+
     @property
     def pending(self) -> int:
-        """Requests running or queued: the registry never unloads a model that has any."""
+        """Sequences running or queued: the registry never unloads a model that has any."""
         with self._lock:
-            return self._active + len(self._waiting)
+            return self._active + self._queued()
 
     def close(self) -> None:
         """End every queued and running generation as cancelled, then stop and join the worker."""
@@ -193,7 +177,8 @@ class Scheduler:
                 self._finish(seq, reason, error)
             self._running.extend(admitted)
             for seq in admitted:
-                self._start(seq)
+                if seq in self._running:  # not a choice that its choice 0's failed start has ended
+                    self._start(seq)
             try:
                 self._step()
             except Exception as exc:  # a bug, not a bad request: fail what runs, keep serving
@@ -201,7 +186,7 @@ class Scheduler:
                 for seq in list(self._running):
                     self._leave(seq, FinishReason.ERROR, _message(exc))
         with self._lock:
-            leftover, self._waiting = list(self._waiting), deque()
+            leftover, self._waiting = [seq for group in self._waiting for seq in group], deque()
         for seq in leftover + list(self._running):
             seq.stream.cancel()
             if seq in self._running:
@@ -212,23 +197,25 @@ class Scheduler:
         self.forward.close()  # on this thread, like every pass before it
 
     def _admit(self) -> tuple[list[Sequence], list[tuple[Sequence, FinishReason, str | None]]]:
-        """Under the lock: move waiting requests into free slots; drop cancelled and timed-out ones."""
+        """Under the lock: move waiting requests into free slots, all of a request's choices at once and in
+        order (so one for n is never starved); drop cancelled and timed-out ones."""
         now = time.monotonic()
         admitted, expired, kept = [], [], deque()
-        for seq in self._waiting:
-            waited = now - seq.stream.created
-            if seq.stream.cancelled:
-                expired.append((seq, FinishReason.CANCELLED, None))
-            elif len(self._running) + len(admitted) < self.max_running:
-                admitted.append(seq)
+        for group in self._waiting:
+            stream = group[0].stream
+            waited = now - stream.created
+            if stream.cancelled:
+                expired += [(seq, FinishReason.CANCELLED, None) for seq in group]
+            elif not kept and len(self._running) + len(admitted) + len(group) <= self.max_running:
+                admitted += group
             elif waited > self._queue_timeout:
                 error = f"timed out after {waited:.0f} s waiting for a free slot; the server is busy"
-                expired.append((seq, FinishReason.ERROR, error))
+                expired += [(seq, FinishReason.ERROR, error) for seq in group]
             else:
-                kept.append(seq)
+                kept.append(group)
         self._waiting = kept
-        for position, seq in enumerate(kept):
-            seq.stream.queue_position = position
+        for position, group in enumerate(kept):
+            group[0].stream.queue_position = position
         self._active = len(self._running) + len(admitted)
         self._m.queued.set(len(kept))
         self._m.running.set(self._active)
@@ -239,10 +226,12 @@ class Scheduler:
         (llama.cpp refusing a cached conversation back) ends this reply alone."""
         seq.stream.queue_position = None
         seq.started = time.monotonic()
-        self._m.queue_wait.observe(seq.started - seq.stream.created)
-        self._m.prompt_tokens.inc(len(seq.prompt))
         if not seq.params.greedy:
             seq.generator = seq.params.generator(self._device)
+        if seq.choice:  # its prompt comes from choice 0 (`_share`)
+            return
+        self._m.queue_wait.observe(seq.started - seq.stream.created)
+        self._m.prompt_tokens.inc(len(seq.prompt))
         try:
             hit = self._prefixes.find(seq.prompt) if self._prefixes.budget_bytes else None
             if hit is None:
@@ -255,6 +244,22 @@ class Scheduler:
         seq.kv, seq.prefilled = hit.kv, hit.length
         seq.logits = seq.prompt_logits = hit.logits
         self._m.reused_tokens.inc(hit.length)
+        if hit.logits is not None:
+            self._share(seq)
+
+    def _share(self, seq: Sequence) -> None:
+        """Choice 0's prompt is in: each other choice takes a copy of its KV and its next-token logits, so the
+        prompt runs once for all n. A copy that fails (no llama.cpp slice) ends that choice alone."""
+        followers, seq.followers = seq.followers, []
+        for other in followers:
+            try:
+                other.kv = seq.kv.copy(len(seq.prompt))
+            except Exception as exc:
+                log.exception("could not copy a prompt's KV to another choice")
+                self._leave(other, FinishReason.ERROR, _message(exc))
+                continue
+            other.prefilled = len(other.prompt)
+            other.logits = other.prompt_logits = seq.prompt_logits
 
     def _step(self) -> None:
         for seq in [s for s in self._running if s.stream.cancelled]:
@@ -284,7 +289,7 @@ class Scheduler:
         to fit the budget: its shape, and so its numbers, depend on that sequence alone.
         """
         budget = self._chunk if stall_guard else None
-        for seq in [s for s in self._running if s.prefilled < len(s.prompt)]:
+        for seq in [s for s in self._running if s.kv is not None and s.prefilled < len(s.prompt)]:
             n = min(self._chunk, len(seq.prompt) - seq.prefilled)
             if budget is not None and n > budget and budget < self._chunk:
                 break
@@ -298,6 +303,7 @@ class Scheduler:
             self._m.prefilled_tokens.inc(n)
             if seq.prefilled == len(seq.prompt):
                 seq.logits = seq.prompt_logits = logits
+                self._share(seq)
                 self._sample(seq)
             if budget is not None:
                 budget -= n
@@ -326,8 +332,12 @@ class Scheduler:
             self._leave(seq, reason)
 
     def _leave(self, seq: Sequence, reason: FinishReason, error: str | None = None) -> None:
-        """Out of the batch, now: its KV goes to the prefix cache (or is freed), its stream ends."""
+        """Out of the batch, now: its KV goes to the prefix cache (or is freed), its stream ends. Choice 0
+        ending before its prompt is in ends the choices waiting for it, with its error."""
+        if seq not in self._running:  # a choice that its choice 0 has ended already
+            return
         self._running.remove(seq)
+        stranded, seq.followers = seq.followers, []
         kv, seq.kv = seq.kv, None
         if kv is not None and reason is not FinishReason.ERROR and self._prefixes.budget_bytes:
             # Before finish(): the chat's next turn may be submitted the moment its stream ends.
@@ -339,6 +349,8 @@ class Scheduler:
             self._active -= 1
             self._m.running.set(self._active)
         self._finish(seq, reason, error)
+        for other in stranded:
+            self._leave(other, reason, error)
 
     def _finish(self, seq: Sequence, reason: FinishReason, error: str | None = None) -> None:
         if reason is not FinishReason.ERROR:
@@ -347,4 +359,4 @@ class Scheduler:
         if seq.started is not None:
             self._mean_duration = 0.8 * self._mean_duration + 0.2 * record.duration_s
         self._m.finished(reason.value)
-        seq.stream.finish(record)
+        seq.stream.finish(record, seq.choice)

@@ -64,7 +64,10 @@ class Sequence:
     last_token: float | None = None
     finish_json: bool = False  # the grammar allows JSON only: close it before the budget ends
     thinking: Thinking | None = None  # a thinking model's reply: its thoughts split from its answer
+    choice: int = 0  # which of its request's n choices; choice 0 prefills the prompt for them all
+    followers: list[Sequence] = field(default_factory=list)  # choice 0's: the others, waiting for its prompt
     _answer: str = ""  # with `thinking`: the answer so far
+    _thought_tokens: int = 0  # with `thinking`: tokens written inside <think> (its tags too)
     _penalties: Penalties | None = None  # made on the first token that needs them
     _bias: torch.Tensor | None = None  # logit_bias as a row of the logits' width
 
@@ -114,7 +117,10 @@ class Sequence:
         if self._penalties is not None:
             self._penalties.add(token)
         tokens = () if logprobs is None else (self._logprob(token, logprobs),)
+        thinking = self.thinking is not None and self.thinking.inside
         self._show(self.assembler.add(token), tokens)
+        if thinking or (self.thinking is not None and self.thinking.inside):  # in, opening or closing <think>
+            self._thought_tokens += 1
         if self.assembler.stopped or (self.matcher is not None and self.matcher.complete):
             return FinishReason.STOP
         if len(self.generated) >= self.params.max_new_tokens:
@@ -142,7 +148,7 @@ class Sequence:
             if closing:
                 rest, more = self.reader.close()
                 text, calls = text + rest, calls + more
-        self.stream.push(text, tokens, tuple(calls), thought)
+        self.stream.push(text, tokens, tuple(calls), thought, self.choice)
 
     def _logprob(self, token: int, logprobs: torch.Tensor) -> TokenLogprob:
         chosen, top = top_logprobs(logprobs, token, self.params.logprobs or 0)
@@ -159,6 +165,7 @@ class Sequence:
         return GenerationRecord(
             text=reader.content if reader is not None else self._answer if self.thinking else self.assembler.text,
             reasoning=self.thinking.reasoning if self.thinking is not None else "",
+            reasoning_tokens=self._thought_tokens,
             finish_reason=reason,
             prompt_tokens=len(self.prompt),
             completion_tokens=len(self.generated),

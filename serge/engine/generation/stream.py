@@ -8,7 +8,10 @@ same queue carries what a caller may have asked for per token: its log-probabili
 (`ToolCallDelta`); `deltas()` reads everything, in order, as `Delta`s, while plain
 iteration yields only the text. A consumer that stops reading early, or calls
 `cancel()`, makes the worker drop the sequence within a step; `close()` returns
-only once the worker has let go of it.
+only once the worker has let go of it. A request for n choices (OpenAI's `n`) is one
+`Stream` of n sequences: each `Delta` says its `choice`, `records` has one record per
+choice, and the stream ends, and `cancel()` reaches, all of them at once, so no path
+can leave one choice running or unjoined.
 
 `TextAssembler` turns token ids into safe text deltas: it never splits a UTF-8
 character, and it holds back text that could be the start of a stop string.
@@ -71,6 +74,7 @@ class Delta:
     tokens: tuple[TokenLogprob, ...] = ()
     tool_calls: tuple[ToolCallDelta, ...] = ()
     reasoning: str = ""  # a thinking model's thoughts, apart from its answer
+    choice: int = 0  # which of the request's n choices it belongs to
 
     def __bool__(self) -> bool:
         return bool(self.text or self.tokens or self.tool_calls or self.reasoning)
@@ -89,6 +93,7 @@ class GenerationRecord:
     ttft_s: float | None
     duration_s: float
     reasoning: str = ""  # a thinking model's thoughts, apart from `text`
+    reasoning_tokens: int = 0  # of completion_tokens, those written while it thought
     error: str | None = None
     tool_calls: tuple[ToolCall, ...] = ()
     remote_error: bool = False  # the error was a remote model's server's (silent, hung up, refused), not Serge's
@@ -111,13 +116,17 @@ CLOSE_TIMEOUT_S = 30.0  # longest wait for the worker to let go of a cancelled s
 
 
 class Stream:
-    """Deltas of one generation, then its `record`."""
+    """Deltas of one generation (of `choices` sequences), then its `records`."""
 
-    def __init__(self) -> None:
+    def __init__(self, choices: int = 1) -> None:
         self._deltas: queue.SimpleQueue = queue.SimpleQueue()
         self._cancelled = threading.Event()
         self._done = threading.Event()
-        self._record: GenerationRecord | None = None
+        self.choices = choices
+        self._records: list[GenerationRecord | None] = [None] * choices
+        self._unfinished = choices
+        # The prompt's tokens, where the engine counted them (set by the engine before anything is read).
+        self.prompt_tokens: int | None = None
         self.created = time.monotonic()
         self._queue_position: int | None = None
         self._watchers: list[Callable[[], None]] = []  # each wakes a reader's event loop
@@ -131,15 +140,21 @@ class Stream:
         return self._cancelled.is_set()
 
     def push(self, text: str = "", tokens: tuple[TokenLogprob, ...] = (),
-             tool_calls: tuple[ToolCallDelta, ...] = (), reasoning: str = "") -> None:
-        delta = Delta(text, tokens, tool_calls, reasoning)
+             tool_calls: tuple[ToolCallDelta, ...] = (), reasoning: str = "", choice: int = 0) -> None:
+        delta = Delta(text, tokens, tool_calls, reasoning, choice)
         if delta:
             self._deltas.put(delta)
             self._notify()
 
-    def finish(self, record: GenerationRecord) -> None:
-        """Called once by the worker, after it has let go of the sequence."""
-        self._record = record
+    def finish(self, record: GenerationRecord, choice: int = 0) -> None:
+        """Called once per choice by the worker, after it has let go of that sequence; the stream
+        ends with the last."""
+        if self._records[choice] is not None:
+            raise RuntimeError(f"choice {choice} finished twice")
+        self._records[choice] = record
+        self._unfinished -= 1
+        if self._unfinished:
+            return
         self._done.set()
         self._deltas.put(_END)
         self._notify()
@@ -187,13 +202,19 @@ class Stream:
             self.cancel()
         if not self._done.wait(timeout):
             raise GenerationError("the model worker did not release a cancelled generation")
-        return self._record
+        return self._records[0]
 
     @property
     def record(self) -> GenerationRecord:
-        if self._record is None:
+        """The first choice's record: the only one unless n > 1."""
+        return self.records[0]
+
+    @property
+    def records(self) -> tuple[GenerationRecord, ...]:
+        """One per choice, in order."""
+        if not self._done.is_set():
             raise RuntimeError("the stream has not finished; read it to the end or close() it")
-        return self._record
+        return tuple(self._records)
 
     def deltas(self) -> Iterator[Delta]:
         """Everything the generation pushes, in order (text, token log-probabilities, tool-call pieces)."""

@@ -33,6 +33,11 @@ class Thinking:
         self._closed = False  # just after </think>: the blank line templates put there is dropped
         self.reasoning = ""
 
+    @property
+    def inside(self) -> bool:
+        """Is the reply thinking now (text fed from here on is a thought)?"""
+        return self._inside
+
     def feed(self, text: str) -> tuple[str, str]:
         """(answer text, thinking text) that `text` adds, as far as is certain now."""
         text, self._held = self._held + text, ""

@@ -2,7 +2,8 @@
 
 llama.cpp runs a GGUF as it is, but prompts are built by the Hugging Face
 tokenizer (its chat template), which is read out of the GGUF once, at install,
-and saved beside it. The transformers engine cannot run a GGUF; it gets a
+and saved beside it (not for a GGUF embedding model: it has no prompts, and
+llama.cpp's own tokenizer is the one it runs with). The transformers engine cannot run a GGUF; it gets a
 float32 safetensors copy, converted once. Nothing here decides when.
 """
 
@@ -11,11 +12,15 @@ from __future__ import annotations
 from pathlib import Path
 
 from serge.engine.models.errors import PullFailed
+from serge.engine.models.facts import is_embedding_gguf
 
 
 def save_gguf_tokenizer(folder: Path, gguf_file: str) -> None:
     """The Hugging Face tokenizer read out of a GGUF, saved beside it (llama.cpp's own is not used for prompts)."""
     from transformers import AutoTokenizer
+
+    if is_embedding_gguf(folder / gguf_file):
+        return
 
     try:
         tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=gguf_file)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from serge.engine.generation.sampling import GENERATION_CONFIG_KEYS, GGUF_KEYS
 
-VERSION = 3  # of the facts kept in a manifest; another version is read again from the files
+VERSION = 4  # of the facts kept in a manifest; another version is read again from the files
 
 _DTYPE_NAMES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "F64": "float64", "I8": "int8",
                 "U8": "uint8", "F8_E4M3": "float8_e4m3", "F8_E5M2": "float8_e5m2"}
@@ -35,7 +35,8 @@ class ModelFacts:
     chat_template: bool
     generation: dict = field(default_factory=dict)  # sampling defaults the model's own files recommend
     kv_bytes_per_token: int | None = None  # keys and values of one token in float16, all layers
-    kind: str = "chat"  # "chat", or "embedding" (text in, a vector out: a sentence-transformers folder)
+    kind: str = "chat"  # "chat", or "embedding" (text in, a vector out: a sentence-transformers folder, or a
+    # GGUF whose metadata says it pools token vectors into one)
     dimensions: int | None = None  # an embedding model's vector length
     layers: int | None = None  # repeating (transformer) layers: llama.cpp offloads them one by one
 
@@ -64,6 +65,35 @@ def is_embedding_folder(folder: Path) -> bool:
     """A sentence-transformers model: its modules say how token vectors become one (a pooling module)."""
     modules = _json_list(folder / "modules.json")
     return any(isinstance(m, dict) and str(m.get("type", "")).endswith(".Pooling") for m in modules)
+
+
+# llama.cpp's encoder-only architectures: what they give is one vector per token, never a next token
+ENCODER_ARCHITECTURES = frozenset({"bert", "nomic-bert", "nomic-bert-moe", "jina-bert-v2", "jina-bert-v3",
+                                   "modern-bert", "neo-bert", "eurobert"})
+
+
+def gguf_is_embedding(architecture: str | None, pooling_type: int | None) -> bool:
+    """A GGUF embedding model: an encoder-only architecture, or any whose `*.pooling_type` pools (mean, CLS,
+    last token: e.g. a Qwen3-Embedding GGUF)."""
+    return architecture in ENCODER_ARCHITECTURES or bool(pooling_type and int(pooling_type) > 0)
+
+
+def is_embedding_gguf(path: Path) -> bool:
+    from gguf import GGUFReader
+
+    reader = GGUFReader(path)
+    arch = _field(reader, "general.architecture")
+    return gguf_is_embedding(arch, _field(reader, f"{arch}.pooling_type"))
+
+
+def _field(reader, key: str):
+    found = reader.get_field(key)
+    if found is None:
+        return None
+    try:
+        return found.contents()
+    except (ValueError, IndexError):
+        return None
 
 
 def _json_list(path: Path) -> list:
@@ -153,13 +183,7 @@ def _gguf_facts(path: Path) -> ModelFacts:
     reader = GGUFReader(path)
 
     def value(key: str):
-        found = reader.get_field(key)
-        if found is None:
-            return None
-        try:
-            return found.contents()
-        except (ValueError, IndexError):
-            return None
+        return _field(reader, key)
 
     arch = value("general.architecture")
     file_type = value("general.file_type")
@@ -174,6 +198,7 @@ def _gguf_facts(path: Path) -> ModelFacts:
     heads = value(f"{arch}.attention.head_count")
     embedding = value(f"{arch}.embedding_length")
     head_dim = value(f"{arch}.attention.key_length") or (embedding // heads if heads and embedding else None)
+    embeds = gguf_is_embedding(arch, value(f"{arch}.pooling_type"))
     return ModelFacts(
         format="gguf",
         architecture=arch,
@@ -184,6 +209,8 @@ def _gguf_facts(path: Path) -> ModelFacts:
         chat_template=bool(value("tokenizer.chat_template")),
         generation=generation,
         kv_bytes_per_token=_kv_bytes(value(f"{arch}.block_count"), value(f"{arch}.attention.head_count_kv") or heads,
-                                     head_dim),
+                                     head_dim) if not embeds else None,
+        kind="embedding" if embeds else "chat",
+        dimensions=embedding if embeds else None,
         layers=value(f"{arch}.block_count"),
     )

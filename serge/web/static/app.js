@@ -1,7 +1,9 @@
 // The chat page's behaviour. The server renders every message; this module only
-// streams a reply's text (as plain text) and swaps in server-rendered fragments.
+// streams a reply's text and thoughts (as plain text) and swaps in server-rendered fragments.
 
 import { readEvents, errorOf, errorText } from "./sse.js";
+import { messageBubble, noteDropped, thoughtsOf } from "./bubbles.js";
+import { attachments } from "./attach.js";
 
 const $ = (selector, root = document) => root.querySelector(selector);
 const JSON_HEADERS = { "Content-Type": "application/json" };
@@ -25,6 +27,10 @@ const ui = {
 };
 
 const state = { chatId: document.body.dataset.chatId || null, busy: false };
+const files = attachments({
+  composer: $("#composer"), input: $("#attach-input"), picker: $("#attach"), list: $("#attachments"),
+  onError: (text) => showStatus(text, "error"),
+});
 
 const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
 
@@ -99,35 +105,10 @@ function addCodeCopyButtons(root) {
 
 function appendMessage(role, content) {
   $(".empty-chat", ui.conversation)?.remove();
-  const article = document.createElement("article");
-  article.className = `msg msg-${role}`;
-  article.dataset.role = role;
-  const head = document.createElement("header");
-  head.className = "msg-head";
-  const who = document.createElement("span");
-  who.className = "who";
-  who.textContent = role === "user" ? "You" : "Assistant";
-  head.append(who);
-  const body = document.createElement("div");
-  body.className = "msg-body plain";
-  body.textContent = content;
-  article.append(head, body);
+  const article = messageBubble(role, content);
   ui.conversation.append(article);
   scrollToEnd();
   return article;
-}
-
-// Said while the reply streams; once saved, the server-rendered reply says the same (pages.dropped_text).
-function noteDropped(article, count) {
-  const oldest = count === 1 ? "the oldest message" : `the ${count} oldest messages`;
-  const note = document.createElement("footer");
-  note.className = "msg-meta";
-  const badge = document.createElement("span");
-  badge.className = "badge dropped";
-  badge.dataset.dropped = String(count);
-  badge.textContent = `written without ${oldest}: the chat is longer than the model's context`;
-  note.append(badge);
-  article.append(note);
 }
 
 async function refreshConversation() {
@@ -207,8 +188,17 @@ async function streamReply(url, body) {
       } else if (event === "queued") {
         const ahead = data.ahead === 0 ? "next in line" : `${data.ahead} ahead of you`;
         showStatus(`Waiting for a free slot: ${ahead}.`, "queue");
+      } else if (event === "reasoning") {
+        if (ui.status.dataset.kind === "queue") showStatus("");
+        $(".thoughts-body", thoughtsOf(bubble)).textContent += data.text; // as text, never as markup
+        scrollToEnd();
       } else if (event === "delta") {
         if (ui.status.dataset.kind === "queue") showStatus("");
+        const thoughts = $(".thoughts", bubble);
+        if (thoughts && !text.textContent) {  // the answer begins: the thoughts fold away
+          thoughts.open = false;
+          $("summary", thoughts).textContent = "Thought";
+        }
         text.textContent += data.text; // as text, never as markup
         scrollToEnd();
       } else if (event === "done" && data.message.status === "error") {
@@ -229,9 +219,11 @@ async function send() {
   if (state.busy || !content.trim()) return;
   await saveSettings.flush();
   if (!(await ensureChat())) return;
+  const attached = files.count ? await files.upload(state.chatId) : [];
+  if (attached === null) return; // a file was refused: the message stays in the box
   ui.message.value = "";
   appendMessage("user", content);
-  await streamReply(`/api/chats/${state.chatId}/messages`, { content });
+  await streamReply(`/api/chats/${state.chatId}/messages`, { content, attachments: attached });
 }
 
 async function stop() {

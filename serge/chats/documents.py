@@ -1,0 +1,139 @@
+"""A chat's documents: taking a file in, and choosing what of them the model sees for each question.
+
+A file is read (`serge.documents.extract`), cut into passages, each embedded with the
+embedding model (the engine's `embed`), and stored. For a reply, the documents
+attached on the branch so far go in whole, each marked with its name, when they fit
+the model's context beside the conversation with room left for the answer; else the
+passages best for the question go in, with file and page: the nearest by meaning and
+the best by words, their ranks fused (reciprocal rank fusion). What went in is the
+reply's sources (file, page, passage, scores), kept with the message.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from serge.documents import MAX_FILES_PER_CHAT, MAX_READERS, FileTooLarge, extract, fuse, marked, passages, query_words
+from serge.engine import Engine, Message
+from serge.store import ChunkHit, DocumentRecord, DocumentStore, NewChunk
+
+log = logging.getLogger(__name__)
+
+EMBED_BATCH = 64
+CANDIDATES = 20  # passages each search brings to the fusion
+TOP_PASSAGES = 6  # at most, into one prompt
+REPLY_SHARE = 4  # a quarter of the context window stays free for the answer
+
+
+@dataclass(frozen=True)
+class Given:
+    """What the model is given of the documents for one question: the text before it, and the sources."""
+
+    text: str
+    sources: list[dict]
+
+
+@dataclass(frozen=True)
+class Ranked:
+    """A passage as the fusion placed it, with what each search said of it (None: that search did not find it)."""
+
+    hit: ChunkHit
+    score: float  # fused: the sum of 1 / (60 + rank)
+    vector_rank: int | None
+    vector_score: float | None  # cosine
+    word_rank: int | None
+
+
+def _whole(docs: Sequence[DocumentRecord]) -> str:
+    return "Attached files:\n\n" + "\n\n".join(marked(d.name, d.pages) for d in docs)
+
+
+def _passages(hits: list[tuple[DocumentRecord, int, str]]) -> str:
+    parts = [f'<passage file="{doc.name}" page="{page}">\n{text}\n</passage>' for doc, page, text in hits]
+    return "Passages from the attached files that may answer the question:\n\n" + "\n\n".join(parts)
+
+
+class ChatDocuments:
+    def __init__(self, store: DocumentStore, engine: Engine) -> None:
+        self.store, self.engine = store, engine
+        self._readers = threading.BoundedSemaphore(MAX_READERS)  # a reader may take 1.5 GB: a few at a time
+
+    # --- taking a file in ------------------------------------------------------------
+    def _vectors(self, texts: list[str]) -> list[np.ndarray | None]:
+        """A vector per text; none (word search alone) where the embedding model cannot be used."""
+        try:
+            found = []
+            for start in range(0, len(texts), EMBED_BATCH):
+                found.extend(self.engine.embed(None, texts[start:start + EMBED_BATCH]).vectors.numpy())
+            return found
+        except Exception as exc:  # no embedding model installed, or it failed: the file is still searchable
+            log.warning("no vectors for a document (%s); it is searched by words only", exc)
+            return [None] * len(texts)
+
+    def attach(self, owner: str, chat_id: str, name: str, data: bytes) -> DocumentRecord:
+        """Read, cut, embed and keep a file for the owner's chat; FileRefused says why not."""
+        if len(self.store.list(owner, chat_id)) >= MAX_FILES_PER_CHAT:
+            raise FileTooLarge(f"this chat has {MAX_FILES_PER_CHAT} files, the limit per chat; start a new chat")
+        with self._readers:
+            read = extract(data, name)
+        cut = passages(read.pages)
+        vectors = self._vectors([p.text for p in cut])
+        return self.store.add(owner, chat_id, name=read.name, media_type=read.media_type, data=data,
+                              pages=read.pages, chunks=[NewChunk(p.page, p.text, v) for p, v in zip(cut, vectors)])
+
+    # --- what a reply is given ----------------------------------------------------------
+    def _window(self, model: str) -> int:
+        return self.engine.info(model).context_window or self.engine.settings.context_window or 4096
+
+    def _tokens(self, model: str, history: list[Message]) -> int:
+        try:
+            return self.engine.count_tokens(model, history)
+        except Exception:  # a remote model may not count: about four characters a token
+            return sum(len(m.content or "") for m in history) // 4
+
+    def given(self, owner: str, model: str, document_ids: Sequence[str], history: list[Message]) -> Given:
+        """What of `document_ids` the model sees before the last message of `history` (the question)."""
+        docs = {d: self.store.get(owner, d) for d in dict.fromkeys(document_ids)}
+        question = history[-1].content or ""
+        window = self._window(model)
+        room = window - window // REPLY_SHARE
+        whole = _whole(list(docs.values()))
+        asked = [*history[:-1], Message("user", f"{whole}\n\n{question}")]
+        if self._tokens(model, asked) <= room:
+            return Given(whole, [{"document_id": d.id, "file": d.name, "page": None, "passage": None,
+                                  "score": None, "whole": True} for d in docs.values()])
+        return self._retrieved(owner, model, list(docs.values()), history, room)
+
+    def rank(self, owner: str, document_ids: Sequence[str], question: str) -> list[Ranked]:
+        """The documents' passages for `question`, best first: the two searches' ranks fused."""
+        vector = self._vectors([question])[0]
+        by_meaning = self.store.by_meaning(owner, document_ids, vector, CANDIDATES) if vector is not None else []
+        by_words = self.store.by_words(owner, document_ids, query_words(question), CANDIDATES)
+        hits = {h.chunk_id: h for h in (*by_meaning, *by_words)}
+        meaning = {h.chunk_id: (i, h.score) for i, h in enumerate(by_meaning, start=1)}
+        words = {h.chunk_id: i for i, h in enumerate(by_words, start=1)}
+        return [Ranked(hits[c], score, *meaning.get(c, (None, None)), words.get(c))
+                for c, score in fuse([[h.chunk_id for h in by_meaning], [h.chunk_id for h in by_words]])]
+
+    def _retrieved(self, owner: str, model: str, docs: list[DocumentRecord], history: list[Message],
+                   room: int) -> Given:
+        question = history[-1].content or ""
+        names = {d.id: d for d in docs}
+        chosen, sources = [], []
+        for ranked in self.rank(owner, list(names), question)[:TOP_PASSAGES]:
+            hit = ranked.hit
+            trial = [*chosen, (names[hit.document_id], hit.page, hit.text)]
+            if chosen and self._tokens(model, [*history[:-1], Message("user", f"{_passages(trial)}\n\n{question}")]
+                                       ) > room:
+                break
+            chosen = trial
+            sources.append({"document_id": hit.document_id, "file": names[hit.document_id].name, "page": hit.page,
+                            "passage": hit.text, "score": round(ranked.score, 6), "vector_rank": ranked.vector_rank,
+                            "vector_score": None if ranked.vector_score is None else round(ranked.vector_score, 6),
+                            "word_rank": ranked.word_rank, "whole": False})
+        return Given(_passages(chosen) if chosen else "", sources)

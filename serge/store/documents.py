@@ -1,0 +1,193 @@
+"""The documents repository: files given to a chat (bytes kept once by their hash), their passages, and search.
+
+Every method takes the owner; another owner's document is "not found". A file's
+bytes live in the data dir under their SHA-256 (`FileStore`), never under a name
+a request gave, and go when the last document with that hash does. Search comes
+in two rankings of one chat's passages, whatever the database: by meaning (cosine
+of the vectors, scored here with numpy, which needs no extension in the database)
+and by words (SQLite's FTS5 with BM25; PostgreSQL's full-text search with ts_rank).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+import numpy as np
+from sqlalchemy import bindparam, delete, func, select, text
+from sqlalchemy.orm import Session
+
+from serge.store.chats import new_id
+from serge.store.db import PRIVATE_FILE, Database, private_dir
+from serge.store.tables import Document, DocumentChunk, now
+
+class DocumentNotFound(LookupError):
+    pass
+
+
+@dataclass(frozen=True)
+class DocumentRecord:
+    id: str
+    chat_id: str
+    name: str
+    media_type: str
+    size_bytes: int
+    sha256: str
+    pages: tuple[str, ...]
+    created_at: datetime
+
+    @classmethod
+    def of(cls, row: Document) -> DocumentRecord:
+        return cls(row.id, row.chat_id, row.name, row.media_type, row.size_bytes, row.sha256, tuple(row.pages or ()),
+                   row.created_at)
+
+
+@dataclass(frozen=True)
+class NewChunk:
+    page: int
+    text: str
+    vector: np.ndarray | None  # float32
+
+
+@dataclass(frozen=True)
+class ChunkHit:
+    chunk_id: int
+    document_id: str
+    page: int
+    text: str
+    score: float  # cosine similarity, or the word search's relevance (higher is better either way)
+
+
+class FileStore:
+    """Files by content: `put` keeps bytes once under their SHA-256, readable by their owner alone."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def path(self, sha256: str) -> Path:
+        if not re.fullmatch(r"[0-9a-f]{64}", sha256):
+            raise ValueError("not a SHA-256")
+        return self.root / sha256[:2] / sha256
+
+    def put(self, data: bytes) -> str:
+        sha256 = hashlib.sha256(data).hexdigest()
+        target = self.path(sha256)
+        if not target.exists():
+            private_dir(self.root)
+            private_dir(target.parent)
+            partial = target.with_name(f"{sha256}.{os.getpid()}.part")
+            fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, PRIVATE_FILE)
+            with os.fdopen(fd, "wb") as out:
+                out.write(data)
+            partial.replace(target)
+        return sha256
+
+    def remove(self, sha256: str) -> None:
+        self.path(sha256).unlink(missing_ok=True)
+
+
+class DocumentStore:
+    def __init__(self, db: Database, files: FileStore) -> None:
+        self.db, self.files = db, files
+
+    def _owned(self, session: Session, owner: str, document_id: str) -> Document:
+        row = session.scalar(select(Document).where(Document.id == document_id, Document.owner == owner))
+        if row is None:
+            raise DocumentNotFound(f"no document with id {document_id!r}")
+        return row
+
+    def add(self, owner: str, chat_id: str, *, name: str, media_type: str, data: bytes, pages: Sequence[str],
+            chunks: Sequence[NewChunk]) -> DocumentRecord:
+        """Keep the file's bytes (once per content) and its text and passages; the chat must be the owner's."""
+        sha256 = self.files.put(data)
+        with self.db.session() as session, session.begin():
+            row = Document(id=new_id(), owner=owner, chat_id=chat_id, name=name, media_type=media_type,
+                           size_bytes=len(data), sha256=sha256, pages=list(pages), created_at=now())
+            session.add(row)
+            session.flush()
+            session.add_all(DocumentChunk(document_id=row.id, seq=i, page=c.page, text=c.text,
+                                          embedding=None if c.vector is None else
+                                          np.asarray(c.vector, dtype=np.float32).tobytes())
+                            for i, c in enumerate(chunks))
+        return DocumentRecord.of(row)
+
+    def get(self, owner: str, document_id: str) -> DocumentRecord:
+        with self.db.session() as session:
+            return DocumentRecord.of(self._owned(session, owner, document_id))
+
+    def list(self, owner: str, chat_id: str) -> list[DocumentRecord]:
+        stmt = (select(Document).where(Document.owner == owner, Document.chat_id == chat_id)
+                .order_by(Document.created_at, Document.id))
+        with self.db.session() as session:
+            return [DocumentRecord.of(row) for row in session.scalars(stmt)]
+
+    def read(self, owner: str, document_id: str) -> bytes:
+        return self.files.path(self.get(owner, document_id).sha256).read_bytes()
+
+    def delete_chat(self, owner: str, chat_id: str) -> None:
+        """Every document of the chat, and the bytes no other document shares."""
+        with self.db.session() as session, session.begin():
+            rows = list(session.scalars(select(Document).where(Document.owner == owner, Document.chat_id == chat_id)))
+            ids = [r.id for r in rows]
+            session.execute(delete(DocumentChunk).where(DocumentChunk.document_id.in_(ids)))
+            session.execute(delete(Document).where(Document.id.in_(ids)))
+            hashes = {r.sha256 for r in rows}
+            kept = set(session.scalars(select(Document.sha256).where(Document.sha256.in_(hashes))))
+        for sha256 in hashes - kept:
+            self.files.remove(sha256)
+
+    def chunk_count(self, owner: str, document_ids: Sequence[str]) -> int:
+        with self.db.session() as session:
+            return session.scalar(select(func.count(DocumentChunk.id)).join(Document).where(
+                Document.owner == owner, Document.id.in_(list(document_ids)))) or 0
+
+    def _hits(self, session: Session, ids_scores: Sequence[tuple[int, float]]) -> list[ChunkHit]:
+        rows = {r.id: r for r in session.scalars(select(DocumentChunk).where(
+            DocumentChunk.id.in_([i for i, _ in ids_scores])))}
+        return [ChunkHit(i, rows[i].document_id, rows[i].page, rows[i].text, float(score))
+                for i, score in ids_scores if i in rows]
+
+    def by_meaning(self, owner: str, document_ids: Sequence[str], vector: np.ndarray, limit: int) -> list[ChunkHit]:
+        """The passages nearest `vector` (cosine), best first."""
+        stmt = (select(DocumentChunk.id, DocumentChunk.embedding).join(Document)
+                .where(Document.owner == owner, Document.id.in_(list(document_ids)),
+                       DocumentChunk.embedding.is_not(None)))
+        with self.db.session() as session:
+            found = session.execute(stmt).all()
+            if not found:
+                return []
+            matrix = np.stack([np.frombuffer(blob, dtype=np.float32) for _, blob in found])
+            query = np.asarray(vector, dtype=np.float32)
+            scores = matrix @ query / (np.linalg.norm(matrix, axis=1) * np.linalg.norm(query) + 1e-12)
+            best = np.argsort(-scores, kind="stable")[:limit]
+            return self._hits(session, [(found[i][0], scores[i]) for i in best])
+
+    def by_words(self, owner: str, document_ids: Sequence[str], words: Sequence[str], limit: int) -> list[ChunkHit]:
+        """The passages that share the most telling of `words` (lower-case letters and digits), best first."""
+        words = [w for w in words if re.fullmatch(r"\w+", w)]
+        if not words or not document_ids:
+            return []
+        ids = list(document_ids)
+        with self.db.session() as session:
+            own = select(Document.id).where(Document.owner == owner, Document.id.in_(ids))
+            if self.db.engine.dialect.name == "sqlite":
+                match = " OR ".join(f'"{w}"' for w in words)
+                rows = session.execute(text(
+                    "SELECT f.rowid, -bm25(document_chunks_fts) FROM document_chunks_fts f "
+                    "JOIN document_chunks c ON c.id = f.rowid "
+                    "WHERE document_chunks_fts MATCH :match AND c.document_id IN (SELECT id FROM documents "
+                    "WHERE owner = :owner AND id IN :ids) ORDER BY bm25(document_chunks_fts) LIMIT :limit"
+                ).bindparams(bindparam("ids", ids, expanding=True), match=match, owner=owner, limit=limit)).all()
+            else:
+                vector = func.to_tsvector("simple", DocumentChunk.text)
+                tsquery = func.to_tsquery("simple", " | ".join(words))
+                rank = func.ts_rank(vector, tsquery)
+                rows = session.execute(
+                    select(DocumentChunk.id, rank).where(DocumentChunk.document_id.in_(own), vector.op("@@")(tsquery))
+                    .order_by(rank.desc(), DocumentChunk.id).limit(limit)).all()
+            return self._hits(session, [(r[0], r[1]) for r in rows])

@@ -1,0 +1,51 @@
+// A message being written on the chat page, built from text (never markup) while it streams: its bubble,
+// the note that the model could not see the oldest messages, and a thinking model's live thoughts. Once
+// saved, the server-rendered message takes its place.
+
+export function messageBubble(role, content) {
+  const article = document.createElement("article");
+  article.className = `msg msg-${role}`;
+  article.dataset.role = role;
+  const head = document.createElement("header");
+  head.className = "msg-head";
+  const who = document.createElement("span");
+  who.className = "who";
+  who.textContent = role === "user" ? "You" : "Assistant";
+  head.append(who);
+  const body = document.createElement("div");
+  body.className = "msg-body plain";
+  body.textContent = content;
+  article.append(head, body);
+  return article;
+}
+
+// Said while the reply streams; once saved, the server-rendered reply says the same (pages.dropped_text).
+export function noteDropped(article, count) {
+  const oldest = count === 1 ? "the oldest message" : `the ${count} oldest messages`;
+  const note = document.createElement("footer");
+  note.className = "msg-meta";
+  const badge = document.createElement("span");
+  badge.className = "badge dropped";
+  badge.dataset.dropped = String(count);
+  badge.textContent = `written without ${oldest}: the chat is longer than the model's context`;
+  note.append(badge);
+  article.append(note);
+}
+
+// A thinking model's thoughts, shown live above the reply while they stream (as text, never as markup);
+// once saved, the server-rendered reply folds them away.
+export function thoughtsOf(article) {
+  let details = article.querySelector(".thoughts");
+  if (!details) {
+    details = document.createElement("details");
+    details.className = "thoughts";
+    details.open = true;
+    const summary = document.createElement("summary");
+    summary.textContent = "Thinking…";
+    const body = document.createElement("div");
+    body.className = "thoughts-body";
+    details.append(summary, body);
+    article.querySelector(".msg-body").before(details);
+  }
+  return details;
+}
