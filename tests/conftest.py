@@ -340,3 +340,34 @@ def browser():
                                      args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"])
         yield launched
         launched.close()
+
+
+@pytest.fixture
+def page(browser):
+    """A fresh page in its own context that fails the test if its script throws."""
+    context = browser.new_context(viewport={"width": 1280, "height": 860})
+    page = context.new_page()
+    errors = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    yield page
+    context.close()
+    assert not errors, f"the page threw: {errors}"
+
+
+def set_setting(page, label: str, value: str) -> None:
+    """Type into a settings field the way a person does (the panel saves on input)."""
+    field = page.get_by_label(label)
+    field.fill(value)
+    field.dispatch_event("input")
+
+
+def start_chat(page, url: str, question: str, max_tokens: int) -> None:
+    """Open the chat page, ask for greedy replies of at most `max_tokens` in the settings panel, send `question`."""
+    page.goto(url + "/")
+    page.get_by_role("button", name="Settings").click()
+    set_setting(page, "Max tokens", str(max_tokens))
+    set_setting(page, "Temperature", "0")
+    page.get_by_role("button", name="Close").click()
+    box = page.get_by_label("Message")
+    box.fill(question)
+    box.press("Enter")
