@@ -14,7 +14,8 @@ the weights' values.
 Checks: `auto` resolves to CUDA with bfloat16; the model loads onto the GPU through
 device_map and is never moved; every forward pass gets its inputs on the model's
 device; `serge serve` answers over HTTP on the GPU; a GPU that is not there is one
-clear error. Measures Serge's engine at 1, 8, 32 and 64 streams against plain
+clear error. Reports the attention path taken (paged on CUDA), its logits against
+per-sequence attention and its greedy tokens alone and beside 15 others. Measures Serge's engine at 1, 8, 32 and 64 streams against plain
 `generate()` (one stream, and static batches) on the 1.7B model, and reports whether
 a greedy reply alone equals the same reply beside sampled ones (random weights give
 near-ties, so this is reported, not asserted).
@@ -139,6 +140,35 @@ def check_placement(engine: Engine, results: dict) -> None:
     results["greedy_alone_equals_beside_sampled"] = alone == beside
 
 
+def check_paged(engine: Engine, results: dict) -> None:
+    """The attention path the engine took on this device; over the paged cache (built here if the engine
+    did not), the logits against per-sequence attention and greedy tokens alone against beside 15 others
+    (reported, not asserted: bfloat16 kernels may differ by batch shape)."""
+    from serge.engine.transformers import BatchForward
+
+    loaded = engine.model(SMALL)
+    results["attention"] = "paged" if loaded.scheduler.forward.pool is not None else "per-sequence"
+    paged, apart = BatchForward(loaded.model, 16, pool_blocks=16 * 64 + 1), BatchForward(loaded.model, 16)
+    prompts = [loaded.tokenizer(f"Question {i}: name a river and say why it matters.")["input_ids"] for i in range(16)]
+
+    def greedy(forward, batch, steps=16):
+        kvs = [forward.new_kv() for _ in batch]
+        logits = torch.stack([forward.prefill(kv, ids) for kv, ids in zip(kvs, batch)])
+        first = logits.float()
+        tokens = [[int(row.argmax())] for row in logits]
+        for _ in range(steps):
+            for t, row in zip(tokens, forward.decode(kvs, [t[-1] for t in tokens])):
+                t.append(int(row.argmax()))
+        for kv in kvs:
+            kv.release()
+        return tokens, first
+
+    together, paged_logits = greedy(paged, prompts)
+    results["paged_greedy_alone_equals_beside_15"] = together == [greedy(paged, [ids])[0][0] for ids in prompts]
+    _, apart_logits = greedy(apart, prompts, steps=0)
+    results["paged_vs_per_sequence_max_logit_diff"] = round(float((paged_logits - apart_logits).abs().max()), 4)
+
+
 def check_http(models_dir: Path, scratch: Path, results: dict) -> None:
     """`serge serve` on the GPU: health says cuda, one streamed /v1 reply."""
     port = 8765
@@ -215,6 +245,7 @@ def main() -> None:
         with Engine(Settings(models_dir=models_dir, data_dir=scratch / "data", device=Run.device,
                                  engine="transformers")) as engine:
             check_placement(engine, results)
+            check_paged(engine, results)
             started = time.monotonic()
             engine.model(LARGE)
             results["load_large_s"] = round(time.monotonic() - started, 1)

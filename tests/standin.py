@@ -43,7 +43,7 @@ from contextlib import contextmanager
 import torch
 
 from serge.engine import Engine
-from serge.engine.generation.forward import Forward
+from serge.engine.generation.forward import Forward, OutOfKV
 from serge.engine.generation.sampling import SamplingParams
 from serge.engine.generation.scheduler import Scheduler, SchedulerLimits
 from serge.engine.local import LocalModel, eos_ids
@@ -134,10 +134,24 @@ _JSON = _scores([IM_END] + list(b'"}],: 1234567890tfn[{-.'), 1.0, -25.0)
 PREFERRED = 6.0  # above its base: about 0.9 of the probability at temperature 1
 
 
+class Room:
+    """Positions every live `StandInKV` of one forward may hold together, as a paged pool's blocks would."""
+
+    def __init__(self, capacity: int | None) -> None:
+        self.capacity, self.used = capacity, 0
+
+    def take(self, n: int) -> None:
+        if self.capacity is not None and self.used + n > self.capacity:
+            raise OutOfKV(f"{self.used} of {self.capacity} positions are held")
+        self.used += n
+
+
 class StandInKV:
     """One sequence: its tokens, a hash of each prefix, and where its turns start."""
 
-    def __init__(self) -> None:
+    def __init__(self, room: Room | None = None) -> None:
+        self.room = room or Room(None)
+        self.held = 0  # positions it counts in its room: a copy shares its prefix, as blocks are shared
         self.tokens: list[int] = []
         self._hashes: list[int] = []  # _hashes[i]: of tokens[: i + 1]
         self._starts: list[int] = []  # positions of <|im_start|>
@@ -150,6 +164,8 @@ class StandInKV:
     def feed(self, tokens: list[int]) -> None:
         if self.released:
             raise RuntimeError("a released KV was fed: the protocol says it is never used again")
+        self.room.take(len(tokens))
+        self.held += len(tokens)
         for token in tokens:
             if token == IM_START:
                 self._starts.append(len(self.tokens))
@@ -157,7 +173,7 @@ class StandInKV:
             self.tokens.append(token)
 
     def copy(self, length: int) -> StandInKV:
-        other = StandInKV()
+        other = StandInKV(self.room)
         other.tokens, other._hashes = self.tokens[:length], self._hashes[:length]
         other._starts = [s for s in self._starts if s < length]
         return other
@@ -170,6 +186,8 @@ class StandInKV:
         return 16 * len(self.tokens)
 
     def release(self) -> None:
+        if not self.released:
+            self.room.used -= self.held
         self.released = True
 
     def reply(self) -> tuple[int, list[int], bool]:
@@ -250,7 +268,9 @@ class StandInForward:
 
     device = torch.device("cpu")
 
-    def __init__(self, reply_tokens: int | None = 24, step_s: float = 0.002, think_tokens: int | None = None) -> None:
+    def __init__(self, reply_tokens: int | None = 24, step_s: float = 0.002, think_tokens: int | None = None,
+                 capacity: int | None = None) -> None:
+        self.room = Room(capacity)  # None: never full
         self.reply_tokens = reply_tokens
         self.think_tokens = think_tokens
         self.step_s = step_s
@@ -262,7 +282,7 @@ class StandInForward:
         self.worker = threading.current_thread()
 
     def new_kv(self) -> StandInKV:
-        return StandInKV()
+        return StandInKV(self.room)
 
     def _run(self) -> None:
         if threading.current_thread() is not self.worker:
@@ -273,6 +293,8 @@ class StandInForward:
 
     def decode(self, kvs: list[StandInKV], tokens: list[int]) -> torch.Tensor:
         self._run()
+        self.room.take(len(kvs))  # all or none
+        self.room.used -= len(kvs)
         for kv, token in zip(kvs, tokens):
             kv.feed([token])
         return torch.stack([next_logits(kv, self.reply_tokens, self.think_tokens) for kv in kvs])

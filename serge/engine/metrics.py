@@ -50,6 +50,7 @@ class ModelMetrics:
         self.queued = metrics.queued.labels(name)
         self.running = metrics.running.labels(name)
         self.prefix_cache_bytes = metrics.prefix_cache_bytes.labels(name)
+        self.preempted = metrics.preempted.labels(name)
 
     def finished(self, reason: str) -> None:
         self._finished.labels(self._name, reason).inc()
@@ -86,6 +87,9 @@ class EngineMetrics:
         self.running = Gauge("serge_active_sequences", "Sequences in the running batch.", ["model"], registry=r)
         self.prefix_cache_bytes = Gauge(
             "serge_prefix_cache_bytes", "Memory held by the prefix cache.", ["model"], registry=r
+        )
+        self.preempted = Counter(
+            "serge_preempted", "Replies made to wait, their KV given back: the KV pool was full.", ["model"], registry=r
         )
 
     def model(self, name: str) -> ModelMetrics:

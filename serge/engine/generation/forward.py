@@ -16,6 +16,12 @@ from typing import Protocol
 import torch
 
 
+class OutOfKV(RuntimeError):
+    """No room is left for more keys and values (a paged pool with no free block). Raised by
+    `decode`/`prefill` with every sequence's `length` as it was; the scheduler then frees the
+    prefix cache and, if that is not enough, makes the youngest reply wait (never fail)."""
+
+
 class KV(Protocol):
     """One sequence's keys and values, as the scheduler and `kvcache.PrefixCache` use them."""
 

@@ -103,7 +103,7 @@ class _Entry:
 
 @dataclass(frozen=True)
 class PrefixHit:
-    kv: SequenceKV  # a private copy: the new sequence may write past it
+    kv: SequenceKV  # its own: a copy, or (paged) shared blocks it copies before writing into
     length: int  # positions reused; the prompt's tokens from here on still need a forward pass
     logits: torch.Tensor | None  # the next-token logits when the whole prompt was found
 
@@ -169,12 +169,19 @@ class PrefixCache:
         while self.nbytes > self.budget_bytes and self._entries:
             self._drop(next(iter(self._entries)))
 
+    def evict_oldest(self) -> bool:
+        """Drop the least recently used entry, for a KV pool that is short; False when none was left."""
+        if not self._entries:
+            return False
+        self._drop(next(iter(self._entries)))
+        return True
+
     def clear(self) -> None:
         for key in list(self._entries):
             self._drop(key)
 
     def _drop(self, key: int) -> None:
         entry = self._entries.pop(key)
-        entry.kv.release()
         logits = entry.prompt_logits
         self.nbytes -= entry.kv.nbytes + (logits.numel() * logits.element_size() if logits is not None else 0)
+        entry.kv.release()  # after reading its size: a paged KV holds no block once released

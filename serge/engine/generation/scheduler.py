@@ -19,9 +19,10 @@ sequence's KV as `forward.KV`): `transformers.BatchForward` for transformers,
 `llamacpp.LlamaForward` for llama.cpp, a stand-in in tests. So sampling, stop strings,
 prefix reuse, admission, metrics, constrained decoding (`grammar`) and logprobs are
 one piece of code for every local engine; what one sequence does with its logits
-is `sequence.Sequence`'s. Neither forward runs out of KV memory mid-reply: the
-transformers engine's grows, and llama.cpp gives each running reply a slice that
-holds the model's whole window (`max_running` is the number of slices).
+is `sequence.Sequence`'s. A forward whose KV memory is a fixed pool (the paged one)
+raises `OutOfKV` when it is full: the prefix cache gives back its oldest entries,
+then the youngest running reply is made to wait (its KV given back; it runs its
+tokens again when a reply ends), so a reply waits but never fails for want of room.
 
 Every sequence ends with `stream.finish()`, on every path.
 """
@@ -37,13 +38,13 @@ from collections import deque
 import torch
 
 from serge.engine.generation.admission import EngineBusy, SchedulerLimits
-from serge.engine.generation.forward import Forward
+from serge.engine.generation.forward import Forward, OutOfKV
 from serge.engine.generation.grammar import Vocabulary
 from serge.engine.generation.schemas import InvalidRequest
 from serge.engine.generation.kvcache import PrefixCache
 from serge.engine.metrics import EngineMetrics
 from serge.engine.generation.sampling import SamplingParams
-from serge.engine.generation.sequence import ReplyReader, Sequence
+from serge.engine.generation.sequence import ReplyReader, Sequence, choose_all
 from serge.engine.generation.thinking import Thinking
 from serge.engine.generation.stream import FinishReason, GenerationError, Stream, TextAssembler
 
@@ -87,6 +88,7 @@ class Scheduler:
         self._active = 0  # sequences admitted and not finished; under _lock
         self._closing = False
         self._forget = False  # drop the prefix cache before the next admission
+        self._hold = False  # a reply was made to wait for KV room: admit none until one ends
         self._running: list[Sequence] = []  # the worker's alone
         self._mean_duration = 10.0  # seconds per generation, for Retry-After
         self._worker = threading.Thread(target=self._run, name=f"serge-worker-{name}", daemon=True)
@@ -206,9 +208,9 @@ class Scheduler:
             waited = now - stream.created
             if stream.cancelled:
                 expired += [(seq, FinishReason.CANCELLED, None) for seq in group]
-            elif not kept and len(self._running) + len(admitted) + len(group) <= self.max_running:
+            elif not kept and not self._hold and len(self._running) + len(admitted) + len(group) <= self.max_running:
                 admitted += group
-            elif waited > self._queue_timeout:
+            elif waited > self._queue_timeout and group[0].started is None:  # never one made to wait for KV room
                 error = f"timed out after {waited:.0f} s waiting for a free slot; the server is busy"
                 expired += [(seq, FinishReason.ERROR, error) for seq in group]
             else:
@@ -225,15 +227,16 @@ class Scheduler:
         """A slot is free: take what the prefix cache has of this prompt. A failure here
         (llama.cpp refusing a cached conversation back) ends this reply alone."""
         seq.stream.queue_position = None
-        seq.started = time.monotonic()
-        if not seq.params.greedy:
-            seq.generator = seq.params.generator(self._device)
-        if seq.choice:  # its prompt comes from choice 0 (`_share`)
-            return
-        self._m.queue_wait.observe(seq.started - seq.stream.created)
-        self._m.prompt_tokens.inc(len(seq.prompt))
+        if seq.started is None:  # not when it comes back after waiting for KV room: its generator goes on
+            seq.started = time.monotonic()
+            if not seq.params.greedy:
+                seq.generator = seq.params.generator(self._device)
+            if seq.choice:  # its prompt comes from choice 0 (`_share`)
+                return
+            self._m.queue_wait.observe(seq.started - seq.stream.created)
+            self._m.prompt_tokens.inc(len(seq.prompt))
         try:
-            hit = self._prefixes.find(seq.prompt) if self._prefixes.budget_bytes else None
+            hit = self._prefixes.find(seq.context()) if self._prefixes.budget_bytes else None
             if hit is None:
                 seq.kv = self.forward.new_kv()
                 return
@@ -242,7 +245,8 @@ class Scheduler:
             self._leave(seq, FinishReason.ERROR, _message(exc))
             return
         seq.kv, seq.prefilled = hit.kv, hit.length
-        seq.logits = seq.prompt_logits = hit.logits
+        if not seq.resumed:
+            seq.logits = seq.prompt_logits = hit.logits
         self._m.reused_tokens.inc(hit.length)
         if hit.logits is not None:
             self._share(seq)
@@ -264,20 +268,27 @@ class Scheduler:
     def _step(self) -> None:
         for seq in [s for s in self._running if s.stream.cancelled]:
             self._leave(seq, FinishReason.CANCELLED)
-        decoding = [s for s in self._running if s.feed is not None]
-        if decoding:
+        decoding = [s for s in self._running if s.feed is not None and s.prefilled >= s.context_length]
+        while decoding:
             try:
                 rows = self.forward.decode([s.kv for s in decoding], [s.feed for s in decoding])
+            except OutOfKV as exc:
+                if not self._make_room(exc):
+                    break
+                decoding = [s for s in decoding if s in self._running]
             except Exception as exc:
                 log.exception("decode step failed")
                 for seq in decoding:
                     self._leave(seq, FinishReason.ERROR, _message(exc))
+                break
             else:
                 for seq, row in zip(decoding, rows):
                     seq.logits, seq.feed = row, None
+                break
         self._prefill(stall_guard=bool(decoding))
-        for seq in [s for s in self._running if s.logits is not None]:
-            self._sample(seq)
+        ready = [s for s in self._running if s.logits is not None]
+        for seq, choice in zip(ready, choose_all(ready)):
+            self._sample(seq, choice)
 
     def _prefill(self, stall_guard: bool) -> None:
         """Run prompt chunks, oldest request first: about `prefill_chunk` tokens in all while
@@ -289,19 +300,22 @@ class Scheduler:
         to fit the budget: its shape, and so its numbers, depend on that sequence alone.
         """
         budget = self._chunk if stall_guard else None
-        for seq in [s for s in self._running if s.kv is not None and s.prefilled < len(s.prompt)]:
-            n = min(self._chunk, len(seq.prompt) - seq.prefilled)
+        for seq in [s for s in self._running if s.kv is not None and s.prefilled < s.context_length]:
+            n = min(self._chunk, seq.context_length - seq.prefilled)
             if budget is not None and n > budget and budget < self._chunk:
                 break
             try:
-                logits = self.forward.prefill(seq.kv, seq.prompt[seq.prefilled : seq.prefilled + n])
+                logits = self.forward.prefill(seq.kv, seq.context()[seq.prefilled : seq.prefilled + n])
+            except OutOfKV as exc:
+                self._make_room(exc, seq)
+                break  # the next step tries again, with the room made
             except Exception as exc:
                 log.exception("prefill failed")
                 self._leave(seq, FinishReason.ERROR, _message(exc))
                 continue
             seq.prefilled += n
             self._m.prefilled_tokens.inc(n)
-            if seq.prefilled == len(seq.prompt):
+            if seq.prefilled == seq.context_length and not seq.resumed:
                 seq.logits = seq.prompt_logits = logits
                 self._share(seq)
                 self._sample(seq)
@@ -310,17 +324,47 @@ class Scheduler:
                 if budget <= 0:
                     break
 
-    def _sample(self, seq: Sequence) -> None:
-        """Pick the sequence's next token and act on it; a failure ends that sequence alone."""
+    def _make_room(self, exc: OutOfKV, failing: Sequence | None = None) -> bool:
+        """The KV pool is full: give back the prefix cache's oldest entry or, with none left, make the
+        youngest running reply wait. False (and `failing`, or every reply, ended) when the one reply
+        left does not fit alone: a pool smaller than one reply's window."""
+        if self._prefixes.evict_oldest():
+            self._m.prefix_cache_bytes.set(self._prefixes.nbytes)
+            return True
+        holders = [s for s in self._running if s.kv is not None]
+        if len(holders) < 2:
+            for seq in [failing] if failing is not None else list(self._running):
+                self._leave(seq, FinishReason.ERROR, f"this reply needs more KV memory than the model has ({exc})")
+            return False
+        youngest = max(holders, key=lambda s: s.started)
+        group, youngest.followers = [youngest, *youngest.followers], []  # choices still waiting for its prompt
+        for seq in group:
+            self._running.remove(seq)
+            if seq.kv is not None:
+                seq.kv.release()
+            seq.resumed = len(seq.generated) - 1 if seq.feed is not None else 0
+            seq.kv, seq.prefilled, seq.logits = None, 0, None
+        log.info("KV pool full: a reply waits for room, %d tokens to run again", youngest.context_length)
+        self._m.preempted.inc()
+        with self._lock:
+            self._waiting.appendleft(group)
+            self._active -= len(group)
+            self._hold = True
+        return True
+
+    def _sample(self, seq: Sequence, choice: tuple[int, torch.Tensor | None] | Exception | None = None) -> None:
+        """Act on the sequence's next token (`choice`, or picked now); a failure ends that sequence alone."""
         try:
-            self._next_token(seq)
+            if isinstance(choice, Exception):
+                raise choice
+            self._next_token(seq, choice)
         except Exception as exc:
             if seq in self._running:
                 self._leave(seq, FinishReason.ERROR, _message(exc))
 
-    def _next_token(self, seq: Sequence) -> None:
+    def _next_token(self, seq: Sequence, choice: tuple[int, torch.Tensor | None] | None) -> None:
         logits, seq.logits = seq.logits, None
-        token, logprobs = seq.choose(logits)
+        token, logprobs = choice if choice is not None else seq.choose(logits)
         before, count = seq.last_token, len(seq.generated)
         reason = seq.accept(token, logprobs)
         if before is None:
@@ -347,6 +391,7 @@ class Scheduler:
             kv.release()
         with self._lock:
             self._active -= 1
+            self._hold = False  # its room is free: a reply made to wait may come back
             self._m.running.set(self._active)
         self._finish(seq, reason, error)
         for other in stranded:

@@ -22,6 +22,7 @@ from serge.engine.generation.grammar import Matcher, Vocabulary
 from serge.engine.generation.thinking import Thinking
 
 FINISH_TOKENS = 16  # the last tokens of a JSON-only reply's budget, in which it is steered to its end
+from serge.engine.generation.batch_sampling import Row, choose_rows
 from serge.engine.generation.prompts import ToolCall
 from serge.engine.generation.sampling import Penalties, SamplingParams, choose_next, top_logprobs
 from serge.engine.generation.stream import (FinishReason, GenerationRecord, Stream, TextAssembler, TokenLogprob,
@@ -54,7 +55,8 @@ class Sequence:
     reader: ReplyReader | None = None  # tools were offered: read calls out of the text
     generated: list[int] = field(default_factory=list)
     kv: object | None = None  # the forward's per-sequence KV
-    prefilled: int = 0  # prompt tokens whose keys and values are in `kv`
+    prefilled: int = 0  # tokens of `context()` whose keys and values are in `kv`
+    resumed: int = 0  # after a preemption: the reply's first tokens, run again after the prompt
     logits: torch.Tensor | None = None  # the next token is sampled from these
     prompt_logits: torch.Tensor | None = None  # after the whole prompt: kept with the KV for reuse
     feed: int | None = None  # the sampled token the next decode step runs
@@ -71,8 +73,23 @@ class Sequence:
     _penalties: Penalties | None = None  # made on the first token that needs them
     _bias: torch.Tensor | None = None  # logit_bias as a row of the logits' width
 
+    def context(self) -> list[int]:
+        """What `kv` must hold before the sequence decodes: its prompt and, once it was made to wait
+        (its KV given back), the reply but for the token `feed` runs next."""
+        return self.prompt + self.generated[: self.resumed] if self.resumed else self.prompt
+
+    @property
+    def context_length(self) -> int:
+        return len(self.prompt) + self.resumed
+
     def choose(self, logits: torch.Tensor) -> tuple[int, torch.Tensor | None]:
         """The next token, and the log-probabilities it was drawn from when the request asked for them."""
+        row = self.row(logits)
+        token, logprobs = choose_next(logits, row.params, row.penalties, row.generator, row.allowed, row.bias)
+        return self.closing(row.allowed, token), logprobs
+
+    def row(self, logits: torch.Tensor) -> Row:
+        """What its next token is sampled with; raises when its grammar allows no token."""
         params = self.params
         device = logits.device
         if self._penalties is None and (params.repetition_penalty != 1.0 or params.frequency_penalty
@@ -88,15 +105,14 @@ class Sequence:
             allowed = self.matcher.allowed(logits.shape[-1]).to(device)
             if not bool(allowed.any()):
                 raise RuntimeError("the grammar allows no token here")
-        token, logprobs = choose_next(logits, params, self._penalties, self.generator, allowed, self._bias)
-        if self.finish_json and params.max_new_tokens - len(self.generated) <= FINISH_TOKENS:
-            token = self._closing(allowed, token)
-        return token, logprobs
+        return Row(params, self._penalties, self.generator, allowed, self._bias)
 
-    def _closing(self, allowed: torch.Tensor, drawn: int) -> int:
-        """Near the end of the budget: the first of `"`, `}`, `]`, `0` that the grammar allows (a string
-        closed, an object or array ended, a number as short as it gets), else the token drawn. So a
-        constrained reply comes to its end before its tokens run out, and still parses when cut."""
+    def closing(self, allowed: torch.Tensor | None, drawn: int) -> int:
+        """Near the end of a JSON-only reply's budget: the first of `"`, `}`, `]`, `0` that the grammar
+        allows (a string closed, an object or array ended, a number as short as it gets), else the token
+        drawn. So a constrained reply comes to its end before its tokens run out, and still parses when cut."""
+        if allowed is None or not self.finish_json or self.params.max_new_tokens - len(self.generated) > FINISH_TOKENS:
+            return drawn
         for token in self.vocabulary.closers():
             if token < allowed.shape[0] and bool(allowed[token]):
                 return token
@@ -177,3 +193,24 @@ class Sequence:
             tool_calls=reader.calls if reader is not None else (),
             stop_sequence=self.assembler.matched,
         )
+
+
+def choose_all(seqs: list[Sequence]) -> list[tuple[int, torch.Tensor | None] | Exception]:
+    """Each sequence's next token from its `logits`, all sampled at once (one wait for the device);
+    a sequence whose row cannot be made gets its exception in its place, the others are unaffected."""
+    chosen: list[tuple[int, torch.Tensor | None] | Exception | None] = [None] * len(seqs)
+    ready, rows = [], []
+    for i, seq in enumerate(seqs):
+        try:
+            rows.append(seq.row(seq.logits))
+            ready.append(i)
+        except Exception as exc:
+            chosen[i] = exc
+    if ready:
+        try:
+            picks = choose_rows(torch.stack([seqs[i].logits for i in ready]), rows)
+        except Exception as exc:  # a bug, not a request's fault: these rows end, the batch goes on
+            return [exc if i in ready else c for i, c in enumerate(chosen)]
+        for i, row, (token, logprobs) in zip(ready, rows, picks):
+            chosen[i] = (seqs[i].closing(row.allowed, token), logprobs)
+    return chosen

@@ -1,0 +1,108 @@
+"""Row plans: which batch sizes give every row of the model's linear layers the same bits, measured at load.
+
+A BLAS library picks another kernel, and so another order of summation, for a
+matrix of 1 row than for 8; `measure_rows` finds the row counts under which it
+does not matter, on this machine's kernels and thread count, and `RowPlan` pads a
+batch to one of them. On a CPU in float32, `pack_for_onednn` first swaps the
+linear layers for oneDNN's kernels on packed weights (see `transformers`'s note).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+
+log = logging.getLogger(__name__)
+
+# (least rows, step): candidates for the row counts a batch is padded to, cheapest first
+_ROW_CANDIDATES = ((1, 1), (2, 1), (4, 1), (4, 4), (8, 8), (16, 16), (32, 32))
+
+
+@dataclass(frozen=True)
+class RowPlan:
+    """Batches are padded to `least`, `least + step`, `least + 2 * step`, ... rows."""
+
+    least: int
+    step: int
+
+    def rows_for(self, n: int) -> int:
+        if n <= self.least:
+            return self.least
+        return self.least + -(-(n - self.least) // self.step) * self.step
+
+
+class _PackedLinear(torch.nn.Module):
+    """A linear layer whose weight is also packed once for oneDNN's kernels, which run it."""
+
+    def __init__(self, linear: torch.nn.Linear, packed: torch.Tensor) -> None:
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.weight = linear.weight  # the same parameter: tied embeddings and the state dict are unchanged
+        self.bias = linear.bias
+        self.register_buffer("packed", packed, persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, x.shape[-1]).contiguous()
+        out = torch.ops.mkldnn._linear_pointwise(rows, self.packed, self.bias, "none", [], "")
+        return out.reshape(*x.shape[:-1], self.out_features)
+
+
+def pack_for_onednn(model) -> bool:
+    """Swap the model's linear layers for oneDNN-packed ones (CPU, float32); False where unavailable.
+
+    The model is the engine's and runs only through `BatchForward`, which is why
+    its layers may be swapped; the weights themselves are neither moved nor changed.
+    """
+    if model.device.type != "cpu" or model.dtype != torch.float32 or not torch.backends.mkldnn.is_available():
+        return False
+    swaps, packed = [], {}
+    try:
+        for parent in model.modules():
+            for name, child in parent.named_children():
+                if type(child) is torch.nn.Linear:
+                    key = id(child.weight)
+                    if key not in packed:
+                        packed[key] = torch.ops.mkldnn._reorder_linear_weight(child.weight.detach(), None)
+                    swaps.append((parent, name, _PackedLinear(child, packed[key])))
+    except (RuntimeError, AttributeError) as exc:  # a torch build without these ops
+        log.info("oneDNN weight packing unavailable (%s); using plain linear layers", exc)
+        return False
+    for parent, name, layer in swaps:
+        setattr(parent, name, layer)
+    return True
+
+
+def _linear_shapes(model) -> list[torch.nn.Module]:
+    """One linear layer of each distinct shape (and bias-ness) in the model."""
+    seen: dict[tuple, torch.nn.Module] = {}
+    for module in model.modules():
+        if isinstance(module, (torch.nn.Linear, _PackedLinear)):
+            seen.setdefault((tuple(module.weight.shape), module.bias is not None), module)
+    return list(seen.values())
+
+
+@torch.inference_mode()
+def measure_rows(model, max_rows: int) -> RowPlan:
+    """The cheapest `RowPlan` under which every row of every linear layer gets the same bits
+    whatever the batch's size, found by running the model's own layers."""
+    modules = _linear_shapes(model)
+    top = max(max_rows, 2)
+    generator = torch.Generator(device="cpu").manual_seed(0)
+    try:
+        for least, step in _ROW_CANDIDATES:
+            plan = RowPlan(least, step)
+            counts = sorted({plan.rows_for(n) for n in range(1, top + 1)})
+            if all(_same_rows(m, counts, generator, model.dtype, model.device) for m in modules):
+                return plan
+    except Exception:  # a layer that cannot be run alone (exotic quantization): take the safe plan
+        log.exception("could not measure the linear layers")
+    return RowPlan(top, top)  # one fixed shape: always the same kernel
+
+
+def _same_rows(module: torch.nn.Module, counts: list[int], generator: torch.Generator, dtype, device) -> bool:
+    # The model's compute dtype, not the weight's: quantized weights are stored as integers.
+    x = torch.randn(counts[-1], module.in_features, generator=generator).to(device=device, dtype=dtype)
+    largest = module(x)
+    return all(torch.equal(module(x[:n]), largest[:n]) for n in counts[:-1])
