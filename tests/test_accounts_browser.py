@@ -7,7 +7,7 @@ import re
 import httpx
 import pytest
 from conftest import BROWSER, server_of_its_own
-from test_browser import expect, page  # noqa: F401  (the page fixture)
+from test_browser import expect
 
 
 pytestmark = [pytest.mark.real_model, *BROWSER]
