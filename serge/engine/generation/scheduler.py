@@ -30,7 +30,8 @@ import torch
 
 from serge.engine.generation.admission import EngineBusy, SchedulerLimits, Waiting
 from serge.engine.generation.forward import Forward, OutOfKV
-from serge.engine.generation.grammar import InvalidRequest, Vocabulary
+from serge.engine.generation.grammar import Vocabulary
+from serge.engine.generation.schemas import InvalidRequest
 from serge.engine.generation.kvcache import PrefixCache
 from serge.engine.metrics import EngineMetrics
 from serge.engine.generation.sampling import SamplingParams
