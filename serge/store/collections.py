@@ -194,7 +194,8 @@ class CollectionStore:
         """The oldest file waiting (one cut off by a restart first), now marked `indexing`."""
         with self.db.session() as session, session.begin():
             row = session.scalar(select(Document).where(Document.state.in_(WAITING))
-                                 .order_by(Document.state.desc(), Document.created_at, Document.id).limit(1))
+                                 .order_by(case((Document.state == "indexing", 0), else_=1), Document.created_at,
+                                           Document.id).limit(1))
             if row is None:
                 return None
             row.state = "indexing"

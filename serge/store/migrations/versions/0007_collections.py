@@ -7,8 +7,9 @@ Create Date: 2026-12-02
 Frozen like every migration: it names its own column types and imports nothing from serge.
 A document now belongs to a chat or to a collection, and carries its indexing state.
 SQLite changes `documents.chat_id` to nullable by copying the table, and dropping the
-old one would cascade to its passages (foreign keys are on): they are kept aside and
-put back, and the full-text index rebuilt from them.
+old one would cascade to its passages (foreign keys are on; SQLite refuses that drop
+anyway, the table being locked by the full-text triggers): they are kept aside and put
+back, and the full-text index rebuilt from them.
 """
 
 import sqlalchemy as sa
@@ -36,6 +37,7 @@ def upgrade() -> None:
     sqlite = op.get_bind().dialect.name == "sqlite"
     if sqlite:
         op.execute("CREATE TEMP TABLE kept_chunks AS SELECT * FROM document_chunks")
+        op.execute("DELETE FROM document_chunks")
     with op.batch_alter_table("documents") as batch:
         batch.alter_column("chat_id", existing_type=sa.String(32), nullable=True)
         batch.add_column(sa.Column("collection_id", sa.String(32), nullable=True))
@@ -55,23 +57,22 @@ def upgrade() -> None:
 
 
 def _put_back_chunks() -> None:
-    op.execute("DELETE FROM document_chunks")
     op.execute("INSERT INTO document_chunks SELECT * FROM kept_chunks")
     op.execute("DROP TABLE kept_chunks")
     op.execute("INSERT INTO document_chunks_fts(document_chunks_fts) VALUES ('rebuild')")
 
 
 def downgrade() -> None:
-    with op.batch_alter_table("messages") as batch:
-        batch.drop_column("knowledge")
-    with op.batch_alter_table("chats") as batch:
-        batch.drop_column("knowledge")
+    # SQLite's own DROP COLUMN: a copied `chats` would cascade its drop to every message and document
+    op.drop_column("messages", "knowledge")
+    op.drop_column("chats", "knowledge")
     op.execute("DELETE FROM document_chunks WHERE document_id IN "
                "(SELECT id FROM documents WHERE collection_id IS NOT NULL)")
     op.execute("DELETE FROM documents WHERE collection_id IS NOT NULL")
     sqlite = op.get_bind().dialect.name == "sqlite"
     if sqlite:
         op.execute("CREATE TEMP TABLE kept_chunks AS SELECT * FROM document_chunks")
+        op.execute("DELETE FROM document_chunks")
     with op.batch_alter_table("documents") as batch:
         batch.drop_index("ix_documents_collection_id")
         batch.drop_constraint("fk_documents_collection_id", type_="foreignkey")
