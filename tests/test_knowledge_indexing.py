@@ -217,7 +217,7 @@ def test_a_chats_passages_survive_the_upgrade_to_collections(tmp_path, files):
     store = DocumentStore(db, files)
     assert store.get("me", "d1").state == "indexed" and store.chunk_count("me", ["d1"]) == 1
     assert [h.text for h in store.by_words("me", ["d1"], ["lighthouse"], 5)] == ["the lighthouse keeper"]
-    _downgrade(db, "0006")  # and back: the chat, its message-free file and its passage are all still there
+    _downgrade(db, "0006")  # and back: the chat, its file and its passage are all still there
     with db.engine.connect() as conn:
         assert conn.execute(text("SELECT count(*) FROM chats")).scalar() == 1
         assert conn.execute(text("SELECT rowid FROM document_chunks_fts WHERE document_chunks_fts MATCH "
