@@ -6,7 +6,8 @@ bytes live in the data dir under their SHA-256 (`FileStore`), never under a name
 a request gave, and go when the last document with that hash does. Search comes
 in two rankings of one chat's passages, whatever the database: by meaning (cosine
 of the vectors, scored here with numpy, which needs no extension in the database)
-and by words (SQLite's FTS5 with BM25; PostgreSQL's full-text search with ts_rank).
+and by words (SQLite's FTS5 with BM25; PostgreSQL's full-text search with ts_rank over
+a stored tsvector).
 Each document's vectors are kept in memory as one normalised matrix (`Vectors`) while
 its `revision` holds, so a search reads two small columns from the database, not
 every vector.
@@ -25,12 +26,12 @@ from datetime import datetime
 from pathlib import Path
 
 import numpy as np
-from sqlalchemy import bindparam, delete, func, select, text
+from sqlalchemy import bindparam, delete, func, literal_column, select, text
 from sqlalchemy.orm import Session
 
 from serge.store.chats import new_id
 from serge.store.db import PRIVATE_FILE, Database, private_dir
-from serge.store.tables import Document, DocumentChunk, now
+from serge.store.tables import FULL_TEXT_COLUMN, Document, DocumentChunk, now
 
 class DocumentNotFound(LookupError):
     pass
@@ -248,7 +249,7 @@ class DocumentStore:
                     "WHERE owner = :owner AND id IN :ids) ORDER BY bm25(document_chunks_fts) LIMIT :limit"
                 ).bindparams(bindparam("ids", ids, expanding=True), match=match, owner=owner, limit=limit)).all()
             else:
-                vector = func.to_tsvector("simple", DocumentChunk.text)
+                vector = literal_column(f"document_chunks.{FULL_TEXT_COLUMN}")
                 tsquery = func.to_tsquery("simple", " | ".join(words))
                 rank = func.ts_rank(vector, tsquery)
                 rows = session.execute(

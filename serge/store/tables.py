@@ -152,6 +152,9 @@ class DocumentChunk(Base):
 # SQLite's FTS5 index over document_chunks.text, and the shadow tables FTS5 keeps beside it (`_data`, `_idx`, ...):
 # made by migration 0006, with no model here, since SQLAlchemy cannot describe a virtual table.
 FULL_TEXT_TABLE = "document_chunks_fts"
+# PostgreSQL's: document_chunks.text parsed once (a generated, stored tsvector with a GIN index), made by 0007.
+FULL_TEXT_COLUMN = "text_search"
+FULL_TEXT_INDEX = "ix_document_chunks_text_search"
 
 
 class User(Base):

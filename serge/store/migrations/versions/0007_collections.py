@@ -9,7 +9,9 @@ A document now belongs to a chat or to a collection, and carries its indexing st
 SQLite changes `documents.chat_id` to nullable by copying the table, and dropping the
 old one would cascade to its passages (foreign keys are on; SQLite refuses that drop
 anyway, the table being locked by the full-text triggers): they are kept aside and put
-back, and the full-text index rebuilt from them.
+back, and the full-text index rebuilt from them. On PostgreSQL, the passages' words are
+kept parsed (a stored `text_search` tsvector with a GIN index): parsing every passage's
+text for each search cost 0.2 ms a passage.
 """
 
 import sqlalchemy as sa
@@ -50,6 +52,10 @@ def upgrade() -> None:
         batch.create_index("ix_documents_collection_id", ["collection_id"])
     if sqlite:
         _put_back_chunks()
+    else:
+        op.execute("ALTER TABLE document_chunks ADD COLUMN text_search tsvector "
+                   "GENERATED ALWAYS AS (to_tsvector('simple', text)) STORED")
+        op.execute("CREATE INDEX ix_document_chunks_text_search ON document_chunks USING GIN (text_search)")
     with op.batch_alter_table("chats") as batch:
         batch.add_column(sa.Column("knowledge", sa.JSON))
     with op.batch_alter_table("messages") as batch:
@@ -73,6 +79,9 @@ def downgrade() -> None:
     if sqlite:
         op.execute("CREATE TEMP TABLE kept_chunks AS SELECT * FROM document_chunks")
         op.execute("DELETE FROM document_chunks")
+    else:
+        op.execute("DROP INDEX ix_document_chunks_text_search")
+        op.execute("ALTER TABLE document_chunks DROP COLUMN text_search")
     with op.batch_alter_table("documents") as batch:
         batch.drop_index("ix_documents_collection_id")
         batch.drop_constraint("fk_documents_collection_id", type_="foreignkey")
