@@ -236,3 +236,21 @@ def _downgrade(db: Database, revision: str) -> None:
     with db.engine.begin() as connection:
         config.attributes["connection"] = connection
         command.downgrade(config, revision)
+
+
+def test_a_removed_account_takes_its_collections_with_it(database, files):
+    from serge.store import AccountStore
+
+    accounts = AccountStore(database)
+    user = accounts.add_user("ada", "not-a-real-hash", admin=False)
+    knowledge, indexer = service(database, files, HeldEmbedder())
+    try:
+        box = knowledge.create(user.id, "box")
+        knowledge.upload(user.id, box.id, "a.md", b"the third stone")
+        wait_for(lambda: knowledge.get(user.id, box.id).files_waiting == 0, what="indexing")
+        accounts.remove_user("ada")
+        assert knowledge.list(user.id) == []
+        with database.session() as session:
+            assert session.scalar(select(DocumentChunk.id)) is None
+    finally:
+        indexer.close()
