@@ -79,7 +79,7 @@ def search_latency(url: str, passages: int, queries: int, seed: int = 0) -> dict
     for first in range(0, passages, PER_FILE):
         doc = collections.add_file("bench", box.id, name=f"file-{first}.txt", media_type="text/plain",
                                    data=f"file {first}".encode())
-        assert collections.next_to_index() is not None
+        assert collections.next_to_index(datetime.now().astimezone()) is not None
         count = min(PER_FILE, passages - first)
         matrix = vectors.standard_normal((count, DIMENSIONS)).astype(np.float32)
         collections.append(doc.id, 0, [NewChunk(1, _text(rng, 120), v) for v in matrix])

@@ -254,3 +254,18 @@ def test_a_removed_account_takes_its_collections_with_it(database, files):
             assert session.scalar(select(DocumentChunk.id)) is None
     finally:
         indexer.close()
+
+
+def test_a_file_being_indexed_is_taken_by_no_other_indexer_until_its_claim_is_stale(database, files):
+    """Several Serge processes on one database: a live claim is left alone, a dead indexer's is taken over."""
+    from datetime import UTC, datetime, timedelta
+
+    store = CollectionStore(DocumentStore(database, files))
+    box = store.create("me", "box")
+    doc = store.add_file("me", box.id, name="a.md", media_type="text/markdown", data=b"a")
+    now = datetime.now(UTC)
+    assert store.next_to_index(now - timedelta(minutes=2)).id == doc.id  # queued: taken, and claimed
+    assert store.next_to_index(now - timedelta(minutes=2)) is None  # another indexer leaves it alone
+    assert store.next_to_index(now + timedelta(minutes=2)).id == doc.id  # a stale claim: a dead one's
+    store.release(doc.id)  # an indexer that stops lets go at once
+    assert store.next_to_index(now - timedelta(minutes=2)).id == doc.id

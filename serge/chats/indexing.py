@@ -6,13 +6,16 @@ before the next is embedded. It keeps no state of its own beyond its thread: a
 restart finds the file it was on still `indexing` and goes on after its last saved
 batch (reading and cutting are deterministic, so passage n is the same passage), and
 a cancel or a delete is seen by the next save, which the store then refuses.
-`wake()` after a change; `close()` stops it between two batches and joins it.
+`wake()` after a change; `close()` stops it between two batches, releases the file it
+was on (so the next start takes it at once) and joins it. A file whose indexer died
+without a word (a killed process) is taken over once its claim is `lease_s` old.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+from datetime import UTC, datetime, timedelta
 
 from serge.chats.documents import EMBED_BATCH, ChatDocuments
 from serge.documents import FileRefused, extract, passages
@@ -21,11 +24,12 @@ from serge.store import CollectionStore, DocumentRecord, NewChunk
 log = logging.getLogger(__name__)
 
 IDLE_POLL_S = 30.0  # another process on the same database may queue files: look now and then
+LEASE_S = 120.0  # a claim older than this is a dead indexer's (a batch of passages takes seconds)
 
 
 class Indexer:
-    def __init__(self, store: CollectionStore, documents: ChatDocuments) -> None:
-        self.store, self.documents = store, documents
+    def __init__(self, store: CollectionStore, documents: ChatDocuments, lease_s: float = LEASE_S) -> None:
+        self.store, self.documents, self.lease = store, documents, timedelta(seconds=lease_s)
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="serge-indexer", daemon=True)
@@ -46,7 +50,7 @@ class Indexer:
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
-                job = self.store.next_to_index()
+                job = self.store.next_to_index(datetime.now(UTC) - self.lease)
             except Exception:
                 log.exception("the indexer could not read its queue; trying again shortly")
                 job = None
@@ -55,14 +59,16 @@ class Indexer:
                 self._wake.clear()
                 continue
             try:
-                self._index(job)
+                if not self._index(job):
+                    self.store.release(job.id)
             except FileRefused as exc:
                 self.store.finish(job.id, error=str(exc))
             except Exception as exc:
                 log.exception("indexing %s failed", job.name)
                 self.store.finish(job.id, error=f"could not index {job.name}: {exc}")
 
-    def _index(self, job: DocumentRecord) -> None:
+    def _index(self, job: DocumentRecord) -> bool:
+        """False when it stopped before the end (closing, or the file was cancelled or deleted)."""
         data = self.store.documents.files.path(job.sha256).read_bytes()
         with self.documents.readers:
             pages = job.pages or extract(data, job.name).pages
@@ -71,10 +77,10 @@ class Indexer:
         start = self.store.passages_saved(job.id)  # after a restart: what the last run saved
         for first in range(start, len(cut), EMBED_BATCH):
             if self._stop.is_set():
-                return  # still `indexing`: the next start goes on from here
+                return False  # still `indexing`: the next start goes on from here
             batch = cut[first:first + EMBED_BATCH]
             vectors = self.documents.vectors([p.text for p in batch])
             if not self.store.append(job.id, first, [NewChunk(p.page, p.text, v) for p, v in zip(batch, vectors)]):
-                return  # cancelled or deleted meanwhile
-        if not self._stop.is_set():
-            self.store.finish(job.id)
+                return False  # cancelled or deleted meanwhile
+        self.store.finish(job.id)
+        return True

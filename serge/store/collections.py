@@ -1,10 +1,13 @@
 """The collections repository: named sets of an owner's files, and the indexing state of each file.
 
-A collection's file is kept as soon as it is uploaded (`queued`); the indexer takes
+A collection's file is kept as soon as it is uploaded (`queued`); an indexer takes
 the oldest waiting file (`next_to_index`), writes its passages in batches, each
 batch one transaction (`append`), and marks it `indexed`. So the database alone
 says how far indexing got: a restart resumes a file after its last saved batch,
-and a cancelled or deleted file stops taking batches. The owner's methods take the
+and a cancelled or deleted file stops taking batches. A file being indexed is
+claimed (`claimed_at`, renewed by every batch, cleared by `release` when an indexer
+stops): several Serge processes on one database never index the same file at once,
+and a file whose indexer died is taken over once its claim is stale. The owner's methods take the
 owner, and another owner's collection is "not found"; the indexer's take a file id.
 """
 
@@ -15,7 +18,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 import numpy as np
-from sqlalchemy import case, func, select, update
+from sqlalchemy import and_, case, func, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -190,21 +193,29 @@ class CollectionStore:
             return dict(session.execute(stmt).all())
 
     # --- the indexer's ------------------------------------------------------------
-    def next_to_index(self) -> DocumentRecord | None:
-        """The oldest file waiting (one cut off by a restart first), now marked `indexing`."""
+    def next_to_index(self, stale_before: datetime) -> DocumentRecord | None:
+        """The oldest file waiting (one cut off mid-file first: released, or claimed before `stale_before`), now
+        marked `indexing` and claimed."""
+        free = or_(Document.state == "queued", and_(Document.state == "indexing", or_(
+            Document.claimed_at.is_(None), Document.claimed_at < stale_before)))
         with self.db.session() as session, session.begin():
-            row = session.scalar(select(Document).where(Document.state.in_(WAITING))
+            row = session.scalar(select(Document).where(free)
                                  .order_by(case((Document.state == "indexing", 0), else_=1), Document.created_at,
-                                           Document.id).limit(1))
+                                           Document.id).limit(1).with_for_update(skip_locked=True))
             if row is None:
                 return None
-            row.state = "indexing"
+            row.state, row.claimed_at = "indexing", now()
         return DocumentRecord.of(row)
+
+    def release(self, document_id: str) -> None:
+        """The indexer stops with the file unfinished: the next one may take it at once."""
+        with self.db.session() as session, session.begin():
+            session.execute(update(Document).where(Document.id == document_id).values(claimed_at=None))
 
     def read_done(self, document_id: str, pages: Sequence[str], chunks_total: int) -> None:
         with self.db.session() as session, session.begin():
             session.execute(update(Document).where(Document.id == document_id, Document.state == "indexing")
-                            .values(pages=list(pages), chunks_total=chunks_total))
+                            .values(pages=list(pages), chunks_total=chunks_total, claimed_at=now()))
 
     def passages_saved(self, document_id: str) -> int:
         with self.db.session() as session:
@@ -215,7 +226,7 @@ class CollectionStore:
         """Save a batch of passages, if the file is still being indexed; False once it is not (cancelled, gone)."""
         with self.db.session() as session, session.begin():
             moved = session.execute(update(Document).where(Document.id == document_id, Document.state == "indexing")
-                                    .values(revision=Document.revision + 1)).rowcount
+                                    .values(revision=Document.revision + 1, claimed_at=now())).rowcount
             if not moved:
                 return False
             session.add_all(DocumentChunk(document_id=document_id, seq=first_seq + i, page=c.page, text=c.text,
@@ -228,4 +239,4 @@ class CollectionStore:
         """`indexed`, or `failed` with the reason, unless it was cancelled meanwhile."""
         with self.db.session() as session, session.begin():
             session.execute(update(Document).where(Document.id == document_id, Document.state == "indexing")
-                            .values(state="failed" if error else "indexed", error=error))
+                            .values(state="failed" if error else "indexed", error=error, claimed_at=None))

@@ -125,6 +125,8 @@ class Document(Base):
     error: Mapped[str | None] = mapped_column(Text)
     chunks_total: Mapped[int | None] = mapped_column(Integer)  # known once the file is read
     revision: Mapped[int] = mapped_column(Integer, default=0)  # grows whenever its passages change
+    # while `indexing`: when its indexer last said it was at work on it (a stale one is taken over)
+    claimed_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     name: Mapped[str] = mapped_column(String(255))
     media_type: Mapped[str] = mapped_column(String(100))
     size_bytes: Mapped[int] = mapped_column(Integer)

@@ -47,6 +47,7 @@ def upgrade() -> None:
         batch.add_column(sa.Column("error", sa.Text))
         batch.add_column(sa.Column("chunks_total", sa.Integer))
         batch.add_column(sa.Column("revision", sa.Integer, nullable=False, server_default="0"))
+        batch.add_column(sa.Column("claimed_at", UTCDateTime))
         batch.create_foreign_key("fk_documents_collection_id", "collections", ["collection_id"], ["id"],
                                  ondelete="CASCADE")
         batch.create_index("ix_documents_collection_id", ["collection_id"])
@@ -85,7 +86,7 @@ def downgrade() -> None:
     with op.batch_alter_table("documents") as batch:
         batch.drop_index("ix_documents_collection_id")
         batch.drop_constraint("fk_documents_collection_id", type_="foreignkey")
-        for name in ("revision", "chunks_total", "error", "state", "collection_id"):
+        for name in ("claimed_at", "revision", "chunks_total", "error", "state", "collection_id"):
             batch.drop_column(name)
         batch.alter_column("chat_id", existing_type=sa.String(32), nullable=False)
     if sqlite:
