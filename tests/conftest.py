@@ -54,6 +54,21 @@ def _from_here(item, name: str) -> bool:
     return bool(defs) and defs[-1].func.__module__ == __name__ and name in item.fixturenames  # the last one wins
 
 
+@pytest.fixture(scope="session", autouse=True)
+def cheap_password_hashes():
+    """argon2id at its smallest costs in this process: the product's (argon2-cffi's defaults, 64 MiB and about
+    0.2 s a hash) made the login-throttle tests cost seconds each, and they check who may log in and how often,
+    not what a guess costs. A hash keeps its parameters, so either kind verifies."""
+    from functools import partial
+
+    from argon2 import PasswordHasher
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("serge.accounts.service.PasswordHasher",
+                      partial(PasswordHasher, time_cost=1, memory_cost=8, parallelism=1))
+        yield
+
+
 def models_dir() -> Path:
     return Path(os.environ.get("SERGE_TEST_MODELS_DIR") or Settings().models_path)
 
@@ -65,7 +80,8 @@ def free_port() -> int:
 
 
 @pytest.fixture(scope="session")
-def settings(tmp_path_factory) -> Settings:
+def real_settings(tmp_path_factory) -> Settings:
+    """The session's settings for the real model (a module on the stand-in still reaches them by this name)."""
     return Settings(
         data_dir=tmp_path_factory.mktemp("data"),
         models_dir=models_dir(),
@@ -73,17 +89,22 @@ def settings(tmp_path_factory) -> Settings:
     )
 
 
+@pytest.fixture(scope="session")
+def settings(real_settings) -> Settings:
+    return real_settings
+
+
 ENGINES = ("llama.cpp", "transformers")
 
 
 @pytest.fixture(scope="session")
-def engines(settings):
+def engines(real_settings):
     """engines(kind) -> the session's Engine serving MODEL with that local engine ("auto": the default)."""
     made: dict[str, Engine] = {}
 
     def get(kind: str = "auto") -> Engine:
         if kind not in made:
-            made[kind] = Engine(settings.model_copy(update={"engine": kind}))
+            made[kind] = Engine(real_settings.model_copy(update={"engine": kind}))
             made[kind].model(MODEL)
         return made[kind]
 
@@ -121,9 +142,9 @@ SMALL_WINDOW = 512  # tokens: a chat of a few dozen messages no longer fits
 
 
 @pytest.fixture(scope="session")
-def small_engine(settings):
+def small_engine(real_settings):
     """A second engine on the same model: one slot, room for four to wait, and a small context window."""
-    own = Settings(data_dir=settings.data_dir, models_dir=settings.models_path, max_running=1, max_queue=4,
+    own = Settings(data_dir=real_settings.data_dir, models_dir=real_settings.models_path, max_running=1, max_queue=4,
                    context_window=SMALL_WINDOW)
     with Engine(own) as engine:
         engine.model(MODEL)
@@ -182,6 +203,28 @@ def own_server(settings: Settings, engine: Engine, data_dir: Path, **overrides) 
         yield running.url
 
 
+def server_of_its_own(**overrides):
+    """A module fixture `server`: a real server over the module's own `settings` and `engine` (the stand-in's
+    or a real one, whichever the module takes), with a data dir of its own and `overrides` on its settings:
+    `server = server_of_its_own(max_request_bytes=64_000)` at module top."""
+
+    @pytest.fixture(scope="module", name="server")
+    def fixture(settings, engine, tmp_path_factory, request):
+        folder = tmp_path_factory.mktemp(request.module.__name__.removeprefix("test_"))
+        with own_server(settings, engine, folder, **overrides) as url:
+            yield url
+
+    return fixture
+
+
+@pytest.fixture(scope="module")
+def real_server(real_settings, both_engines, tmp_path_factory):
+    """A real server over each local engine in turn, with the real model: for the few end-to-end tests a module
+    on the stand-in keeps on the real model (marked `real_model`); `both_engines` is the engine behind it."""
+    with own_server(real_settings, both_engines, tmp_path_factory.mktemp("real")) as url:
+        yield url
+
+
 @pytest.fixture(scope="session")
 def server(settings, engine):
     """Base URL of a real Serge server sharing the session's engine."""
@@ -194,6 +237,16 @@ def standin_server(standin_settings, standin_engine):
     """Base URL of a real Serge server over the stand-in engine."""
     with ServerThread(build_app(standin_settings, standin_engine), standin_settings.port) as running:
         yield running.url
+
+
+@pytest.fixture(scope="session")
+def small_standin_server(standin_settings, tmp_path_factory):
+    """Base URL of a real server over a stand-in whose context window is SMALL_WINDOW tokens."""
+    from standin import standin_engine
+
+    with standin_engine(standin_settings, context_window=SMALL_WINDOW) as small, \
+            own_server(standin_settings, small, tmp_path_factory.mktemp("small-standin")) as url:
+        yield url
 
 
 SAFETENSORS_REPO = "serge-tests/SmolLM2-135M-Instruct"  # the bundled model's safetensors checkpoint
@@ -287,3 +340,34 @@ def browser():
                                      args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"])
         yield launched
         launched.close()
+
+
+@pytest.fixture
+def page(browser):
+    """A fresh page in its own context that fails the test if its script throws."""
+    context = browser.new_context(viewport={"width": 1280, "height": 860})
+    page = context.new_page()
+    errors = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    yield page
+    context.close()
+    assert not errors, f"the page threw: {errors}"
+
+
+def set_setting(page, label: str, value: str) -> None:
+    """Type into a settings field the way a person does (the panel saves on input)."""
+    field = page.get_by_label(label)
+    field.fill(value)
+    field.dispatch_event("input")
+
+
+def start_chat(page, url: str, question: str, max_tokens: int) -> None:
+    """Open the chat page, ask for greedy replies of at most `max_tokens` in the settings panel, send `question`."""
+    page.goto(url + "/")
+    page.get_by_role("button", name="Settings").click()
+    set_setting(page, "Max tokens", str(max_tokens))
+    set_setting(page, "Temperature", "0")
+    page.get_by_role("button", name="Close").click()
+    box = page.get_by_label("Message")
+    box.fill(question)
+    box.press("Enter")

@@ -6,17 +6,14 @@ import re
 
 import httpx
 import pytest
-from conftest import BROWSER, own_server
-from test_browser import expect, page  # noqa: F401  (the page fixture)
+from conftest import BROWSER, server_of_its_own
+from test_browser import expect
 
 
 pytestmark = [pytest.mark.real_model, *BROWSER]
 
 
-@pytest.fixture(scope="module")
-def server(settings, engine, tmp_path_factory):
-    with own_server(settings, engine, tmp_path_factory.mktemp("accounts-browser")) as url:
-        yield url
+server = server_of_its_own()
 
 
 def test_the_first_account_a_login_a_key_shown_once_and_a_logout(page, server):  # noqa: F811

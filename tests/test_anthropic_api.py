@@ -1,7 +1,8 @@
-"""Anthropic's Messages API through the official `anthropic` client, on each local engine: create, the
-event stream, a forced tool_use and its tool_result, count_tokens, errors in Anthropic's shape; and on
-the default engine: x-api-key with accounts on, the Host and cross-site checks, max_tokens capped to
-the window and a conversation too long for it refused with its counts."""
+"""Anthropic's Messages API through the official `anthropic` client: create, the event stream, a forced
+tool_use and its tool_result, count_tokens, errors in Anthropic's shape, x-api-key with accounts on, the
+Host and cross-site checks, max_tokens capped to the window and a conversation too long for it refused
+with its counts. The shapes are checked on the stand-in model (standin.py); a whole reply, a stream and
+a forced tool_use go through the real model on each local engine too (`real_model`)."""
 
 from __future__ import annotations
 
@@ -16,10 +17,12 @@ from pydantic import BaseModel, Field
 from serge.settings import Settings
 from serge.web.app import build_app
 
-from conftest import MODEL, SMALL_WINDOW, ServerThread, free_port, own_server
+from conftest import MODEL as REAL, SMALL_WINDOW, ServerThread, free_port, server_of_its_own
+from standin import NAME as MODEL, stand_in
 from test_accounts_api import add_user, serge
 
-pytestmark = pytest.mark.real_model  # the real model on a real server: the product's own promises
+settings, engine = stand_in("settings", "engine")
+server = server_of_its_own()
 
 WEATHER = {"name": "get_weather", "description": "Get the current weather in a city.",
            "input_schema": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 40}},
@@ -27,30 +30,24 @@ WEATHER = {"name": "get_weather", "description": "Get the current weather in a c
 ASK_WEATHER = [{"role": "user", "content": "What is the weather like in Paris today?"}]
 HELLO = [{"role": "user", "content": "What is the capital of France?"}]
 GREEDY = {"temperature": 0}  # the client no longer has temperature among its arguments; clients still send it
+TOOL_ROOM = 120  # tokens for a tool call: the stand-in's tokens are bytes, and a call is about 70
 EVENTS = ("message_start", "ping", "content_block_start", "content_block_delta", "content_block_stop",
           "message_delta", "message_stop")
 
 
-@pytest.fixture(scope="module")
-def dialect_engine(both_engines):
-    return both_engines
-
-
-@pytest.fixture(scope="module")
-def url(dialect_engine, settings, tmp_path_factory) -> str:
-    with own_server(settings, dialect_engine, tmp_path_factory.mktemp("anthropic")) as served:
-        yield served
-
-
-@pytest.fixture(scope="module")
-def client(url) -> Anthropic:
+def anthropic_client(url: str) -> Anthropic:
     return Anthropic(base_url=url, api_key="not-needed", max_retries=0, timeout=300)
 
 
-def events(url: str, body: dict, **kwargs) -> list[tuple[str, dict]]:
+@pytest.fixture(scope="module")
+def client(server) -> Anthropic:
+    return anthropic_client(server)
+
+
+def events(url: str, body: dict, model: str = MODEL, **kwargs) -> list[tuple[str, dict]]:
     """The raw server-sent events of a streamed message: (event name, data), pings included."""
     out = []
-    with httpx.stream("POST", f"{url}/v1/messages", json={"model": MODEL, "stream": True, **body}, timeout=300,
+    with httpx.stream("POST", f"{url}/v1/messages", json={"model": model, "stream": True, **body}, timeout=300,
                       **kwargs) as response:
         assert response.status_code == 200, response.read()
         kind = None
@@ -65,20 +62,24 @@ def events(url: str, body: dict, **kwargs) -> list[tuple[str, dict]]:
 
 
 # --- create and stream ---------------------------------------------------------------------------------
-def test_create_answers_in_anthropics_shape(client):
-    message = client.messages.create(model=MODEL, max_tokens=40, messages=HELLO, extra_body=GREEDY)
+@pytest.mark.real_model
+def test_create_answers_in_anthropics_shape(real_server):
+    client = anthropic_client(real_server)  # the real model, on each local engine
+    message = client.messages.create(model=REAL, max_tokens=40, messages=HELLO, extra_body=GREEDY)
     assert message.id.startswith("msg_") and message.type == "message" and message.role == "assistant"
-    assert message.model == MODEL
+    assert message.model == REAL
     assert [b.type for b in message.content] == ["text"] and message.content[0].text.strip()
     assert message.stop_reason in ("end_turn", "max_tokens") and message.stop_sequence is None
     assert message.usage.input_tokens > 5 and 0 < message.usage.output_tokens <= 40
-    short = client.messages.create(model=MODEL, max_tokens=2, messages=HELLO, extra_body=GREEDY)
+    short = client.messages.create(model=REAL, max_tokens=2, messages=HELLO, extra_body=GREEDY)
     assert short.stop_reason == "max_tokens" and short.usage.output_tokens == 2
 
 
-def test_a_stream_sends_every_event_in_order_and_adds_up_to_the_whole_reply(client, url):
-    whole = client.messages.create(model=MODEL, max_tokens=30, messages=HELLO, extra_body=GREEDY)
-    seen = events(url, {"max_tokens": 30, "messages": HELLO, **GREEDY})
+@pytest.mark.real_model
+def test_a_stream_sends_every_event_in_order_and_adds_up_to_the_whole_reply(real_server):
+    client, url = anthropic_client(real_server), real_server  # the real model, on each local engine
+    whole = client.messages.create(model=REAL, max_tokens=30, messages=HELLO, extra_body=GREEDY)
+    seen = events(url, {"max_tokens": 30, "messages": HELLO, **GREEDY}, REAL)
     kinds = [k for k, _ in seen]
     assert kinds[:3] == ["message_start", "ping", "content_block_start"]
     assert set(kinds[3:-3]) == {"content_block_delta"} and len(kinds[3:-3]) > 1
@@ -92,7 +93,7 @@ def test_a_stream_sends_every_event_in_order_and_adds_up_to_the_whole_reply(clie
     end = seen[-2][1]
     assert end["delta"]["stop_reason"] == whole.stop_reason
     assert end["usage"]["output_tokens"] == whole.usage.output_tokens
-    with client.messages.stream(model=MODEL, max_tokens=30, messages=HELLO, extra_body=GREEDY) as stream:
+    with client.messages.stream(model=REAL, max_tokens=30, messages=HELLO, extra_body=GREEDY) as stream:
         final = stream.get_final_message()
     assert final.content[0].text == whole.content[0].text and final.usage.output_tokens == whole.usage.output_tokens
 
@@ -108,15 +109,17 @@ def test_a_stop_sequence_ends_the_reply_and_is_named(client):
 
 
 # --- tools ----------------------------------------------------------------------------------------------
-def test_tool_choice_any_forces_a_tool_use_whose_input_meets_the_schema(client, url):
-    message = client.messages.create(model=MODEL, max_tokens=60, messages=ASK_WEATHER, tools=[WEATHER],
+@pytest.mark.real_model
+def test_tool_choice_any_forces_a_tool_use_whose_input_meets_the_schema(real_server):
+    client, url = anthropic_client(real_server), real_server  # the real model, on each local engine
+    message = client.messages.create(model=REAL, max_tokens=60, messages=ASK_WEATHER, tools=[WEATHER],
                                      tool_choice={"type": "any"}, extra_body=GREEDY)
     assert message.stop_reason == "tool_use"
     use = [b for b in message.content if b.type == "tool_use"][0]
     assert use.id.startswith("toolu_") and use.name == "get_weather"
     assert isinstance(use.input["city"], str) and len(use.input["city"]) <= 40
     seen = events(url, {"max_tokens": 60, "messages": ASK_WEATHER, "tools": [WEATHER], "tool_choice": {"type": "any"},
-                        **GREEDY})
+                        **GREEDY}, REAL)
     block = next(d["content_block"] for k, d in seen if k == "content_block_start"
                  and d["content_block"]["type"] == "tool_use")
     assert block["name"] == "get_weather" and block["id"].startswith("toolu_") and block["input"] == {}
@@ -129,13 +132,13 @@ def test_a_named_tool_is_used(client):
     clock = {"name": "get_time", "description": "Get the time in a timezone.",
              "input_schema": {"type": "object", "properties": {"timezone": {"type": "string", "maxLength": 40}},
                               "required": ["timezone"]}}
-    message = client.messages.create(model=MODEL, max_tokens=60, messages=ASK_WEATHER, tools=[WEATHER, clock],
+    message = client.messages.create(model=MODEL, max_tokens=TOOL_ROOM, messages=ASK_WEATHER, tools=[WEATHER, clock],
                                      tool_choice={"type": "tool", "name": "get_time"}, extra_body=GREEDY)
     assert [b.name for b in message.content if b.type == "tool_use"] == ["get_time"]
 
 
 def test_a_tool_result_goes_back_and_the_model_answers_in_text(client):
-    first = client.messages.create(model=MODEL, max_tokens=60, messages=ASK_WEATHER, tools=[WEATHER],
+    first = client.messages.create(model=MODEL, max_tokens=TOOL_ROOM, messages=ASK_WEATHER, tools=[WEATHER],
                                    tool_choice={"type": "any"}, extra_body=GREEDY)
     use = [b for b in first.content if b.type == "tool_use"][0]
     result = {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id,
@@ -210,15 +213,16 @@ def test_a_system_block_list_and_a_system_message_mid_conversation_are_accepted(
 
 
 def test_a_trailing_assistant_message_is_continued(client):
-    prefill = [*HELLO, {"role": "assistant", "content": "The capital of France is"}]
+    ask = [{"role": "user", "content": "Tell me a long story about a dragon."}]
+    prefill = [*ask, {"role": "assistant", "content": "Once upon a time"}]
     reply = client.messages.create(model=MODEL, max_tokens=10, messages=prefill, extra_body=GREEDY)
     text = reply.content[0].text
-    assert text.strip() and not text.startswith("The capital")
-    fresh = client.messages.create(model=MODEL, max_tokens=10, messages=HELLO, extra_body=GREEDY)
+    assert text.strip() and not text.startswith("Once upon")
+    fresh = client.messages.create(model=MODEL, max_tokens=10, messages=ask, extra_body=GREEDY)
     assert reply.usage.input_tokens > fresh.usage.input_tokens
 
 
-def test_fields_without_effect_are_accepted(client, url):
+def test_fields_without_effect_are_accepted(client, server):
     message = client.messages.create(
         model=MODEL, max_tokens=3, messages=[{"role": "user", "content": [
             {"type": "text", "text": "Hi", "cache_control": {"type": "ephemeral"}}]}],
@@ -227,23 +231,23 @@ def test_fields_without_effect_are_accepted(client, url):
         extra_headers={"anthropic-beta": "prompt-caching-2024-07-31", "anthropic-version": "2023-06-01"},
         extra_query={"beta": "true"})
     assert message.content[0].type == "text"
-    echoed = httpx.post(f"{url}/v1/messages", timeout=120, json={
+    echoed = httpx.post(f"{server}/v1/messages", timeout=120, json={
         "model": MODEL, "max_tokens": 3, "stream": None, "system": None, "tools": None, "temperature": None,
         "messages": [{"role": "user", "content": "Hi", "id": "msg_from_an_earlier_reply"}]})
     assert echoed.status_code == 200, "null is a field not sent; a message's own unknown keys are ignored"
-    doc = httpx.get(f"{url}/openapi.json").json()["paths"]["/v1/messages"]["post"]
+    doc = httpx.get(f"{server}/openapi.json").json()["paths"]["/v1/messages"]["post"]
     for field in ("cache_control", "thinking", "context_management", "output_config.effort", "beta=true"):
         assert field in doc["description"], field
 
 
 # --- errors ---------------------------------------------------------------------------------------------
-def test_errors_come_in_anthropics_shape_with_its_types(client, url):
+def test_errors_come_in_anthropics_shape_with_its_types(client, server):
     with pytest.raises(anthropic.NotFoundError) as missing:
         client.messages.create(model="claude-sonnet-4-5", max_tokens=5, messages=HELLO)
     assert missing.value.body == {"type": "error", "error": {"type": "not_found_error",
                                                              "message": missing.value.body["error"]["message"]}}
     assert "claude-sonnet-4-5" in missing.value.body["error"]["message"]
-    no_max = httpx.post(f"{url}/v1/messages", json={"model": MODEL, "messages": HELLO})
+    no_max = httpx.post(f"{server}/v1/messages", json={"model": MODEL, "messages": HELLO})
     assert no_max.status_code == 400
     assert no_max.json()["type"] == "error" and no_max.json()["error"]["type"] == "invalid_request_error"
     assert "max_tokens" in no_max.json()["error"]["message"]
@@ -257,7 +261,7 @@ def test_errors_come_in_anthropics_shape_with_its_types(client, url):
         "tool_choice": {"tool_choice": {"type": "any"}},
     }
     for named, body in refused.items():
-        response = httpx.post(f"{url}/v1/messages", json={"model": MODEL, "max_tokens": 5, "messages": HELLO, **body})
+        response = httpx.post(f"{server}/v1/messages", json={"model": MODEL, "max_tokens": 5, "messages": HELLO, **body})
         assert response.status_code == 400, (named, response.text)
         error = response.json()["error"]
         assert error["type"] == "invalid_request_error" and named in error["message"], (named, error)
@@ -265,16 +269,9 @@ def test_errors_come_in_anthropics_shape_with_its_types(client, url):
         client.messages.count_tokens(model=MODEL, messages=[])
 
 
-# --- the window, on an engine with a small one -----------------------------------------------------------
-@pytest.fixture(scope="module")
-def small_url(small_engine, tmp_path_factory):
-    own = Settings(data_dir=tmp_path_factory.mktemp("anthropic-small"), models_dir=small_engine.settings.models_path)
-    with ServerThread(build_app(own, small_engine), free_port()) as running:
-        yield running.url
-
-
-def test_max_tokens_above_the_window_is_capped_to_what_it_leaves(small_url):
-    small = Anthropic(base_url=small_url, api_key="x", max_retries=0, timeout=300)
+# --- the window, on a stand-in with a small one -----------------------------------------------------------
+def test_max_tokens_above_the_window_is_capped_to_what_it_leaves(small_standin_server):
+    small = Anthropic(base_url=small_standin_server, api_key="x", max_retries=0, timeout=300)
     filler = " ".join(["apple"] * 40)
     long_question = [{"role": "user", "content": f"{filler}\nRepeat the word apple many times."}]
     prompt = small.messages.count_tokens(model=MODEL, messages=long_question).input_tokens
@@ -285,16 +282,17 @@ def test_max_tokens_above_the_window_is_capped_to_what_it_leaves(small_url):
     if message.usage.output_tokens == room:
         assert message.stop_reason == "max_tokens"
     nearly_full = [{"role": "user", "content": "Tell me a long story about a dragon."},
-                   {"role": "assistant", "content": "Once upon a time, a dragon flew over the hills. " * 37}]
+                   {"role": "assistant", "content": "Once upon a time, a dragon flew over the hills. " * 7
+                    + "It landed."}]  # the stand-in's tokens are bytes: this leaves 33
     tight = small.messages.create(model=MODEL, max_tokens=32000, messages=nearly_full, extra_body=GREEDY)
     left = SMALL_WINDOW - tight.usage.input_tokens
     assert 0 < left < 40
     assert tight.usage.output_tokens == left and tight.stop_reason == "max_tokens"
 
 
-def test_a_conversation_longer_than_the_window_is_a_400_with_the_counts(small_url):
+def test_a_conversation_longer_than_the_window_is_a_400_with_the_counts(small_standin_server):
     turns = [{"role": r, "content": "word " * 150} for r in ("user", "assistant") * 3] + HELLO
-    response = httpx.post(f"{small_url}/v1/messages", json={"model": MODEL, "max_tokens": 10, "messages": turns},
+    response = httpx.post(f"{small_standin_server}/v1/messages", json={"model": MODEL, "max_tokens": 10, "messages": turns},
                           timeout=120)
     assert response.status_code == 400, response.text
     error = response.json()["error"]
@@ -303,23 +301,17 @@ def test_a_conversation_longer_than_the_window_is_a_400_with_the_counts(small_ur
 
 
 # --- the same rules as every route ----------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def guarded(settings, engine, tmp_path_factory):
-    with own_server(settings, engine, tmp_path_factory.mktemp("anthropic-hijack")) as url:
-        yield url
-
-
 @pytest.mark.parametrize("path", ["/v1/messages", "/v1/messages/count_tokens"])
-def test_a_hostile_host_or_a_cross_site_post_is_refused_and_generates_nothing(guarded, engine, path):
+def test_a_hostile_host_or_a_cross_site_post_is_refused_and_generates_nothing(server, engine, path):
     before = engine.metrics.snapshot()[MODEL].requests
     body = {"model": MODEL, "max_tokens": 2, "messages": HELLO}
     attempts = {421: {"Host": "evil.example", "Origin": "http://evil.example"},
                 403: {"Origin": "http://evil.example"}}
     for status, headers in attempts.items():
-        response = httpx.post(f"{guarded}{path}", json=body, headers=headers, timeout=60)
+        response = httpx.post(f"{server}{path}", json=body, headers=headers, timeout=60)
         assert response.status_code == status, response.text
         assert response.json()["type"] == "error" and response.json()["error"]["message"]
-    cross = httpx.post(f"{guarded}{path}", json=body, headers={"Sec-Fetch-Site": "cross-site"}, timeout=60)
+    cross = httpx.post(f"{server}{path}", json=body, headers={"Sec-Fetch-Site": "cross-site"}, timeout=60)
     assert cross.status_code == 403 and cross.json()["error"]["type"] == "permission_error"
     assert engine.metrics.snapshot()[MODEL].requests == before
 

@@ -7,11 +7,9 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from conftest import ServerThread, free_port
+from conftest import server_of_its_own
 from standin import stand_in
 
-from serge.settings import Settings
-from serge.web.app import build_app
 
 
 # On the stand-in model (standin.py): nothing here needs the real one.
@@ -21,12 +19,7 @@ settings, engine = stand_in("settings", "engine")
 LONE = '"\\ud800"'  # a JSON escape for half of a surrogate pair: parses in Python, is not text
 
 
-@pytest.fixture(scope="module")
-def server(settings, engine, tmp_path_factory):
-    own = Settings(data_dir=tmp_path_factory.mktemp("bad-input"), models_dir=settings.models_dir,
-                   torch_threads=settings.torch_threads, max_request_bytes=64_000)
-    with ServerThread(build_app(own, engine), free_port()) as running:
-        yield running.url
+server = server_of_its_own(max_request_bytes=64_000)
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ import time
 
 import httpx
 import pytest
-from conftest import BROWSER, ServerThread, free_port, own_server
+from conftest import BROWSER, ServerThread, free_port, server_of_its_own, set_setting, start_chat
 from test_reply_listeners import long_chat
 
 from serge.settings import Settings
@@ -20,39 +20,11 @@ playwright_sync = pytest.importorskip("playwright.sync_api")
 expect = playwright_sync.expect
 
 
-@pytest.fixture(scope="module")
-def server(settings, engine, tmp_path_factory):
-    with own_server(settings, engine, tmp_path_factory.mktemp("browser")) as url:
-        yield url
-
-
-@pytest.fixture
-def page(browser):
-    context = browser.new_context(viewport={"width": 1280, "height": 860})
-    page = context.new_page()
-    errors = []
-    page.on("pageerror", lambda exc: errors.append(str(exc)))
-    yield page
-    context.close()
-    assert not errors, f"the page threw: {errors}"
-
-
-def set_setting(page, label: str, value: str) -> None:
-    field = page.get_by_label(label)
-    field.fill(value)
-    field.dispatch_event("input")
+server = server_of_its_own()
 
 
 def test_a_person_chats_stops_a_reply_renames_and_finds_everything_after_reload(page, server):
-    page.goto(server + "/")
-    page.get_by_role("button", name="Settings").click()
-    set_setting(page, "Max tokens", "8")
-    set_setting(page, "Temperature", "0")
-    page.get_by_role("button", name="Close").click()
-
-    box = page.get_by_label("Message")
-    box.fill("Say hello.")
-    box.press("Enter")
+    start_chat(page, server, "Say hello.", 8)
     expect(page).to_have_url(re.compile(r"/c/[0-9a-f]{32}$"))  # the chat's own address, at once
     first = page.locator('[data-role="assistant"]').first
     expect(first).to_have_attribute("data-status", re.compile("complete|length"), timeout=90_000)
@@ -66,7 +38,7 @@ def test_a_person_chats_stops_a_reply_renames_and_finds_everything_after_reload(
     expect(page.locator("#settings-saved")).to_have_text("Saved.")
     page.get_by_role("button", name="Close").click()
 
-    box.fill("Write a very long story about a dragon who learns to cook.")
+    page.get_by_label("Message").fill("Write a very long story about a dragon who learns to cook.")
     page.get_by_role("button", name="Send").click()
     stop = page.get_by_role("button", name="Stop")
     expect(stop).to_be_visible()

@@ -11,7 +11,6 @@ import pytest
 import documents as files
 from conftest import BROWSER, own_server
 from standin import NAME
-from test_browser import page  # noqa: F401  (fixture: a page that fails the test if it throws)
 from test_chat_documents import EMBEDDER, QUESTION, HashEmbedder, asked_text, recorder  # noqa: F401  (fixture)
 
 from serge.engine import Engine

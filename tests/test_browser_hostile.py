@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 
 import httpx
 import pytest
-from conftest import BROWSER, own_server
+from conftest import BROWSER, server_of_its_own
 
 
 pytestmark = [pytest.mark.real_model, *BROWSER]
@@ -53,10 +53,7 @@ document.addEventListener("securitypolicyviolation",
 """
 
 
-@pytest.fixture(scope="module")
-def server(settings, engine, tmp_path_factory):
-    with own_server(settings, engine, tmp_path_factory.mktemp("hostile")) as url:
-        yield url
+server = server_of_its_own()
 
 
 class Watched:

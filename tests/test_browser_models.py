@@ -6,8 +6,7 @@ import re
 import time
 
 import pytest
-from conftest import BROWSER, MODEL, SAFETENSORS_REPO, ServerThread, free_port, models_dir
-from test_browser import page, set_setting  # noqa: F401  (the page fixture)
+from conftest import BROWSER, MODEL, SAFETENSORS_REPO, ServerThread, free_port, models_dir, set_setting
 
 from serge.engine import Engine, ModelLibrary
 from serge.settings import Settings

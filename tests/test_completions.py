@@ -1,4 +1,7 @@
-"""/v1/completions: raw text continued by the official openai client, no chat template, whole or streamed."""
+"""/v1/completions: raw text continued by the official openai client, no chat template, whole or streamed.
+
+On the stand-in model (standin.py); a raw prompt and a stream go through the real model on each local
+engine too (`real_model`), and an embedding model named here needs the real library."""
 
 from __future__ import annotations
 
@@ -6,9 +9,18 @@ import httpx
 import pytest
 from openai import OpenAI
 
-from conftest import MODEL
+from conftest import MODEL as REAL, server_of_its_own
+from standin import NAME as MODEL, stand_in, standin_engine
 
-pytestmark = pytest.mark.real_model  # the real model on a real server: the product's own promises
+settings = stand_in("settings")
+server = server_of_its_own()
+
+
+@pytest.fixture(scope="module")
+def engine(settings):
+    """A stand-in that never ends a text itself: it ends a turn, and a raw prompt has none."""
+    with standin_engine(settings, reply_tokens=None) as made:
+        yield made
 
 PROMPT = "The capital of France is"
 
@@ -18,7 +30,14 @@ def client(server):
     return OpenAI(base_url=f"{server}/v1", api_key="unused")
 
 
-def test_a_raw_prompt_is_continued_without_the_chat_template(client, engine):
+@pytest.fixture(scope="module")
+def real_client(real_server):
+    return OpenAI(base_url=f"{real_server}/v1", api_key="unused")
+
+
+@pytest.mark.real_model
+def test_a_raw_prompt_is_continued_without_the_chat_template(real_client, both_engines):
+    client, engine, MODEL = real_client, both_engines, REAL
     reply = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=8, temperature=0)
     [choice] = reply.choices
     assert choice.text and not choice.text.startswith(PROMPT) and choice.finish_reason in ("length", "stop")
@@ -40,7 +59,9 @@ def test_echo_logprobs_stop_and_several_prompts(client):
     assert alone.choices[0].text == two.choices[1].text  # greedy: the same beside another prompt
 
 
-def test_a_streamed_completion_adds_up_to_the_whole_one(client):
+@pytest.mark.real_model
+def test_a_streamed_completion_adds_up_to_the_whole_one(real_client):
+    client, MODEL = real_client, REAL
     whole = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=10, temperature=0).choices[0].text
     pieces = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=10, temperature=0, stream=True)
     chunks = list(pieces)
@@ -55,10 +76,15 @@ def test_a_streamed_completion_adds_up_to_the_whole_one(client):
     ({"prompt": PROMPT, "n": 9}, "n", "less than or equal to 8"),
     ({"prompt": PROMPT, "logprobs": 9}, "logprobs", ""),
     ({"prompt": PROMPT, "best_of": 2}, "best_of", "does not support"),
-    ({"prompt": "x", "model": "all-minilm-l6-v2"}, "model", "embedding model"),
 ])
-def test_bad_input_is_a_400_naming_the_field(server, body, param, words):
-    reply = httpx.post(f"{server}/v1/completions", json={"model": MODEL, **body}, timeout=60)
+def test_bad_input_is_a_400_naming_the_field(server, body, param, words, model=MODEL):
+    reply = httpx.post(f"{server}/v1/completions", json={"model": model, **body}, timeout=60)
     assert reply.status_code == 400, reply.text
     error = reply.json()["error"]
     assert error["param"] == param and words in error["message"], error
+
+
+@pytest.mark.real_model
+def test_an_embedding_model_is_a_400_naming_model(real_server):
+    test_bad_input_is_a_400_naming_the_field(real_server, {"prompt": "x", "model": "all-minilm-l6-v2"}, "model",
+                                             "embedding model", REAL)

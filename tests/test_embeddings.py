@@ -1,4 +1,7 @@
-"""Embeddings: the bundled embedding model through /v1/embeddings, spoken to by the official openai client."""
+"""Embeddings: the bundled embedding model through /v1/embeddings, spoken to by the official openai client.
+
+On the real embedding model (`real_model`); bad input that is refused before any model is asked, and the
+same guards as every route, on the stand-in's server (standin.py)."""
 
 from __future__ import annotations
 
@@ -11,10 +14,21 @@ import pytest
 from openai import OpenAI
 
 from conftest import MODEL, ServerThread, free_port
+from standin import stand_in
 
-pytestmark = pytest.mark.real_model  # the real model on a real server: the product's own promises
+settings, engine = stand_in("settings", "engine")  # and `standin_server`, the stand-in's shared server
+real_model = pytest.mark.real_model  # the real embedding model on a real server
 
 EMBEDDER = "all-minilm-l6-v2"
+
+
+@pytest.fixture(scope="module")
+def server(real_settings, engines, tmp_path_factory):
+    """A server over the real models (the bundled chat model and the embedding model)."""
+    from conftest import own_server
+
+    with own_server(real_settings, engines("auto"), tmp_path_factory.mktemp("embeddings")) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
@@ -26,6 +40,7 @@ def cosine(a: list[float], b: list[float]) -> float:
     return sum(x * y for x, y in zip(a, b)) / math.sqrt(sum(x * x for x in a) * sum(y * y for y in b))
 
 
+@real_model
 def test_a_sentence_is_nearer_its_paraphrase_than_an_unrelated_sentence(client):
     texts = ["The cat is sleeping on the sofa.", "A kitten naps on the couch.", "Interest rates rose again in March."]
     reply = client.embeddings.create(model=EMBEDDER, input=texts)
@@ -36,6 +51,7 @@ def test_a_sentence_is_nearer_its_paraphrase_than_an_unrelated_sentence(client):
     assert reply.usage.prompt_tokens == reply.usage.total_tokens > 0 and reply.model == EMBEDDER
 
 
+@real_model
 def test_a_batch_gives_each_text_the_vector_it_gets_alone(client):
     texts = ["x " * 200, "short", "a somewhat longer sentence about the weather in spring"]  # not by length
     batch = [d.embedding for d in client.embeddings.create(model=EMBEDDER, input=texts).data]
@@ -44,6 +60,7 @@ def test_a_batch_gives_each_text_the_vector_it_gets_alone(client):
         assert max(abs(a - b) for a, b in zip(alone, vector)) < 1e-5
 
 
+@real_model
 def test_every_input_form_and_base64(server, client):
     one = client.embeddings.create(model=EMBEDDER, input="hello world").data[0].embedding
     ids = httpx.post(f"{server}/v1/embeddings", json={"model": EMBEDDER, "input": [7592, 2088]}, timeout=60).json()
@@ -61,18 +78,26 @@ def test_every_input_form_and_base64(server, client):
     ({"input": []}, "input", "empty"),
     ({"input": ""}, "input", "empty string"),
     ({"input": ["a"] * 2049}, "input", "2048"),
-    ({"input": "x", "dimensions": 100}, "dimensions", "384"),
-    ({"input": [[10**9]]}, "input", "vocabulary"),
     ({"input": "x", "encoding_format": "int8"}, "encoding_format", "float"),
-    ({"input": "x", "model": MODEL}, "model", EMBEDDER),
 ])
-def test_bad_input_is_a_400_naming_the_field(server, body, param, words):
-    reply = httpx.post(f"{server}/v1/embeddings", json=body, timeout=60)
+def test_bad_input_is_a_400_naming_the_field(standin_server, body, param, words, server=None):
+    reply = httpx.post(f"{server or standin_server}/v1/embeddings", json=body, timeout=60)
     assert reply.status_code == 400, reply.text
     error = reply.json()["error"]
     assert error["param"] == param and words in error["message"], error
 
 
+@real_model
+@pytest.mark.parametrize("body, param, words", [
+    ({"input": "x", "dimensions": 100}, "dimensions", "384"),
+    ({"input": [[10**9]]}, "input", "vocabulary"),
+    ({"input": "x", "model": MODEL}, "model", EMBEDDER),
+])
+def test_bad_input_for_the_model_is_a_400_naming_the_field(server, body, param, words):
+    test_bad_input_is_a_400_naming_the_field(None, body, param, words, server)
+
+
+@real_model
 def test_a_chat_request_to_the_embedding_model_names_the_models_that_chat(server):
     reply = httpx.post(f"{server}/v1/chat/completions", timeout=60,
                        json={"model": EMBEDDER, "messages": [{"role": "user", "content": "hi"}]})
@@ -80,13 +105,15 @@ def test_a_chat_request_to_the_embedding_model_names_the_models_that_chat(server
     assert "embedding model" in reply.json()["error"]["message"] and MODEL in reply.json()["error"]["message"]
 
 
+@real_model
 def test_the_model_list_says_which_kind_each_model_is(server):
     models = {m["name"]: m for m in httpx.get(f"{server}/api/models", timeout=30).json()["data"]}
     assert models[EMBEDDER]["kind"] == "embedding" and models[MODEL]["kind"] == "chat"
     assert EMBEDDER in {m["id"] for m in httpx.get(f"{server}/v1/models", timeout=30).json()["data"]}
 
 
-def test_a_hostile_page_gets_no_embedding(server):
+def test_a_hostile_page_gets_no_embedding(standin_server):
+    server = standin_server
     cross = httpx.post(f"{server}/v1/embeddings", json={"input": "x"}, timeout=30,
                        headers={"Origin": "http://evil.example", "Sec-Fetch-Site": "cross-site"})
     rebound = httpx.post(f"{server}/v1/embeddings", json={"input": "x"}, timeout=30, headers={"Host": "evil.example"})
@@ -105,6 +132,7 @@ def test_with_accounts_no_key_no_embedding(settings, engine, tmp_path_factory):
         assert refused.status_code == 401, refused.text
 
 
+@real_model
 def test_langchains_openai_embeddings_work_against_it(server):
     """LangChain sends OpenAI's tiktoken ids unless told not to; sent as text (either way it offers), the
     vectors are the ones the openai client gets."""

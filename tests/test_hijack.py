@@ -14,7 +14,7 @@ import re
 import httpx
 import pytest
 from standin import NAME as MODEL, stand_in
-from conftest import ServerThread, free_port, own_server
+from conftest import ServerThread, free_port, server_of_its_own
 from starlette.datastructures import Headers
 
 from serge.settings import Settings
@@ -32,10 +32,7 @@ EVIL = "http://evil.example"
 HELLO = {"messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 2, "temperature": 0}
 
 
-@pytest.fixture(scope="module")
-def server(settings, engine, tmp_path_factory):
-    with own_server(settings, engine, tmp_path_factory.mktemp("hijack")) as url:
-        yield url
+server = server_of_its_own()
 
 
 @pytest.fixture

@@ -14,8 +14,8 @@ from pydantic import BaseModel, Field
 
 from serge.engine import Message, ResponseFormat, SamplingParams
 
-from conftest import own_server
-from standin import NAME as MODEL
+from conftest import server_of_its_own
+from standin import NAME as MODEL, stand_in
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Get the current weather in a city.",
@@ -37,21 +37,8 @@ class City(BaseModel):
     is_capital: bool
 
 
-@pytest.fixture(scope="module")
-def settings(standin_settings):
-    return standin_settings
-
-
-@pytest.fixture(scope="module")
-def engine(standin_engine):
-    return standin_engine
-
-
-@pytest.fixture(scope="module")
-def server(engine, settings, tmp_path_factory):
-    """A real server over this module's engine."""
-    with own_server(settings, engine, tmp_path_factory.mktemp("dialect")) as url:
-        yield url
+settings, engine = stand_in("settings", "engine")
+server = server_of_its_own()
 
 
 @pytest.fixture(scope="module")

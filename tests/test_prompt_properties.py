@@ -43,7 +43,7 @@ def conversations(draw) -> list[Message]:
 
 
 def render(tokenizer, messages: list[Message]) -> list[int]:
-    return list(tokenizer.apply_chat_template([m.as_template_input() for m in messages], add_generation_prompt=True,
+    return list(tokenizer.apply_chat_template([m.as_openai(parsed_arguments=True) for m in messages], add_generation_prompt=True,
                                               tokenize=True, return_dict=False))
 
 

@@ -9,7 +9,7 @@ import time
 
 import httpx
 import pytest
-from conftest import BROWSER, own_server
+from conftest import BROWSER, own_server, start_chat
 from standin import stand_in, standin_engine
 
 pytestmark = BROWSER
@@ -30,32 +30,8 @@ def server(settings, tmp_path_factory):
         yield url
 
 
-@pytest.fixture
-def page(browser):
-    context = browser.new_context(viewport={"width": 1280, "height": 860})
-    page = context.new_page()
-    errors = []
-    page.on("pageerror", lambda exc: errors.append(str(exc)))
-    yield page
-    context.close()
-    assert not errors, f"the page threw: {errors}"
-
-
-def set_setting(page, label: str, value: str) -> None:
-    field = page.get_by_label(label)
-    field.fill(value)
-    field.dispatch_event("input")
-
-
 def test_thoughts_stream_live_then_fold_away_open_on_a_click_and_come_back_after_a_reload(page, server):
-    page.goto(server + "/")
-    page.get_by_role("button", name="Settings").click()
-    set_setting(page, "Max tokens", "400")
-    set_setting(page, "Temperature", "0")
-    page.get_by_role("button", name="Close").click()
-    box = page.get_by_label("Message")
-    box.fill("What is the capital of France?")
-    box.press("Enter")
+    start_chat(page, server, "What is the capital of France?", 400)
 
     reply = page.locator('[data-role="assistant"]').first
     live = reply.locator(".thoughts-body")

@@ -1,7 +1,9 @@
-"""OpenAI's Responses API on a real server with the real model, through the official `openai` client and
-the OpenAI Agents SDK: text, the typed stream, function calls answered through previous_response_id,
-stored responses (retrieve, delete, input items, whose they are), structured output, hosted tools left
-out, the window, bad input, and the same guards as every route."""
+"""OpenAI's Responses API on a real server, through the official `openai` client and the OpenAI Agents
+SDK: text, the typed stream, function calls answered through previous_response_id, stored responses
+(retrieve, delete, input items, whose they are), structured output, hosted tools left out, the window,
+bad input, and the same guards as every route. The shapes are checked on the stand-in model
+(standin.py); a whole response, a stream and an agent's tool call go through the real model on each
+local engine too (`real_model`)."""
 
 from __future__ import annotations
 
@@ -17,13 +19,15 @@ import pytest
 from openai import OpenAI
 from openai.types.responses import Response
 
-from conftest import MODEL, ServerThread, free_port, own_server
+from conftest import MODEL as REAL, ServerThread, free_port, server_of_its_own
+from standin import NAME as MODEL, stand_in
 from test_openai_dialect import City
 from test_accounts_api import add_user, serge
 
 from serge.web.app import build_app
 
-pytestmark = pytest.mark.real_model  # the real model on a real server: the product's own promises
+settings, engine = stand_in("settings", "engine")
+server = server_of_its_own()
 
 WEATHER = {"type": "function", "name": "get_weather", "description": "Get the current weather in a city.",
            "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 40}},
@@ -34,24 +38,17 @@ HOSTED = [{"type": "web_search"}, {"type": "web_search_preview"}, {"type": "file
           {"type": "local_shell"}, {"type": "mcp", "server_label": "x", "server_url": "https://mcp.example"}]
 
 
-@pytest.fixture(scope="module")
-def engine(both_engines):
-    return both_engines
-
-
-@pytest.fixture(scope="module")
-def server(engine, settings, tmp_path_factory):
-    with own_server(settings, engine, tmp_path_factory.mktemp("responses")) as url:
-        yield url
+def openai_client(url: str) -> OpenAI:
+    return OpenAI(base_url=f"{url}/v1", api_key="not-needed", max_retries=0)
 
 
 @pytest.fixture(scope="module")
 def client(server) -> OpenAI:
-    return OpenAI(base_url=f"{server}/v1", api_key="not-needed", max_retries=0)
+    return openai_client(server)
 
 
-def post(server, body, **kwargs) -> httpx.Response:
-    return httpx.post(f"{server}/v1/responses", json={"model": MODEL, **body}, timeout=300, **kwargs)
+def post(server, body, model: str = MODEL, **kwargs) -> httpx.Response:
+    return httpx.post(f"{server}/v1/responses", json={"model": model, **body}, timeout=300, **kwargs)
 
 
 def generated(engine) -> int:
@@ -59,10 +56,12 @@ def generated(engine) -> int:
 
 
 # --- text ------------------------------------------------------------------------------------------
-def test_a_text_response_is_a_response_object_the_sdk_validates(client, server):
-    reply = client.responses.create(model=MODEL, input="What is the capital of France?", max_output_tokens=40,
+@pytest.mark.real_model
+def test_a_text_response_is_a_response_object_the_sdk_validates(real_server):
+    client, server = openai_client(real_server), real_server  # the real model, on each local engine
+    reply = client.responses.create(model=REAL, input="What is the capital of France?", max_output_tokens=40,
                                     temperature=0, instructions="Answer in one short sentence.")
-    assert reply.id.startswith("resp_") and reply.object == "response" and reply.model == MODEL
+    assert reply.id.startswith("resp_") and reply.object == "response" and reply.model == REAL
     assert reply.status in ("completed", "incomplete") and reply.error is None
     assert reply.output_text and reply.output[0].type == "message" and reply.output[0].role == "assistant"
     assert reply.usage.total_tokens == reply.usage.input_tokens + reply.usage.output_tokens
@@ -70,7 +69,7 @@ def test_a_text_response_is_a_response_object_the_sdk_validates(client, server):
     assert reply.instructions == "Answer in one short sentence." and reply.store is True
     if reply.status == "incomplete":
         assert reply.incomplete_details.reason == "max_output_tokens" and reply.usage.output_tokens == 40
-    raw = post(server, {"input": "Say hello.", "max_output_tokens": 8, "temperature": 0})
+    raw = post(server, {"input": "Say hello.", "max_output_tokens": 8, "temperature": 0}, REAL)
     assert raw.status_code == 200, raw.text
     Response.model_validate(raw.json())  # every field the SDK's own model requires, with its types
 
@@ -88,8 +87,10 @@ TEXT_EVENTS = ["response.created", "response.in_progress", "response.output_item
                "response.content_part.done", "response.output_item.done"]
 
 
-def test_a_stream_sends_the_typed_events_in_order_and_its_deltas_add_up(client):
-    events = list(client.responses.create(model=MODEL, input="Name three colours.", max_output_tokens=30,
+@pytest.mark.real_model
+def test_a_stream_sends_the_typed_events_in_order_and_its_deltas_add_up(real_server):
+    client = openai_client(real_server)  # the real model, on each local engine
+    events = list(client.responses.create(model=REAL, input="Name three colours.", max_output_tokens=30,
                                           temperature=0, stream=True))
     kinds = [e.type for e in events]
     collapsed = [k for i, k in enumerate(kinds) if i == 0 or k != kinds[i - 1]]  # runs of deltas as one
@@ -240,23 +241,16 @@ def test_hosted_tools_are_left_out_of_what_the_model_is_offered_and_named_in_the
                'web_search_preview"' in line for line in logged), logged
 
 
-@pytest.fixture(scope="module")
-def small_server(small_engine, settings, tmp_path_factory):
-    own = settings.model_copy(update={"data_dir": tmp_path_factory.mktemp("small"), "port": free_port()})
-    with ServerThread(build_app(own, small_engine), own.port) as running:
-        yield running.url
-
-
-def test_a_conversation_longer_than_the_window_is_a_400_with_the_counts_unless_truncation_is_auto(small_server):
+def test_a_conversation_longer_than_the_window_is_a_400_with_the_counts_unless_truncation_is_auto(small_standin_server):
     turns = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"Tell me fact number {i} about the "
               f"history, geography and people of the city of Paris, in France, please."} for i in range(41)]
-    refused = post(small_server, {"input": turns, "max_output_tokens": 16})
+    refused = post(small_standin_server, {"input": turns, "max_output_tokens": 16})
     assert refused.status_code == 400, refused.text
     error = refused.json()["error"]
     assert error["code"] == "context_length_exceeded" and error["param"] == "input"
     needed, window = map(int, re.search(r"needs (\d+) tokens.*window is (\d+)", error["message"]).groups())
     assert window == 512 and needed > 1000
-    cut = post(small_server, {"input": turns, "max_output_tokens": 16, "truncation": "auto"})
+    cut = post(small_standin_server, {"input": turns, "max_output_tokens": 16, "truncation": "auto"})
     assert cut.status_code == 200, cut.text
     assert cut.json()["truncation"] == "auto" and cut.json()["usage"]["input_tokens"] < 512
 
@@ -357,10 +351,10 @@ def test_the_docs_describe_the_routes(server):
 
 
 @pytest.fixture(scope="module")
-def accounts(engines, settings, tmp_path_factory):
+def accounts(engine, settings, tmp_path_factory):
     """A server with accounts: alice and bob, each with an API key."""
     own = settings.model_copy(update={"data_dir": tmp_path_factory.mktemp("owners"), "port": free_port()})
-    with ServerThread(build_app(own, engines("auto")), own.port) as running:
+    with ServerThread(build_app(own, engine), own.port) as running:
         keys = {}
         for name in ("alice", "bob"):
             add_user(own.data_dir, name)
@@ -390,7 +384,9 @@ def test_a_response_is_its_owners_alone(accounts):
 
 
 # --- the OpenAI Agents SDK (its default model: the Responses API) ----------------------------------
-def test_an_agent_whose_tool_must_be_called_runs_it_and_finishes(server):
+@pytest.mark.real_model
+def test_an_agent_whose_tool_must_be_called_runs_it_and_finishes(real_server):
+    server = real_server
     from agents import (Agent, ModelSettings, Runner, function_tool, set_default_openai_api,
                         set_default_openai_client, set_tracing_disabled)
     from openai import AsyncOpenAI
@@ -408,7 +404,7 @@ def test_an_agent_whose_tool_must_be_called_runs_it_and_finishes(server):
         set_default_openai_api("responses")  # the SDK's default, said out loud
         set_default_openai_client(AsyncOpenAI(base_url=f"{server}/v1", api_key="not-needed", max_retries=0),
                                   use_for_tracing=False)
-        agent = Agent(name="weather", instructions="You answer questions about the weather.", model=MODEL,
+        agent = Agent(name="weather", instructions="You answer questions about the weather.", model=REAL,
                       tools=[get_weather], tool_use_behavior="stop_on_first_tool",
                       model_settings=ModelSettings(tool_choice="required", temperature=0))
         whole = await Runner.run(agent, ASK_WEATHER)

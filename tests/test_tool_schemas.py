@@ -1,6 +1,7 @@
 """Tool schemas as clients send them: pydantic's `$defs` and `$ref` (nested, listed, recursive) keep
-working however Serge wraps the schema of a call, on each local engine; a schema that cannot be
-enforced is a 400 naming `tools` and what to change."""
+working however Serge wraps the schema of a call; a schema that cannot be enforced is a 400 naming
+`tools` and what to change. On the stand-in model (standin.py), and a call with `$defs` through the
+real model on each local engine (`real_model`)."""
 
 from __future__ import annotations
 
@@ -14,12 +15,14 @@ from pydantic import BaseModel, Field
 
 from serge.engine import GrammarError, Message, Tool, Tools
 from serge.engine.generation.grammar import Vocabulary
-from serge.engine.generation.tools import ToolFormat, plan_reply
+from serge.engine.generation.tool_calls import ToolFormat
+from serge.engine.generation.tools import plan_reply
 
-from conftest import MODEL, own_server
-from standin import byte_tokenizer
+from conftest import MODEL as REAL, server_of_its_own
+from standin import NAME as MODEL, byte_tokenizer, stand_in
 
-pytestmark = pytest.mark.real_model  # the real model on a real server: the product's own promises
+settings, engine = stand_in("settings", "engine")
+server = server_of_its_own()
 
 
 class Address(BaseModel):
@@ -99,22 +102,34 @@ def test_a_schema_that_cannot_be_enforced_is_refused_naming_tools_and_what_to_ch
     assert "at 2(" not in message  # a place in Serge's grammar text means nothing to the client
 
 
-# --- through /v1/chat/completions, on each local engine ------------------------------------------------
+# --- through /v1/chat/completions ------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def engine(both_engines):
-    return both_engines
+def client(server) -> OpenAI:
+    return OpenAI(base_url=f"{server}/v1", api_key="not-needed", max_retries=0)
 
 
 @pytest.fixture(scope="module")
-def client(engine, settings, tmp_path_factory) -> OpenAI:
-    with own_server(settings, engine, tmp_path_factory.mktemp("schemas")) as url:
-        yield OpenAI(base_url=f"{url}/v1", api_key="not-needed", max_retries=0)
+def real_client(real_server) -> OpenAI:
+    return OpenAI(base_url=f"{real_server}/v1", api_key="not-needed", max_retries=0)
 
 
-@pytest.mark.parametrize("model", [Customer, Delivery], ids=["nested model", "list of models"])
+MODELS = pytest.mark.parametrize("model", [Customer, Delivery], ids=["nested model", "list of models"])
+
+
+@MODELS
 def test_a_pydantic_function_tool_with_defs_is_called_with_arguments_its_model_accepts(client, model):
+    called_validly(client, MODEL, model)
+
+
+@pytest.mark.real_model
+@MODELS
+def test_the_real_model_calls_a_pydantic_function_tool_with_defs_validly_on_each_engine(real_client, model):
+    called_validly(real_client, REAL, model)
+
+
+def called_validly(client: OpenAI, name: str, model: type[BaseModel]) -> None:
     for seed in (1, 2):
-        reply = client.chat.completions.create(model=MODEL, messages=ASK, tools=[openai.pydantic_function_tool(model)],
+        reply = client.chat.completions.create(model=name, messages=ASK, tools=[openai.pydantic_function_tool(model)],
                                                tool_choice="required", temperature=1.0, seed=seed, max_tokens=300)
         choice = reply.choices[0]
         assert choice.finish_reason == "tool_calls", choice

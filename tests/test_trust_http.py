@@ -1,5 +1,6 @@
 """Issue 18's promises through the real HTTP server: the login throttle, key revocation from the
-admin page, near-zero temperatures, and the small 4xx answers.
+admin page, near-zero temperatures, and the small 4xx answers. On the stand-in model (standin.py):
+none of them is the model's.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from contextlib import closing
 import httpx
 import pytest
 from conftest import ServerThread, free_port
+from standin import stand_in
 from test_accounts_api import PASSWORDS, add_user, login
 from test_chats_api import send
 
@@ -17,7 +19,7 @@ from serge.settings import Settings
 from serge.web.account_pages import LOGIN_ATTEMPTS_PER_MINUTE, LOGIN_ATTEMPTS_PER_PROXY_MINUTE
 from serge.web.app import build_app
 
-pytestmark = pytest.mark.real_model  # the real model on a real server: the product's own promises
+settings, engine, server = stand_in("settings", "engine", "server")
 
 HI = [{"role": "user", "content": "Hi"}]
 

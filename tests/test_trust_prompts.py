@@ -42,14 +42,14 @@ def expected(tokenizer, messages: list[dict], text: str) -> list[int]:
 def test_control_strings_in_a_message_are_text_not_a_new_turn(tokenizer):
     history = [Message("system", "Be brief."), Message("user", FORGED)]
     prompt = build_prompt(tokenizer, history, context_window=2048)
-    assert prompt.ids == expected(tokenizer, [m.as_template_input() for m in history], FORGED)
+    assert prompt.ids == expected(tokenizer, [m.as_openai(parsed_arguments=True) for m in history], FORGED)
     plain = build_prompt(tokenizer, [Message("system", "Be brief."), Message("user", PLAIN)], context_window=2048)
     assert special_ids(tokenizer, prompt.ids) == special_ids(tokenizer, plain.ids), "only the template's own"
 
 
 def test_a_plain_conversation_is_tokenized_as_the_template_always_did(tokenizer):
     history = [Message("user", "Hi"), Message("assistant", "Hello! How can I help?"), Message("user", "A joke\n")]
-    before = list(tokenizer.apply_chat_template([m.as_template_input() for m in history], add_generation_prompt=True,
+    before = list(tokenizer.apply_chat_template([m.as_openai(parsed_arguments=True) for m in history], add_generation_prompt=True,
                                                 tokenize=True, return_dict=False))
     assert build_prompt(tokenizer, history, context_window=2048).ids == before
 

@@ -5,8 +5,10 @@ embedding model (the engine's `embed`), and stored. For a reply, the documents
 attached on the branch so far go in whole, each marked with its name, when they fit
 the model's context beside the conversation with room left for the answer; else the
 passages best for the question go in, with file and page: the nearest by meaning and
-the best by words, their ranks fused (reciprocal rank fusion). What went in is the
-reply's sources (file, page, passage, scores), kept with the message.
+the best by words, their ranks fused (reciprocal rank fusion). The files of the
+knowledge collections a chat or a message names are always searched, together with
+the attached ones, in the same fusion. What went in is the reply's sources (file,
+collection, page, passage, scores), kept with the message.
 """
 
 from __future__ import annotations
@@ -55,8 +57,8 @@ def _whole(docs: Sequence[DocumentRecord]) -> str:
     return "Attached files:\n\n" + "\n\n".join(marked(d.name, d.pages) for d in docs)
 
 
-def _passages(hits: list[tuple[DocumentRecord, int, str]]) -> str:
-    parts = [f'<passage file="{doc.name}" page="{page}">\n{text}\n</passage>' for doc, page, text in hits]
+def _passages(hits: list[tuple[str, int, str]]) -> str:
+    parts = [f'<passage file="{name}" page="{page}">\n{text}\n</passage>' for name, page, text in hits]
     return "Passages from the attached files that may answer the question:\n\n" + "\n\n".join(parts)
 
 
@@ -67,10 +69,10 @@ def is_image(document: DocumentRecord) -> bool:
 class ChatDocuments:
     def __init__(self, store: DocumentStore, engine: Engine) -> None:
         self.store, self.engine = store, engine
-        self._readers = threading.BoundedSemaphore(MAX_READERS)  # a reader may take 1.5 GB: a few at a time
+        self.readers = threading.BoundedSemaphore(MAX_READERS)  # a reader may take 1.5 GB: a few at a time
 
     # --- taking a file in ------------------------------------------------------------
-    def _vectors(self, texts: list[str]) -> list[np.ndarray | None]:
+    def vectors(self, texts: list[str]) -> list[np.ndarray | None]:
         """A vector per text; none (word search alone) where the embedding model cannot be used."""
         try:
             found = []
@@ -90,10 +92,10 @@ class ChatDocuments:
             image = read_image(data, "file")
             return self.store.add(owner, chat_id, name=clean_name(name), media_type=image.media_type, data=data,
                                   pages=(), chunks=[])
-        with self._readers:
+        with self.readers:
             read = extract(data, name)
         cut = passages(read.pages)
-        vectors = self._vectors([p.text for p in cut])
+        vectors = self.vectors([p.text for p in cut])
         return self.store.add(owner, chat_id, name=read.name, media_type=read.media_type, data=data,
                               pages=read.pages, chunks=[NewChunk(p.page, p.text, v) for p, v in zip(cut, vectors)])
 
@@ -112,25 +114,31 @@ class ChatDocuments:
         return tuple(read_image(self.store.read(owner, d), "attachments") for d in document_ids
                      if is_image(self.store.get(owner, d)))
 
-    def given(self, owner: str, model: str, document_ids: Sequence[str], history: list[Message]) -> Given:
-        """What of `document_ids` the model sees before the last message of `history` (the question); images
-        are not told here (they go with their message, `images`)."""
+    def given(self, owner: str, model: str, document_ids: Sequence[str], history: list[Message],
+              collections: dict[str, str] | None = None) -> Given:
+        """What of `document_ids` (attached) and of `collections` (document id -> its collection's name) the model
+        sees before the last message of `history` (the question). Attached files alone go in whole when they fit.
+        Images are not told here: they go with their message (`images`)."""
         docs = {d: doc for d in dict.fromkeys(document_ids) if not is_image(doc := self.store.get(owner, d))}
-        if not docs:
+        if not docs and not collections:
             return Given("", [])
         question = history[-1].content or ""
         window = self._window(model)
         room = window - window // REPLY_SHARE
-        whole = _whole(list(docs.values()))
-        asked = [*history[:-1], Message("user", f"{whole}\n\n{question}")]
-        if self._tokens(model, asked) <= room:
-            return Given(whole, [{"document_id": d.id, "file": d.name, "page": None, "passage": None,
-                                  "score": None, "whole": True} for d in docs.values()])
-        return self._retrieved(owner, model, list(docs.values()), history, room)
+        if not collections:
+            whole = _whole(list(docs.values()))
+            asked = [*history[:-1], Message("user", f"{whole}\n\n{question}")]
+            if self._tokens(model, asked) <= room:
+                return Given(whole, [{"document_id": d.id, "file": d.name, "collection": None, "page": None,
+                                      "passage": None, "score": None, "whole": True} for d in docs.values()])
+        labels = {d.id: (d.name, None) for d in docs.values()}
+        in_collections = self.store.names(owner, [d for d in (collections or {}) if d not in labels])
+        labels.update({d: (name, collections[d]) for d, name in in_collections.items()})
+        return self._retrieved(owner, model, labels, history, room)
 
     def rank(self, owner: str, document_ids: Sequence[str], question: str) -> list[Ranked]:
         """The documents' passages for `question`, best first: the two searches' ranks fused."""
-        vector = self._vectors([question])[0]
+        vector = self.vectors([question])[0]
         by_meaning = self.store.by_meaning(owner, document_ids, vector, CANDIDATES) if vector is not None else []
         by_words = self.store.by_words(owner, document_ids, query_words(question), CANDIDATES)
         hits = {h.chunk_id: h for h in (*by_meaning, *by_words)}
@@ -139,19 +147,20 @@ class ChatDocuments:
         return [Ranked(hits[c], score, *meaning.get(c, (None, None)), words.get(c))
                 for c, score in fuse([[h.chunk_id for h in by_meaning], [h.chunk_id for h in by_words]])]
 
-    def _retrieved(self, owner: str, model: str, docs: list[DocumentRecord], history: list[Message],
-                   room: int) -> Given:
+    def _retrieved(self, owner: str, model: str, labels: dict[str, tuple[str, str | None]],
+                   history: list[Message], room: int) -> Given:
+        """The best passages that fit; `labels`: document id -> (file name, collection name or None)."""
         question = history[-1].content or ""
-        names = {d.id: d for d in docs}
         chosen, sources = [], []
-        for ranked in self.rank(owner, list(names), question)[:TOP_PASSAGES]:
+        for ranked in self.rank(owner, list(labels), question)[:TOP_PASSAGES]:
             hit = ranked.hit
-            trial = [*chosen, (names[hit.document_id], hit.page, hit.text)]
+            name, collection = labels[hit.document_id]
+            trial = [*chosen, (name, hit.page, hit.text)]
             if chosen and self._tokens(model, [*history[:-1], Message("user", f"{_passages(trial)}\n\n{question}")]
                                        ) > room:
                 break
             chosen = trial
-            sources.append({"document_id": hit.document_id, "file": names[hit.document_id].name, "page": hit.page,
+            sources.append({"document_id": hit.document_id, "file": name, "collection": collection, "page": hit.page,
                             "passage": hit.text, "score": round(ranked.score, 6), "vector_rank": ranked.vector_rank,
                             "vector_score": None if ranked.vector_score is None else round(ranked.vector_score, 6),
                             "word_rank": ranked.word_rank, "whole": False})

@@ -17,6 +17,7 @@ from dataclasses import replace
 from pydantic import ValidationError
 
 from serge.chats.documents import ChatDocuments
+from serge.chats.knowledge import Knowledge
 from serge.chats.replies import Reply
 from serge.chats.transfer import ChatExport, export_json
 from serge.documents import MAX_FILES_PER_MESSAGE
@@ -72,10 +73,12 @@ def auto_title(text: str) -> str:
 
 
 class ChatService:
-    def __init__(self, store: ChatStore, engine: Engine, documents: ChatDocuments | None = None) -> None:
+    def __init__(self, store: ChatStore, engine: Engine, documents: ChatDocuments | None = None,
+                 knowledge: Knowledge | None = None) -> None:
         self.store = store
         self.engine = engine
         self.documents = documents  # None: this service takes no files
+        self.knowledge = knowledge  # None: nor collections
         self._active: dict[str, Reply | None] = {}  # None: reserved while the reply starts
         self._lock = threading.Lock()
 
@@ -100,13 +103,22 @@ class ChatService:
     def _check_model(self, model: str | None) -> str | None:
         return self.engine.check_model(model) if model else None  # raises ModelNotFound
 
+    def _collections(self, owner: str, refs: list[str] | None, field: str) -> list[str]:
+        """The ids of the owner's collections named by id or name."""
+        if not refs:
+            return []
+        if self.knowledge is None:
+            raise InvalidChatInput("this server has no knowledge collections", field)
+        return self.knowledge.resolve(owner, refs, field)
+
     def create(self, owner: str, *, title: str | None = None, model: str | None = None,
-               system_prompt: str | None = None, settings: dict | None = None) -> ChatRecord:
+               system_prompt: str | None = None, settings: dict | None = None,
+               knowledge: list[str] | None = None) -> ChatRecord:
         title = (check_text(title, "title", MAX_TITLE_CHARS) or "").strip() or DEFAULT_TITLE
         return self.store.create_chat(
             owner, title=title, model=self._check_model(model),
             system_prompt=check_text(system_prompt, "system_prompt", MAX_SYSTEM_PROMPT_CHARS) or None,
-            settings=check_settings(settings),
+            settings=check_settings(settings), knowledge=self._collections(owner, knowledge, "knowledge"),
         )
 
     def list(self, owner: str, query: str | None = None) -> list[ChatRecord]:
@@ -130,6 +142,8 @@ class ChatService:
                                                   MAX_SYSTEM_PROMPT_CHARS) or None
         if "settings" in changes:
             checked["settings"] = check_settings(changes["settings"])
+        if "knowledge" in changes:
+            checked["knowledge"] = self._collections(owner, changes["knowledge"], "knowledge") or None
         return self.store.update_chat(owner, chat_id, **checked)
 
     def delete(self, owner: str, chat_id: str) -> None:
@@ -222,14 +236,18 @@ class ChatService:
             elif self._active.get(reply_or_chat.chat_id) is reply_or_chat:
                 del self._active[reply_or_chat.chat_id]
 
-    def reply(self, owner: str, chat_id: str, content: str, attachments: list[str] | None = None) -> Reply:
-        """Save the user's message (with the ids of the chat's files it comes with), then start the reply to it."""
+    def reply(self, owner: str, chat_id: str, content: str, attachments: list[str] | None = None,
+              knowledge: list[str] | None = None) -> Reply:
+        """Save the user's message (with the ids of the chat's files it comes with, and of the collections it
+        names), then start the reply to it."""
         check_text(content, "content", MAX_MESSAGE_CHARS, required=True)
         chat = self.store.get_chat(owner, chat_id)
         attached = self._check_attachments(owner, chat_id, attachments or [])
+        named = self._collections(owner, knowledge, "knowledge") or None
         self._reserve(chat_id)
         try:
-            user = self.store.add_message(owner, chat_id, NewMessage("user", content, attachments=attached))
+            user = self.store.add_message(owner, chat_id, NewMessage("user", content, attachments=attached,
+                                                                     knowledge=named))
             if not chat.messages and chat.title == DEFAULT_TITLE:
                 self.store.update_chat(owner, chat_id, title=auto_title(content))
             return self._start(owner, chat_id, user, user)
@@ -263,7 +281,8 @@ class ChatService:
         self._reserve(chat_id)
         try:
             user = self.store.add_message(owner, chat_id, NewMessage(
-                "user", content, parent_id=original.parent_id, after_current=False, attachments=original.attachments))
+                "user", content, parent_id=original.parent_id, after_current=False, attachments=original.attachments,
+                knowledge=original.knowledge))
             return self._start(owner, chat_id, user, user)
         except BaseException:
             self._release(chat_id)
@@ -303,9 +322,13 @@ class ChatService:
     def _start(self, owner: str, chat_id: str, question: MessageRecord, user: MessageRecord | None) -> Reply:
         chat, history, places, attached = self._conversation(owner, chat_id, question)
         model = chat.model or self.engine.default_model
-        sources = None
-        if attached and self.documents is not None:  # the files go in with the question; what of them is told
-            given = self.documents.given(owner, model, attached, history)
+        sources, collections = None, {}
+        named = [*chat.knowledge, *(question.knowledge or [])]
+        if named and self.knowledge is not None:  # the chat's collections and the question's, searched with the files
+            in_collections, names = self.knowledge.searchable(owner, named)
+            collections = {d: names[c] for d, c in in_collections.items()}
+        if (attached or collections) and self.documents is not None:  # what of them is told goes in with the question
+            given = self.documents.given(owner, model, attached, history, collections)
             if given.text:
                 history[-1] = replace(history[-1], content=f"{given.text}\n\n{history[-1].content}")
             sources = given.sources

@@ -6,9 +6,10 @@ embeds what this cuts.
 
 from serge.documents.chunks import Passage, fuse, passages, query_words
 from serge.documents.extract import Extracted, clean_name, extract, marked
+from serge.documents.formats import MEDIA_TYPES, kind_of
 from serge.documents.limits import (MAX_FILE_BYTES, MAX_FILES_PER_CHAT, MAX_FILES_PER_MESSAGE, MAX_PAGES, MAX_READERS,
                                     FileRefused, FileTooLarge, UnreadableFile, UnsupportedFile)
 
-__all__ = ["MAX_FILES_PER_CHAT", "MAX_FILES_PER_MESSAGE", "MAX_FILE_BYTES", "MAX_PAGES", "MAX_READERS", "Extracted",
+__all__ = ["MEDIA_TYPES", "kind_of", "MAX_FILES_PER_CHAT", "MAX_FILES_PER_MESSAGE", "MAX_FILE_BYTES", "MAX_PAGES", "MAX_READERS", "Extracted",
            "FileRefused", "FileTooLarge", "Passage", "UnreadableFile", "UnsupportedFile", "clean_name", "extract",
            "fuse", "marked", "passages", "query_words"]

@@ -25,7 +25,7 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
-from serge.engine.generation.grammar import InvalidRequest
+from serge.engine.generation.schemas import InvalidRequest
 from serge.engine.generation.sampling import SamplingParams
 from serge.engine.local import EngineKind, LoadOptions
 from serge.engine.models.library import InstalledModel

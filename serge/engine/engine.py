@@ -38,7 +38,7 @@ from serge.engine.registry import (Budget, ModelInUse, ModelRegistry, auto_engin
                                    llama_cpp_offloads, machine_memory_bytes, resident_bytes)
 from serge.engine.remote import RemoteClient
 from serge.engine.embeddings import Embeddings
-from serge.engine.generation.grammar import InvalidRequest, ResponseFormat
+from serge.engine.generation.schemas import InvalidRequest, ResponseFormat
 from serge.engine.generation.sampling import SamplingParams
 from serge.engine.generation.admission import SchedulerLimits
 from serge.engine.generation.stream import Stream

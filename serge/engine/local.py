@@ -17,7 +17,7 @@ from typing import Literal
 
 from serge.engine.models.library import InstalledModel
 from serge.engine.devices import DevicePlan
-from serge.engine.generation.grammar import InvalidRequest, ResponseFormat
+from serge.engine.generation.schemas import InvalidRequest, ResponseFormat
 from serge.engine.metrics import EngineMetrics
 from serge.engine.generation.prompts import (ContextTooLong, Message, TemplateOptions, build_prompt, count_tokens,
                                               placed, template_takes_mid_system)
@@ -26,7 +26,8 @@ from serge.engine.generation.sampling import SamplingParams
 from serge.engine.generation.admission import SchedulerLimits
 from serge.engine.generation.scheduler import Scheduler
 from serge.engine.generation.stream import Stream
-from serge.engine.generation.tools import ToolFormat, Tools, find_tool_format, plan_reply
+from serge.engine.generation.tool_calls import ToolFormat, find_tool_format
+from serge.engine.generation.tools import Tools, plan_reply
 
 log = logging.getLogger(__name__)
 

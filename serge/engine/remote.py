@@ -24,7 +24,7 @@ from collections.abc import Sequence
 import httpx
 
 from serge.engine.generation.prompts import Message, ToolCall
-from serge.engine.generation.grammar import InvalidRequest, ResponseFormat
+from serge.engine.generation.schemas import InvalidRequest, ResponseFormat
 from serge.engine.generation.sampling import OPENAI_NAMES, SamplingParams
 from serge.engine.generation.stream import FinishReason, GenerationRecord, Stream, TokenLogprob, ToolCallDelta, TopLogprob
 from serge.engine.generation.tools import Tools
@@ -44,18 +44,6 @@ def tool_fields(tools: Tools | None) -> dict:
     choice = {"type": "function", "function": {"name": tools.name}} if tools.name else tools.mode
     out = {"tools": [t.as_openai() for t in tools.functions], "tool_choice": choice}
     return out if tools.parallel else {**out, "parallel_tool_calls": False}
-
-
-def openai_message(m: Message) -> dict:
-    out: dict = {"role": m.role, "content": m.content}
-    if m.tool_calls:
-        out["tool_calls"] = [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
-                             for c in m.tool_calls]
-    if m.tool_call_id is not None:
-        out["tool_call_id"] = m.tool_call_id
-    if m.name is not None:
-        out["name"] = m.name
-    return out
 
 
 class RemoteBackend:
@@ -91,7 +79,7 @@ class RemoteBackend:
         params = params or SamplingParams()
         body = {
             "model": self._remote.model or self.name,
-            "messages": [openai_message(m) for m in messages],
+            "messages": [m.as_openai() for m in messages],
             "stream": True,
             "stream_options": {"include_usage": True},
             **request_fields(params),

@@ -39,6 +39,7 @@ This module knows nothing of streams, sampling or scheduling: `LocalModel` and t
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 
@@ -190,17 +191,17 @@ class BatchForward:
             raise
         ids = [token for chunk in chunks for token in chunk] + [0] * padding
         positions = [p for kv, n in zip(kvs, rows) for p in range(kv.length, kv.length + n)] + [0] * padding
-        ends = torch.tensor(rows).cumsum(0) - 1
+        ends = [end - 1 for end in itertools.accumulate(rows)]  # plain ints: bookkeeping, not device work
         if self.pool is not None:
             extra = {"serge_pass": PagedPass(kvs, rows)}
         else:
-            extra = {"serge_segments": [(kv, int(end) + 1 - n, n) for kv, n, end in zip(kvs, rows, ends)]}
+            extra = {"serge_segments": [(kv, end + 1 - n, n) for kv, n, end in zip(kvs, rows, ends)]}
         try:
             out = self._model(
                 input_ids=torch.tensor([ids], device=device),
                 position_ids=torch.tensor([positions], device=device),
                 use_cache=False,
-                logits_to_keep=0 if pad else ends.to(device),
+                logits_to_keep=0 if pad else torch.tensor(ends, device=device),
                 **(on_device(images, self._model) if images else {}),
                 **extra,
             )

@@ -16,7 +16,7 @@ from sqlalchemy.exc import IntegrityError
 
 from serge.store.chats import new_id
 from serge.store.db import Database
-from serge.store.tables import ApiKey, Chat, LoginSession, Message, User, now
+from serge.store.tables import ApiKey, Chat, Collection, Document, DocumentChunk, LoginSession, Message, User, now
 
 LOCAL_OWNER = "local"  # owner of the chats made while Serge had no accounts
 KEY_TOUCH_EVERY = timedelta(minutes=1)  # last_used_at is written at most this often per key
@@ -127,7 +127,7 @@ class AccountStore:
             return revoked.rowcount or 0
 
     def remove_user(self, name: str) -> int:
-        """Remove a user with their chats, keys and sessions; the number of chats removed."""
+        """Remove a user with their chats, collections, keys and sessions; the number of chats removed."""
         with self.db.session() as session, session.begin():
             row = self._user(session, name)
             if row.admin and session.scalar(select(func.count()).select_from(User).where(User.admin)) == 1 \
@@ -138,6 +138,10 @@ class AccountStore:
             # children before parents, without relying on the database's cascade order
             session.execute(update(Message).where(Message.chat_id.in_(chats)).values(parent_id=None))
             session.execute(delete(Message).where(Message.chat_id.in_(chats)))
+            documents = select(Document.id).where(Document.owner == row.id)
+            session.execute(delete(DocumentChunk).where(DocumentChunk.document_id.in_(documents)))
+            session.execute(delete(Document).where(Document.owner == row.id))
+            session.execute(delete(Collection).where(Collection.owner == row.id))
             session.execute(delete(Chat).where(Chat.owner == row.id))
             session.execute(delete(ApiKey).where(ApiKey.user_id == row.id))
             session.execute(delete(LoginSession).where(LoginSession.user_id == row.id))

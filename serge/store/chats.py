@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 from serge.store.db import Database
 from serge.store.tables import Chat, Message, now
 
-CHAT_FIELDS = ("title", "model", "system_prompt", "settings")
+CHAT_FIELDS = ("title", "model", "system_prompt", "settings", "knowledge")
 
 
 class ChatNotFound(LookupError):
@@ -58,6 +58,7 @@ class MessageRecord:
     error: str | None
     dropped_messages: int | None
     attachments: list | None  # a user message's: the ids of the documents it came with
+    knowledge: list | None  # a user message's: the ids of the collections it named
     sources: list | None  # a reply's: the passages of documents it was given (document_id, file, page, passage, score)
     created_at: datetime
     updated_at: datetime
@@ -98,6 +99,7 @@ class NewMessage:
     complete: bool = True
     finish_reason: str | None = None
     attachments: list[str] | None = None
+    knowledge: list[str] | None = None
 
 
 @dataclass(frozen=True)
@@ -111,6 +113,7 @@ class ChatRecord:
     current_id: str | None
     created_at: datetime
     updated_at: datetime
+    knowledge: tuple[str, ...] = ()  # the ids of the collections every reply of the chat searches
     messages: tuple[MessageRecord, ...] = field(default=())  # the branch on screen, oldest first
 
     @classmethod
@@ -118,6 +121,7 @@ class ChatRecord:
         return cls(
             id=row.id, owner=row.owner, title=row.title, model=row.model, system_prompt=row.system_prompt,
             settings=dict(row.settings or {}), current_id=row.current_id, created_at=row.created_at,
+            knowledge=tuple(row.knowledge or ()),
             updated_at=row.updated_at, messages=messages,
         )
 
@@ -166,11 +170,13 @@ class ChatStore:
         return list(session.scalars(select(Message).where(Message.chat_id == chat_id)))
 
     def create_chat(self, owner: str, *, title: str, model: str | None = None, system_prompt: str | None = None,
-                    settings: dict | None = None) -> ChatRecord:
+                    settings: dict | None = None, knowledge: Sequence[str] = ()) -> ChatRecord:
         with self.db.session() as session, session.begin():
             stamp = now()
             row = Chat(id=new_id(), owner=owner, title=title, model=model, system_prompt=system_prompt,
                        settings=settings or {}, created_at=stamp, updated_at=stamp)
+            if knowledge:
+                row.knowledge = list(knowledge)
             session.add(row)
         return ChatRecord.of(row)
 
@@ -241,7 +247,7 @@ class ChatStore:
             row = Message(
                 id=new_id(), chat_id=chat_id, parent_id=parent_id, role=new.role, content=new.content,
                 model=new.model, settings=new.settings, complete=new.complete, finish_reason=new.finish_reason,
-                attachments=new.attachments, created_at=stamp, updated_at=stamp,
+                attachments=new.attachments, knowledge=new.knowledge, created_at=stamp, updated_at=stamp,
             )
             session.add(row)
             chat.current_id = row.id

@@ -1,11 +1,16 @@
-"""The documents repository: files given to a chat (bytes kept once by their hash), their passages, and search.
+"""The documents repository: files given to a chat or a collection (bytes kept once by their hash), their
+passages, and search.
 
 Every method takes the owner; another owner's document is "not found". A file's
 bytes live in the data dir under their SHA-256 (`FileStore`), never under a name
 a request gave, and go when the last document with that hash does. Search comes
 in two rankings of one chat's passages, whatever the database: by meaning (cosine
 of the vectors, scored here with numpy, which needs no extension in the database)
-and by words (SQLite's FTS5 with BM25; PostgreSQL's full-text search with ts_rank).
+and by words (SQLite's FTS5 with BM25; PostgreSQL's full-text search with ts_rank over
+a stored tsvector).
+Each document's vectors are kept in memory as one normalised matrix (`Vectors`) while
+its `revision` holds, so a search reads two small columns from the database, not
+every vector.
 """
 
 from __future__ import annotations
@@ -13,38 +18,49 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
 import numpy as np
-from sqlalchemy import bindparam, delete, func, select, text
+from sqlalchemy import bindparam, delete, func, literal_column, select, text
 from sqlalchemy.orm import Session
 
 from serge.store.chats import new_id
 from serge.store.db import PRIVATE_FILE, Database, private_dir
-from serge.store.tables import Document, DocumentChunk, now
+from serge.store.tables import FULL_TEXT_COLUMN, Document, DocumentChunk, now
 
 class DocumentNotFound(LookupError):
     pass
 
 
+VECTOR_CACHE_BYTES = 512 * 2**20  # of passage vectors kept in memory, least recently searched dropped first
+
+
 @dataclass(frozen=True)
 class DocumentRecord:
     id: str
-    chat_id: str
+    chat_id: str | None  # one of the two: the chat it was given to,
+    collection_id: str | None  # or the collection it belongs to
     name: str
     media_type: str
     size_bytes: int
     sha256: str
     pages: tuple[str, ...]
+    state: str  # queued, indexing, indexed, failed or cancelled
+    error: str | None
+    chunks_total: int | None
     created_at: datetime
 
     @classmethod
     def of(cls, row: Document) -> DocumentRecord:
-        return cls(row.id, row.chat_id, row.name, row.media_type, row.size_bytes, row.sha256, tuple(row.pages or ()),
-                   row.created_at)
+        return cls(id=row.id, chat_id=row.chat_id, collection_id=row.collection_id, name=row.name,
+                   media_type=row.media_type, size_bytes=row.size_bytes, sha256=row.sha256,
+                   pages=tuple(row.pages or ()), state=row.state or "indexed", error=row.error,
+                   chunks_total=row.chunks_total, created_at=row.created_at)
 
 
 @dataclass(frozen=True)
@@ -91,9 +107,45 @@ class FileStore:
         self.path(sha256).unlink(missing_ok=True)
 
 
+class Vectors:
+    """Each document's passage vectors as one normalised matrix, in memory while the document's revision holds."""
+
+    def __init__(self, budget_bytes: int = VECTOR_CACHE_BYTES) -> None:
+        self.budget = budget_bytes
+        self._kept: OrderedDict[str, tuple[int, np.ndarray, np.ndarray]] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def of(self, session: Session, document_id: str, revision: int) -> tuple[np.ndarray, np.ndarray]:
+        """(chunk ids, unit-length vectors) of the document's passages that have a vector."""
+        with self._lock:
+            kept = self._kept.get(document_id)
+            if kept is not None and kept[0] == revision:
+                self._kept.move_to_end(document_id)
+                return kept[1], kept[2]
+        rows = session.execute(select(DocumentChunk.id, DocumentChunk.embedding).where(
+            DocumentChunk.document_id == document_id, DocumentChunk.embedding.is_not(None))
+            .order_by(DocumentChunk.id)).all()
+        ids = np.array([r[0] for r in rows], dtype=np.int64)
+        matrix = (np.stack([np.frombuffer(r[1], dtype=np.float32) for r in rows]) if rows
+                  else np.zeros((0, 0), dtype=np.float32))
+        if rows:
+            matrix = matrix / (np.linalg.norm(matrix, axis=1, keepdims=True) + 1e-12)
+        with self._lock:
+            old = self._kept.pop(document_id, None)
+            self._bytes -= old[2].nbytes if old is not None else 0
+            self._kept[document_id] = (revision, ids, matrix)
+            self._bytes += matrix.nbytes
+            while self._bytes > self.budget and len(self._kept) > 1:
+                _, (_, _, dropped) = self._kept.popitem(last=False)
+                self._bytes -= dropped.nbytes
+        return ids, matrix
+
+
 class DocumentStore:
     def __init__(self, db: Database, files: FileStore) -> None:
         self.db, self.files = db, files
+        self.vectors = Vectors()
 
     def _owned(self, session: Session, owner: str, document_id: str) -> Document:
         row = session.scalar(select(Document).where(Document.id == document_id, Document.owner == owner))
@@ -126,13 +178,23 @@ class DocumentStore:
         with self.db.session() as session:
             return [DocumentRecord.of(row) for row in session.scalars(stmt)]
 
+    def names(self, owner: str, document_ids: Sequence[str]) -> dict[str, str]:
+        """document id -> file name, without reading the files' text."""
+        with self.db.session() as session:
+            return dict(session.execute(select(Document.id, Document.name).where(
+                Document.owner == owner, Document.id.in_(list(document_ids)))).all())
+
     def read(self, owner: str, document_id: str) -> bytes:
         return self.files.path(self.get(owner, document_id).sha256).read_bytes()
 
     def delete_chat(self, owner: str, chat_id: str) -> None:
         """Every document of the chat, and the bytes no other document shares."""
+        self.delete_where(Document.owner == owner, Document.chat_id == chat_id)
+
+    def delete_where(self, *where) -> None:
+        """The documents `where` selects, their passages, and the bytes no other document shares."""
         with self.db.session() as session, session.begin():
-            rows = list(session.scalars(select(Document).where(Document.owner == owner, Document.chat_id == chat_id)))
+            rows = list(session.scalars(select(Document).where(*where)))
             ids = [r.id for r in rows]
             session.execute(delete(DocumentChunk).where(DocumentChunk.document_id.in_(ids)))
             session.execute(delete(Document).where(Document.id.in_(ids)))
@@ -154,18 +216,21 @@ class DocumentStore:
 
     def by_meaning(self, owner: str, document_ids: Sequence[str], vector: np.ndarray, limit: int) -> list[ChunkHit]:
         """The passages nearest `vector` (cosine), best first."""
-        stmt = (select(DocumentChunk.id, DocumentChunk.embedding).join(Document)
-                .where(Document.owner == owner, Document.id.in_(list(document_ids)),
-                       DocumentChunk.embedding.is_not(None)))
+        stmt = (select(Document.id, Document.revision).where(Document.owner == owner,
+                                                             Document.id.in_(list(document_ids)))
+                .order_by(Document.id))
+        query = np.asarray(vector, dtype=np.float32)
+        query = query / (np.linalg.norm(query) + 1e-12)
         with self.db.session() as session:
-            found = session.execute(stmt).all()
-            if not found:
+            parts = [self.vectors.of(session, d, revision) for d, revision in session.execute(stmt).all()]
+            parts = [(ids, matrix) for ids, matrix in parts if len(ids) and matrix.shape[1] == len(query)]
+            if not parts:
                 return []
-            matrix = np.stack([np.frombuffer(blob, dtype=np.float32) for _, blob in found])
-            query = np.asarray(vector, dtype=np.float32)
-            scores = matrix @ query / (np.linalg.norm(matrix, axis=1) * np.linalg.norm(query) + 1e-12)
-            best = np.argsort(-scores, kind="stable")[:limit]
-            return self._hits(session, [(found[i][0], scores[i]) for i in best])
+            ids = np.concatenate([p[0] for p in parts])
+            scores = np.concatenate([matrix @ query for _, matrix in parts])
+            top = np.argpartition(-scores, limit)[:limit] if len(scores) > limit else np.arange(len(scores))
+            best = top[np.argsort(-scores[top], kind="stable")]
+            return self._hits(session, [(int(ids[i]), scores[i]) for i in best])
 
     def by_words(self, owner: str, document_ids: Sequence[str], words: Sequence[str], limit: int) -> list[ChunkHit]:
         """The passages that share the most telling of `words` (lower-case letters and digits), best first."""
@@ -184,7 +249,7 @@ class DocumentStore:
                     "WHERE owner = :owner AND id IN :ids) ORDER BY bm25(document_chunks_fts) LIMIT :limit"
                 ).bindparams(bindparam("ids", ids, expanding=True), match=match, owner=owner, limit=limit)).all()
             else:
-                vector = func.to_tsvector("simple", DocumentChunk.text)
+                vector = literal_column(f"document_chunks.{FULL_TEXT_COLUMN}")
                 tsquery = func.to_tsquery("simple", " | ".join(words))
                 rank = func.ts_rank(vector, tsquery)
                 rows = session.execute(

@@ -55,6 +55,7 @@ class Chat(Base):
     model: Mapped[str | None] = mapped_column(String(200))
     system_prompt: Mapped[str | None] = mapped_column(Text)
     settings: Mapped[dict] = mapped_column(JSON, default=dict)
+    knowledge: Mapped[list | None] = mapped_column(JSON)  # the ids of the collections every reply searches
     current_id: Mapped[str | None] = mapped_column(String(32))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=now)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=now)
@@ -89,19 +90,43 @@ class Message(Base):
     # a reply's: how many of the chat's oldest messages were left out of the model's view to fit its context
     dropped_messages: Mapped[int | None] = mapped_column(Integer)
     attachments: Mapped[list | None] = mapped_column(JSON)  # a user message's: the ids of its documents
+    knowledge: Mapped[list | None] = mapped_column(JSON)  # a user message's: the collections it named
     sources: Mapped[list | None] = mapped_column(JSON)  # a reply's: the passages it was given, with their scores
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=now)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=now)
 
 
+class Collection(Base):
+    """A named set of files an account uploads once for any of its chats; `revision` grows with every change."""
+
+    __tablename__ = "collections"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    owner: Mapped[str] = mapped_column(String(64), index=True)
+    name: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=now)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=now)
+
+    __table_args__ = (Index("ix_collections_owner_name", "owner", "name", unique=True),)
+
+
 class Document(Base):
-    """A file given to a chat: its bytes are kept once in the data dir under `sha256`, its text here by page."""
+    """A file given to a chat or to a collection (one of the two): its bytes are kept once in the data dir under
+    `sha256`, its text here by page. A collection's file is indexed in the background: `state` says how far."""
 
     __tablename__ = "documents"
 
     id: Mapped[str] = mapped_column(String(32), primary_key=True)
     owner: Mapped[str] = mapped_column(String(64), index=True)
-    chat_id: Mapped[str] = mapped_column(ForeignKey("chats.id", ondelete="CASCADE"), index=True)
+    chat_id: Mapped[str | None] = mapped_column(ForeignKey("chats.id", ondelete="CASCADE"), index=True)
+    collection_id: Mapped[str | None] = mapped_column(ForeignKey("collections.id", ondelete="CASCADE"), index=True)
+    # queued, indexing, indexed, failed (`error` says why) or cancelled; a chat's file is indexed when stored
+    state: Mapped[str] = mapped_column(String(16), default="indexed")
+    error: Mapped[str | None] = mapped_column(Text)
+    chunks_total: Mapped[int | None] = mapped_column(Integer)  # known once the file is read
+    revision: Mapped[int] = mapped_column(Integer, default=0)  # grows whenever its passages change
+    # while `indexing`: when its indexer last said it was at work on it (a stale one is taken over)
+    claimed_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     name: Mapped[str] = mapped_column(String(255))
     media_type: Mapped[str] = mapped_column(String(100))
     size_bytes: Mapped[int] = mapped_column(Integer)
@@ -129,6 +154,9 @@ class DocumentChunk(Base):
 # SQLite's FTS5 index over document_chunks.text, and the shadow tables FTS5 keeps beside it (`_data`, `_idx`, ...):
 # made by migration 0006, with no model here, since SQLAlchemy cannot describe a virtual table.
 FULL_TEXT_TABLE = "document_chunks_fts"
+# PostgreSQL's: document_chunks.text parsed once (a generated, stored tsvector with a GIN index), made by 0007.
+FULL_TEXT_COLUMN = "text_search"
+FULL_TEXT_INDEX = "ix_document_chunks_text_search"
 
 
 class User(Base):

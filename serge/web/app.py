@@ -19,11 +19,11 @@ from fastapi.staticfiles import StaticFiles
 
 from serge import __version__
 from serge.accounts import Accounts, LoginSessions, load_secret
-from serge.chats import ChatService
+from serge.chats import ChatService, Indexer, Knowledge
 from serge.engine import Engine
 from serge.settings import Settings
 from serge.chats.documents import ChatDocuments
-from serge.store import AccountStore, ChatStore, Database, DocumentStore, FileStore, ResponseStore
+from serge.store import AccountStore, ChatStore, CollectionStore, Database, DocumentStore, FileStore, ResponseStore
 from serge.web.account_pages import build_account_pages
 from serge.web.accounts_api import router as accounts_router
 from serge.web.anthropic_api import router as anthropic_router
@@ -34,6 +34,7 @@ from serge.web.docs import install_docs
 from serge.web.embeddings_api import router as embeddings_router
 from serge.web.errors import ApiError, install_error_handlers
 from serge.web.guard import protect
+from serge.web.knowledge_api import router as knowledge_router
 from serge.web.models_api import router as models_router
 from serge.web.ollama_api import router as ollama_router
 from serge.web.openai_api import router as openai_router
@@ -66,8 +67,12 @@ def build_app(settings: Settings, engine: Engine) -> FastAPI:
         app.state.accounts = Accounts(accounts)
         app.state.sessions = LoginSessions(accounts, load_secret(settings.data_dir),
                                            timedelta(days=settings.session_days))
-        documents = ChatDocuments(DocumentStore(database, FileStore(settings.data_dir / "files")), engine)
-        app.state.chats = ChatService(ChatStore(database), engine, documents)
+        store = DocumentStore(database, FileStore(settings.data_dir / "files"))
+        documents = ChatDocuments(store, engine)
+        collections = CollectionStore(store)
+        indexer = Indexer(collections, documents).start()  # goes on with what a stopped server left unindexed
+        app.state.knowledge = Knowledge(collections, indexer)
+        app.state.chats = ChatService(ChatStore(database), engine, documents, app.state.knowledge)
         app.state.chats.recover()  # replies cut off by a crash are shown as interrupted
         app.state.responses = ResponseStore(database)
         loader = threading.Thread(target=_warm_up, args=(app.state.engine, app), name="serge-warm-up", daemon=True)
@@ -76,6 +81,7 @@ def build_app(settings: Settings, engine: Engine) -> FastAPI:
             yield
         finally:
             app.state.chats.close()  # replies in progress are stopped and saved as incomplete
+            indexer.close()  # between two batches: the next start goes on from there
             database.close()
         loader.join()
 
@@ -104,6 +110,7 @@ def build_app(settings: Settings, engine: Engine) -> FastAPI:
     app.include_router(ollama_router)
     app.include_router(responses_router)
     app.include_router(chats_router)
+    app.include_router(knowledge_router)
     app.include_router(models_router)
     app.include_router(accounts_router)
     app.include_router(build_pages())

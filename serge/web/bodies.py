@@ -25,7 +25,7 @@ from serge.web.errors import error_body
 
 MAX_INT = 2**63 - 1
 JSON_APIS = ("/api/", "/v1/")  # paths whose bodies are JSON only
-UPLOADS = re.compile(r"/api/chats/[^/]+/files")  # but for this one: a file, as multipart/form-data
+UPLOADS = re.compile(r"/api/(chats|knowledge)/[^/]+/files")  # but for these: a file, as multipart/form-data
 UPLOAD_OVERHEAD_BYTES = 64_000  # the form around the file
 
 

@@ -25,6 +25,7 @@ from starlette.concurrency import run_in_threadpool
 
 from serge.chats import ChatExport, ChatService, Reply
 from serge.chats import export_markdown
+from serge.chats.knowledge import MAX_KNOWLEDGE_PER_MESSAGE
 from serge.documents import MAX_FILE_BYTES, MAX_FILES_PER_MESSAGE, FileTooLarge
 from serge.engine import EngineBusy, ModelLoadFailed, SamplingParams
 from serge.store import ChatRecord, DocumentRecord, MessageRecord
@@ -44,6 +45,8 @@ class ChatIn(BaseModel):
     system_prompt: str | None = None
     settings: SamplingParams | None = Field(None, description="Generation settings for the chat's replies; "
                                                               "a field left out uses the model's default.")
+    knowledge: list[str] | None = Field(None, max_length=MAX_KNOWLEDGE_PER_MESSAGE,
+                                        description="Knowledge collections (by name or id) every reply searches.")
 
 
 class ChatPatch(ChatIn):
@@ -55,6 +58,9 @@ class MessageIn(BaseModel):
     attachments: list[str] = Field(default_factory=list, max_length=MAX_FILES_PER_MESSAGE,
                                    description="Ids of files uploaded to this chat (POST .../files) that come with "
                                                "the message.")
+    knowledge: list[str] = Field(default_factory=list, max_length=MAX_KNOWLEDGE_PER_MESSAGE,
+                                 description="Knowledge collections (by name or id) searched for this message, "
+                                             "besides the chat's own.")
 
 
 def owner(request: Request) -> str:
@@ -90,7 +96,7 @@ def message_out(m: MessageRecord) -> dict:
 def chat_out(chat: ChatRecord, *, messages: bool = True) -> dict:
     body = {
         "id": chat.id, "title": chat.title, "model": chat.model, "system_prompt": chat.system_prompt,
-        "settings": chat.settings, "created_at": chat.created_at.isoformat(),
+        "settings": chat.settings, "knowledge": list(chat.knowledge), "created_at": chat.created_at.isoformat(),
         "updated_at": chat.updated_at.isoformat(),
     }
     if messages:
@@ -202,11 +208,11 @@ def file_image(chat_id: str, document_id: str, request: Request):
 
 
 @router.post("/{chat_id}/messages", response_class=StreamingResponse, responses=EVENT_STREAM,
-             summary="Send a message, with files of the chat attached; the reply streams back as server-sent events")
+             summary="Send a message, with files of the chat attached and collections named; the reply streams back as server-sent events")
 async def send_message(chat_id: str, body: MessageIn, request: Request):
     with reply_errors():
         reply = await run_in_threadpool(service(request).reply, owner(request), chat_id, body.content,
-                                        body.attachments)
+                                        body.attachments, body.knowledge)
     return reply_events(request, reply)
 
 

@@ -21,6 +21,7 @@ from pydantic import Field, ValidationError
 from starlette.concurrency import run_in_threadpool
 
 from serge.engine import FinishReason, GenerationRecord, SamplingParams, Stream, TokenLogprob
+from serge.web.docs import TEXT_COMPLETION
 from serge.web.errors import ApiError
 from serge.web.dialects import StrictRequest, cancel_on_disconnect, failure, refused_settings
 from serge.web.openai_api import fingerprint, usage
@@ -86,7 +87,7 @@ def _logprobs(tokens: list[TokenLogprob], offset: int) -> dict:
             "top_logprobs": [{a.token: a.logprob for a in t.top} for t in tokens], "text_offset": offsets}
 
 
-@router.post("/completions", summary="Continue a text (the legacy completions API; suffix: fill in the middle)")
+@router.post("/completions", responses=TEXT_COMPLETION, summary="Continue a text (the legacy completions API; suffix: fill in the middle)")
 async def completions(body: CompletionRequest, request: Request):
     prompts, params = body.prompts(), body.sampling()
     engine = request.app.state.engine

@@ -50,6 +50,11 @@ COMPLETION = {200: {"description": "A chat.completion, or chat.completion.chunk 
               502: {"description": "A remote model's server failed: silent past SERGE_REMOTE_TIMEOUT_S, hung up "
                                    "mid-reply, or answered an error (error.code remote_model_failed).",
                     "content": _ERROR}}
+# For /v1/completions: a text_completion, or its chunks as events with "stream": true.
+TEXT_COMPLETION = {**COMPLETION, 200: {
+    "description": "A text_completion, or text_completion chunks as events when streamed.",
+    "content": {"text/event-stream": {"schema": {**_CHUNK_EVENT, "properties": {"data": {
+        "description": "a text_completion chunk, an error, or [DONE]", "type": "string"}}}}}}}
 MARKDOWN = {200: {"description": "The chat as JSON or Markdown.",
                   "content": {"text/markdown": {"schema": {"type": "string"}}}}}
 

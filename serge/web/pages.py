@@ -168,6 +168,7 @@ def build_pages() -> APIRouter:
             "messages": _view(render, chat),
             "images": image_ids(request, chat),
             "chats": service.list(user.id),
+            "collections": request.app.state.knowledge.list(user.id),
             "models": engine.models(),
             "default_model": engine.default_model,
             "fields": setting_fields(),
@@ -219,6 +220,10 @@ def build_pages() -> APIRouter:
     @router.get("/models", response_class=HTMLResponse)
     def models_page(request: Request):
         return templates.TemplateResponse(request, "models.html", {**models_context(request), "version": __version__})
+
+    @router.get("/knowledge", response_class=HTMLResponse)
+    def knowledge_page(request: Request):
+        return templates.TemplateResponse(request, "knowledge.html", {"version": __version__})
 
     @router.get("/fragments/models", response_class=HTMLResponse)
     def models_fragment(request: Request):

@@ -152,47 +152,41 @@ class OutputItems:
         return events + self._close_message(status)
 
     def _open_thought(self) -> list[dict]:
-        part = {"type": "reasoning_text", "text": ""}
         self._thought = {"type": "reasoning", "id": new_id("rs"), "status": "in_progress", "summary": [],
-                         "content": [part]}
-        self.output.append(self._thought)
-        index = self._index(self._thought)
-        return [{"type": "response.output_item.added", "output_index": index,
-                 "item": {**self._thought, "content": []}},
-                {"type": "response.content_part.added", "item_id": self._thought["id"], "output_index": index,
-                 "content_index": 0, "part": {**part}}]
+                         "content": [{"type": "reasoning_text", "text": ""}]}
+        return self._opened(self._thought)
 
     def _close_thought(self, status: str) -> list[dict]:
         item, self._thought = self._thought, None
-        if item is None:
-            return []
-        item["status"] = status
-        part, index = item["content"][0], self._index(item)
-        return [{"type": "response.reasoning_text.done", "item_id": item["id"], "output_index": index,
-                 "content_index": 0, "text": part["text"]},
-                {"type": "response.content_part.done", "item_id": item["id"], "output_index": index,
-                 "content_index": 0, "part": part},
-                {"type": "response.output_item.done", "output_index": index, "item": item}]
+        return self._closed(item, status, "response.reasoning_text.done")
 
     def _open_message(self) -> list[dict]:
-        part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
         self._message = {"type": "message", "id": new_id("msg"), "status": "in_progress", "role": "assistant",
-                         "content": [part]}
-        self.output.append(self._message)
-        index = self._index(self._message)
-        return [{"type": "response.output_item.added", "output_index": index,
-                 "item": {**self._message, "content": []}},
-                {"type": "response.content_part.added", "item_id": self._message["id"], "output_index": index,
-                 "content_index": 0, "part": {**part}}]
+                         "content": [{"type": "output_text", "text": "", "annotations": [], "logprobs": []}]}
+        return self._opened(self._message)
 
     def _close_message(self, status: str) -> list[dict]:
         item, self._message = self._message, None
+        return self._closed(item, status, "response.output_text.done")
+
+    def _opened(self, item: dict) -> list[dict]:
+        """An item of one text part (a message, a thought) added to the output: its two opening events."""
+        self.output.append(item)
+        index = self._index(item)
+        return [{"type": "response.output_item.added", "output_index": index, "item": {**item, "content": []}},
+                {"type": "response.content_part.added", "item_id": item["id"], "output_index": index,
+                 "content_index": 0, "part": {**item["content"][0]}}]
+
+    def _closed(self, item: dict | None, status: str, done: str) -> list[dict]:
+        """Its three closing events: its text `done` (with the logprobs where the part has them), the part, the item."""
         if item is None:
             return []
         item["status"] = status
         part, index = item["content"][0], self._index(item)
-        return [{"type": "response.output_text.done", "item_id": item["id"], "output_index": index,
-                 "content_index": 0, "text": part["text"], "logprobs": part["logprobs"]},
+        text = {"type": done, "item_id": item["id"], "output_index": index, "content_index": 0, "text": part["text"]}
+        if "logprobs" in part:
+            text["logprobs"] = part["logprobs"]
+        return [text,
                 {"type": "response.content_part.done", "item_id": item["id"], "output_index": index,
                  "content_index": 0, "part": part},
                 {"type": "response.output_item.done", "output_index": index, "item": item}]

@@ -67,16 +67,17 @@ class Message:
     name: str | None = None  # a participant's name; a tool message: the function that answered
     images: tuple[Image, ...] = ()  # a user's images, shown before its text (a vision model's alone)
 
-    def as_template_input(self) -> dict:
-        """The message as chat templates read it (arguments as an object, as Hugging Face's templates expect;
-        with images, content as parts: an image part for each, then the text, as vision templates take it)."""
+    def as_openai(self, *, parsed_arguments: bool = False) -> dict:
+        """The message in OpenAI's chat shape, which chat templates read too; `parsed_arguments` gives a call's
+        arguments as an object (Hugging Face's templates expect one), else as the JSON text the model wrote.
+        With images (a vision model's template reads them), content is parts: an image part each, then the text."""
         content = ([{"type": "image"}] * len(self.images) + [{"type": "text", "text": self.content}]
                    if self.images else self.content)
         out: dict = {"role": self.role, "content": content}
         if self.tool_calls:
-            out["tool_calls"] = [{"id": c.id, "type": "function",
-                                  "function": {"name": c.name, "arguments": json_or_text(c.arguments)}}
-                                 for c in self.tool_calls]
+            out["tool_calls"] = [{"id": c.id, "type": "function", "function": {
+                "name": c.name, "arguments": json_or_text(c.arguments) if parsed_arguments else c.arguments}}
+                for c in self.tool_calls]
         if self.tool_call_id is not None:
             out["tool_call_id"] = self.tool_call_id
         if self.name is not None:
@@ -193,7 +194,7 @@ def _render(tokenizer, messages: Sequence[Message], tools: list[dict] | None = N
     render = lambda msgs, tls, tokenize: tokenizer.apply_chat_template(  # noqa: E731
         msgs, tools=tls, add_generation_prompt=not prefill, continue_final_message=prefill, tokenize=tokenize,
         **({"return_dict": False} if tokenize else {}))
-    plain = [m.as_template_input() for m in messages]
+    plain = [m.as_openai(parsed_arguments=True) for m in messages]
     holes = _Holes()
     masked_input = ([holes.fill(m) for m in plain], holes.fill(tools) if tools else tools)
     specials = _specials(tokenizer)

@@ -1,51 +1,43 @@
 """Many generations sharing one model: continuous batching behind a bounded queue.
 
-Each loaded model gets one `Scheduler` and so one worker thread: no thread per
-request. `submit` puts a request in a bounded queue (full: `EngineBusy`). At
-every step the worker admits waiting requests while fewer than `max_running`
-run, runs one forward pass over every sequence being decoded, prefills at most
-about `prefill_chunk` prompt tokens while others decode (so a long prompt delays
-them by a step, never by its whole length; every waiting prompt when none decode),
-and samples each sequence's next token with its own settings and random
-generator. A sequence that finishes, stops, fails or is
-cancelled leaves the batch in the same step, and its KV goes to the prefix cache,
-from which the next turn of the same chat takes what it shares. A request for n
-choices is admitted whole (n slots at once, in its turn) and its prompt runs once:
-choice 0 prefills it, and each other choice starts from a copy of that KV
-(`KV.copy`) and the same next-token logits, then all n decode in the batch.
+Each loaded model gets one `Scheduler` and so one worker thread, not a thread per request.
+`submit` queues a request (`admission.Waiting`: bounded, whole requests in order). At every
+step the worker admits what fits in `max_running`, runs one forward pass over every sequence
+being decoded, prefills about `prefill_chunk` prompt tokens while others decode (every waiting
+prompt when none do), and samples every row at once, each with its own settings and generator.
+A sequence that finishes, stops, fails or is cancelled leaves the batch in the same step; its
+KV goes to the prefix cache, from which the chat's next turn takes what it shares. A request
+for n choices runs its prompt once: choice 0 prefills it and the others start from a copy of
+that KV (`KV.copy`) and the same logits.
 
-The scheduler runs any *forward*, as `forward.Forward` writes it down (and each
-sequence's KV as `forward.KV`): `transformers.BatchForward` for transformers,
-`llamacpp.LlamaForward` for llama.cpp, a stand-in in tests. So sampling, stop strings,
-prefix reuse, admission, metrics, constrained decoding (`grammar`) and logprobs are
-one piece of code for every local engine; what one sequence does with its logits
-is `sequence.Sequence`'s. A forward whose KV memory is a fixed pool (the paged one)
-raises `OutOfKV` when it is full: the prefix cache gives back its oldest entries,
-then the youngest running reply is made to wait (its KV given back; it runs its
-tokens again when a reply ends), so a reply waits but never fails for want of room.
+It runs any forward (`forward.Forward`: transformers' `BatchForward`, llama.cpp's
+`LlamaForward`, a stand-in in tests), so sampling, stop strings, prefix reuse, admission,
+metrics, grammars and logprobs are one piece of code for every local engine. A forward whose
+KV is a fixed pool (the paged one) raises `OutOfKV` when full: the prefix cache gives back its
+oldest entries, then the youngest running reply waits (its KV given back, its tokens run again
+when a reply ends): it waits, never fails, for want of room.
 
 Every sequence ends with `stream.finish()`, on every path.
 """
 
 from __future__ import annotations
 
-import copy
 import logging
 import threading
 import time
-from collections import deque
 
 import torch
 
-from serge.engine.generation.admission import EngineBusy, SchedulerLimits
+from serge.engine.generation.admission import EngineBusy, SchedulerLimits, Waiting
 from serge.engine.generation.forward import Forward, OutOfKV
-from serge.engine.generation.grammar import InvalidRequest, Vocabulary
+from serge.engine.generation.grammar import Vocabulary
+from serge.engine.generation.schemas import InvalidRequest
 from serge.engine.generation.kvcache import PrefixCache
 from serge.engine.metrics import EngineMetrics
 from serge.engine.generation.sampling import SamplingParams
 from serge.engine.generation.sequence import ReplyReader, Sequence, choose_all
 from serge.engine.generation.thinking import Thinking
-from serge.engine.generation.stream import FinishReason, GenerationError, Stream, TextAssembler
+from serge.engine.generation.stream import FinishReason, GenerationError, Stream
 
 log = logging.getLogger(__name__)
 
@@ -76,14 +68,13 @@ class Scheduler:
         self.vocabulary = Vocabulary(tokenizer, eos)  # grammars compiled for this model, token bytes
         self.max_running = limits.running_for(self._device)
         self.max_queue = limits.max_queue
-        self._queue_timeout = limits.queue_timeout_s
         self._chunk = limits.prefill_chunk
         budget = limits.prefix_cache_mb * 2**20
         self._prefixes = PrefixCache(budget if prefix_cache_bytes is None else min(budget, prefix_cache_bytes))
         self.metrics = metrics if metrics is not None else EngineMetrics()
         self._m = self.metrics.model(name)
         self._lock = threading.Condition()
-        self._waiting: deque[list[Sequence]] = deque()  # requests (each its n choices), under _lock
+        self._waiting = Waiting(limits.queue_timeout_s)  # under _lock
         self._active = 0  # sequences admitted and not finished; under _lock
         self._closing = False
         self._forget = False  # drop the prefix cache before the next admission
@@ -118,40 +109,27 @@ class Scheduler:
         if params.logprobs is not None:
             self.vocabulary.prepare()  # token bytes: a second's work, here rather than on the worker
         stream = Stream(n)
-        group = [Sequence(list(prompt), params.for_choice(i), stream,
-                          TextAssembler(self._tokenizer, params.stop), self._eos, self.vocabulary,
-                          self.vocabulary.matcher(grammar, grammar_param) if grammar is not None else None,
-                          copy.deepcopy(reader) if i else reader, finish_json=finish_json,
-                          thinking=copy.deepcopy(thinking) if i else thinking, choice=i, images=images)
-                 for i in range(n)]
-        group[0].followers = group[1:]
+        group = Sequence.choices(prompt, params, stream, self._tokenizer, self._eos, self.vocabulary,
+                                 (grammar, grammar_param) if grammar is not None else None, reader, finish_json,
+                                 thinking, n, images)
         with self._lock:
             if self._closing:
                 raise GenerationError(f"the model {self.name!r} is being unloaded; try again")
-            waiting = len(self._waiting)
-            if self._active + self._queued() + n > self.max_running + self.max_queue:
+            try:
+                stream.queue_position = self._waiting.add(group, self._active, self.max_running, self.max_queue,
+                                                          self._mean_duration)
+            except EngineBusy:
                 self._m.rejected.inc()
-                retry = min(300.0, max(1.0, self._mean_duration * (waiting + 1) / self.max_running))
-                raise EngineBusy(
-                    retry,
-                    f"the server is busy: {self._active} replies are running and {waiting} waiting; "
-                    f"try again in {retry:.0f} s",
-                )
-            stream.queue_position = waiting
-            self._waiting.append(group)
+                raise
             self._m.queued.set(len(self._waiting))
             self._lock.notify()
         return stream
-
-    def _queued(self) -> int:
-        """Under the lock: sequences waiting (a request's n choices count n)."""
-        return sum(map(len, self._waiting))
 
     @property
     def pending(self) -> int:
         """Sequences running or queued: the registry never unloads a model that has any."""
         with self._lock:
-            return self._active + self._queued()
+            return self._active + self._waiting.sequences
 
     def close(self) -> None:
         """End every queued and running generation as cancelled, then stop and join the worker."""
@@ -193,7 +171,7 @@ class Scheduler:
                 for seq in list(self._running):
                     self._leave(seq, FinishReason.ERROR, _message(exc))
         with self._lock:
-            leftover, self._waiting = [seq for group in self._waiting for seq in group], deque()
+            leftover = self._waiting.drain()
         for seq in leftover + list(self._running):
             seq.stream.cancel()
             if seq in self._running:
@@ -204,27 +182,11 @@ class Scheduler:
         self.forward.close()  # on this thread, like every pass before it
 
     def _admit(self) -> tuple[list[Sequence], list[tuple[Sequence, FinishReason, str | None]]]:
-        """Under the lock: move waiting requests into free slots, all of a request's choices at once and in
-        order (so one for n is never starved); drop cancelled and timed-out ones."""
-        now = time.monotonic()
-        admitted, expired, kept = [], [], deque()
-        for group in self._waiting:
-            stream = group[0].stream
-            waited = now - stream.created
-            if stream.cancelled:
-                expired += [(seq, FinishReason.CANCELLED, None) for seq in group]
-            elif not kept and not self._hold and len(self._running) + len(admitted) + len(group) <= self.max_running:
-                admitted += group
-            elif waited > self._queue_timeout and group[0].started is None:  # never one made to wait for KV room
-                error = f"timed out after {waited:.0f} s waiting for a free slot; the server is busy"
-                expired += [(seq, FinishReason.ERROR, error) for seq in group]
-            else:
-                kept.append(group)
-        self._waiting = kept
-        for position, group in enumerate(kept):
-            group[0].stream.queue_position = position
+        """Under the lock: move waiting requests into free slots (none while a reply waits for KV room)."""
+        free = 0 if self._hold else self.max_running - len(self._running)
+        admitted, expired = self._waiting.admit(free, time.monotonic())
         self._active = len(self._running) + len(admitted)
-        self._m.queued.set(len(kept))
+        self._m.queued.set(len(self._waiting))
         self._m.running.set(self._active)
         return admitted, expired
 
@@ -348,14 +310,11 @@ class Scheduler:
         group, youngest.followers = [youngest, *youngest.followers], []  # choices still waiting for its prompt
         for seq in group:
             self._running.remove(seq)
-            if seq.kv is not None:
-                seq.kv.release()
-            seq.resumed = len(seq.generated) - 1 if seq.feed is not None else 0
-            seq.kv, seq.prefilled, seq.logits = None, 0, None
+            seq.set_aside()
         log.info("KV pool full: a reply waits for room, %d tokens to run again", youngest.context_length)
         self._m.preempted.inc()
         with self._lock:
-            self._waiting.appendleft(group)
+            self._waiting.put_back(group)
             self._active -= len(group)
             self._hold = True
         return True

@@ -12,6 +12,7 @@ It knows nothing of batching, KV memory or forward passes: that is the scheduler
 
 from __future__ import annotations
 
+import copy
 import time
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -73,6 +74,28 @@ class Sequence:
     _thought_tokens: int = 0  # with `thinking`: tokens written inside <think> (its tags too)
     _penalties: Penalties | None = None  # made on the first token that needs them
     _bias: torch.Tensor | None = None  # logit_bias as a row of the logits' width
+
+    @classmethod
+    def choices(cls, prompt: list[int], params, stream: Stream, tokenizer, eos: frozenset[int], vocabulary: Vocabulary,
+                grammar: tuple[str, str] | None, reader: ReplyReader | None, finish_json: bool,
+                thinking: Thinking | None, n: int, images: dict | None = None) -> list[Sequence]:
+        """A request's n sequences: choice i samples with `params.for_choice(i)` and has its own grammar matcher,
+        stop strings, call reader and thinking split; choice 0 runs the prompt for the others (`followers`)."""
+        group = [cls(list(prompt), params.for_choice(i), stream, TextAssembler(tokenizer, params.stop), eos, vocabulary,
+                     vocabulary.matcher(*grammar) if grammar is not None else None,
+                     copy.deepcopy(reader) if i else reader, finish_json=finish_json,
+                     thinking=copy.deepcopy(thinking) if i else thinking, choice=i, images=images)
+                 for i in range(n)]
+        group[0].followers = group[1:]
+        return group
+
+    def set_aside(self) -> None:
+        """Made to wait for KV room: its KV given back, to be run again (prompt and reply) when it comes back;
+        its generator and its reply so far are kept, so it goes on as if it had not waited."""
+        if self.kv is not None:
+            self.kv.release()
+        self.resumed = len(self.generated) - 1 if self.feed is not None else 0
+        self.kv, self.prefilled, self.logits = None, 0, None
 
     def context(self) -> list[int]:
         """What `kv` must hold before the sequence decodes: its prompt and, once it was made to wait

@@ -4,6 +4,7 @@
 import { readEvents, errorOf, errorText } from "./sse.js";
 import { messageBubble, noteDropped, thoughtsOf } from "./bubbles.js";
 import { attachments } from "./attach.js";
+import { hashtags } from "./hashtags.js";
 
 const $ = (selector, root = document) => root.querySelector(selector);
 const JSON_HEADERS = { "Content-Type": "application/json" };
@@ -30,6 +31,9 @@ const state = { chatId: document.body.dataset.chatId || null, busy: false };
 const files = attachments({
   composer: $("#composer"), input: $("#attach-input"), picker: $("#attach"), list: $("#attachments"),
   onError: (text) => showStatus(text, "error"),
+});
+const tags = hashtags({
+  box: $("#message"), list: $("#knowledge-list"), names: JSON.parse($("#knowledge-list").dataset.names || "[]"),
 });
 
 const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
@@ -223,7 +227,8 @@ async function send() {
   if (attached === null) return; // a file was refused: the message stays in the box
   ui.message.value = "";
   appendMessage("user", content);
-  await streamReply(`/api/chats/${state.chatId}/messages`, { content, attachments: attached });
+  await streamReply(`/api/chats/${state.chatId}/messages`,
+                    { content, attachments: attached, knowledge: tags.named(content) });
 }
 
 async function stop() {
@@ -393,6 +398,7 @@ function collectSettings() {
     model: form.get("model") || null,
     system_prompt: form.get("system_prompt") || null,
     settings,
+    knowledge: form.getAll("knowledge"),
   };
 }
 
