@@ -10,11 +10,8 @@ import pytest
 
 import documents as files
 from conftest import BROWSER, own_server
-from standin import NAME
-from test_browser import page  # noqa: F401  (fixture: a page that fails the test if it throws)
-from test_chat_documents import EMBEDDER, HashEmbedder, asked_text, recorder  # noqa: F401  (fixture)
+from test_chat_documents import asked_text, documents_engine, recorder  # noqa: F401  (fixture)
 
-from serge.engine import Engine
 
 pytestmark = BROWSER
 
@@ -24,8 +21,7 @@ expect = playwright_sync.expect
 
 @pytest.fixture(scope="module")
 def server(standin_settings, recorder, tmp_path_factory):
-    settings = standin_settings.model_copy(update={"default_embedding_model": EMBEDDER})
-    with Engine(settings, backends={NAME: recorder, EMBEDDER: HashEmbedder()}) as engine, \
+    with documents_engine(standin_settings, recorder) as (settings, engine), \
             own_server(settings, engine, tmp_path_factory.mktemp("browser-knowledge")) as url:
         yield url
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import httpx
 import pytest
@@ -63,10 +65,17 @@ def data_dir(tmp_path_factory):
     return tmp_path_factory.mktemp("documents-data")
 
 
+@contextmanager
+def documents_engine(standin_settings, recorder) -> Iterator[tuple]:
+    """(settings, engine) over the recording stand-in, with the hash embedder as the embedding model."""
+    settings = standin_settings.model_copy(update={"default_embedding_model": EMBEDDER})
+    with Engine(settings, backends={NAME: recorder, EMBEDDER: HashEmbedder()}) as engine:
+        yield settings, engine
+
+
 @pytest.fixture(scope="module")
 def client(standin_settings, recorder, data_dir):
-    settings = standin_settings.model_copy(update={"default_embedding_model": EMBEDDER})
-    with Engine(settings, backends={NAME: recorder, EMBEDDER: HashEmbedder()}) as engine, \
+    with documents_engine(standin_settings, recorder) as (settings, engine), \
             own_server(settings, engine, data_dir) as url, httpx.Client(base_url=url, timeout=120) as http:
         yield http
 

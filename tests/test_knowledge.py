@@ -12,26 +12,16 @@ import pytest
 import documents as files
 from conftest import own_server
 from test_accounts_api import add_user, login
-from test_chat_documents import EMBEDDER, QUESTION, HashEmbedder, Recording, asked_text, new_chat, upload
+from test_chat_documents import QUESTION, asked_text, documents_engine, new_chat, recorder, upload  # noqa: F401
 from test_chats_api import send, wait_for
-from standin import NAME, standin_model
 
-from serge.engine import Engine
 from serge.documents import MAX_FILE_BYTES
 
 
 @pytest.fixture(scope="module")
-def recorder():
-    model = standin_model()
-    yield Recording(model)
-    model.close()
-
-
-@pytest.fixture(scope="module")
 def engine(standin_settings, recorder):
-    settings = standin_settings.model_copy(update={"default_embedding_model": EMBEDDER})
-    with Engine(settings, backends={NAME: recorder, EMBEDDER: HashEmbedder()}) as running:
-        yield settings, running
+    with documents_engine(standin_settings, recorder) as running:
+        yield running
 
 
 @pytest.fixture(scope="module")
