@@ -21,6 +21,7 @@ import re
 from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
 
+from serge.documents import MAX_FILE_BYTES, FileTooLarge
 from serge.web.errors import error_body
 
 MAX_INT = 2**63 - 1
@@ -176,3 +177,10 @@ class BodyCheck:
 
         await self.app(scope, replay, send)
 
+
+async def uploaded(file) -> tuple[str, bytes]:
+    """An uploaded file's name and bytes, read no further than the limit per file (413 past it)."""
+    data = await file.read(MAX_FILE_BYTES + 1)
+    if len(data) > MAX_FILE_BYTES:
+        raise FileTooLarge(f"{file.filename or 'the file'} is larger than {MAX_FILE_BYTES} bytes, the limit per file")
+    return file.filename or "file", data

@@ -26,10 +26,11 @@ from starlette.concurrency import run_in_threadpool
 from serge.chats import ChatExport, ChatService, Reply
 from serge.chats import export_markdown
 from serge.chats.knowledge import MAX_KNOWLEDGE_PER_MESSAGE
-from serge.documents import MAX_FILE_BYTES, MAX_FILES_PER_MESSAGE, FileTooLarge
+from serge.documents import MAX_FILES_PER_MESSAGE
 from serge.engine import EngineBusy, ModelLoadFailed, SamplingParams
 from serge.store import ChatRecord, DocumentRecord, MessageRecord
 from serge.web.auth import current_user
+from serge.web.bodies import uploaded
 from serge.web.docs import EVENT_STREAM, MARKDOWN
 from serge.web.errors import ApiError
 from serge.web.request_log import note_generation
@@ -187,10 +188,7 @@ def export_chat(chat_id: str, request: Request, format: Literal["md", "json"] = 
              summary="Upload a file (text, Markdown, code, HTML, PDF, DOCX, or an image for a vision model) "
                      "for the chat's messages to attach")
 async def upload_file(chat_id: str, request: Request, file: UploadFile = File(description="The file itself.")):
-    data = await file.read(MAX_FILE_BYTES + 1)
-    if len(data) > MAX_FILE_BYTES:
-        raise FileTooLarge(f"{file.filename or 'the file'} is larger than {MAX_FILE_BYTES} bytes, the limit per file")
-    document = await run_in_threadpool(service(request).attach, owner(request), chat_id, file.filename or "file", data)
+    document = await run_in_threadpool(service(request).attach, owner(request), chat_id, *await uploaded(file))
     return document_out(document)
 
 

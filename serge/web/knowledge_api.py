@@ -14,8 +14,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
 from serge.chats import Knowledge
-from serge.documents import MAX_FILE_BYTES, FileTooLarge
 from serge.store import CollectionRecord, FileProgress
+from serge.web.bodies import uploaded
 from serge.web.chats_api import document_out, owner
 
 router = APIRouter(prefix="/api/knowledge", tags=["knowledge"])
@@ -76,11 +76,7 @@ def delete(collection_id: str, request: Request):
 @router.post("/{collection_id}/files", status_code=201,
              summary="Upload a file (text, Markdown, code, HTML, PDF or DOCX); it is indexed in the background")
 async def upload_file(collection_id: str, request: Request, file: UploadFile = File(description="The file itself.")):
-    data = await file.read(MAX_FILE_BYTES + 1)
-    if len(data) > MAX_FILE_BYTES:
-        raise FileTooLarge(f"{file.filename or 'the file'} is larger than {MAX_FILE_BYTES} bytes, the limit per file")
-    document = await run_in_threadpool(knowledge(request).upload, owner(request), collection_id,
-                                       file.filename or "file", data)
+    document = await run_in_threadpool(knowledge(request).upload, owner(request), collection_id, *await uploaded(file))
     return file_out(FileProgress(document, 0))
 
 
