@@ -303,6 +303,19 @@ DATABASES = ["sqlite", pytest.param("postgres", marks=[
     pytest.mark.skipif(not POSTGRES_URL, reason="SERGE_TEST_POSTGRES_URL is not set (CI starts PostgreSQL)")])]
 
 
+def migrate_to(connection, revision: str, down: bool = False) -> None:
+    """Run the migrations up (or down) to `revision` on an open connection: for tests of one step."""
+    from alembic import command
+    from alembic.config import Config
+
+    from serge.store.db import MIGRATIONS
+
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS))
+    config.attributes["connection"] = connection
+    (command.downgrade if down else command.upgrade)(config, revision)
+
+
 def fresh_database(url: str):
     """A database at `url` with a clean, migrated schema."""
     from sqlalchemy import text

@@ -8,19 +8,16 @@ import stat
 from datetime import timedelta
 
 import pytest
-from alembic import command
 from alembic.autogenerate import compare_metadata
-from alembic.config import Config
 from alembic.migration import MigrationContext
 from sqlalchemy import text
 
 from serge.accounts import Accounts, LoginSessions, load_secret
 from serge.store import LOCAL_OWNER, AccountStore, ChatStore, Database
-from serge.store.db import MIGRATIONS
 from serge.store.tables import FULL_TEXT_COLUMN, FULL_TEXT_INDEX, FULL_TEXT_TABLE, Base
 from serge.web.user_limits import UserLimits
 
-from conftest import DATABASES, POSTGRES_URL
+from conftest import DATABASES, POSTGRES_URL, migrate_to
 
 
 
@@ -35,11 +32,8 @@ def empty_db(request, tmp_path):
 
 
 def _upgrade(db: Database, revision: str) -> None:
-    config = Config()
-    config.set_main_option("script_location", str(MIGRATIONS))
     with db.engine.begin() as connection:
-        config.attributes["connection"] = connection
-        command.upgrade(config, revision)
+        migrate_to(connection, revision)
 
 
 def test_the_migrated_schema_matches_the_tables(empty_db):

@@ -35,6 +35,13 @@ def read_events(response: httpx.Response):
             yield kind, json.loads(line[5:])
 
 
+def events_of(client: httpx.Client, path: str, body: dict) -> list[tuple[str, dict]]:
+    """POST to a streaming endpoint; every (event, data) it sent."""
+    with client.stream("POST", path, json=body) as response:
+        assert response.status_code == 200, response.read()
+        return list(read_events(response))
+
+
 def send(client: httpx.Client, path: str, body: dict | None = None) -> tuple[list[str], dict]:
     """POST to a streaming endpoint; the text deltas and the final saved message."""
     deltas, done = [], None

@@ -10,6 +10,7 @@ import pytest
 import torch
 from sqlalchemy import select, text
 
+from conftest import migrate_to
 from test_accounts_store import _upgrade
 from test_chat_documents import HashEmbedder
 from test_chats_api import wait_for
@@ -226,16 +227,8 @@ def test_a_chats_passages_survive_the_upgrade_to_collections(tmp_path, files):
 
 
 def _downgrade(db: Database, revision: str) -> None:
-    from alembic import command
-    from alembic.config import Config
-
-    from serge.store.db import MIGRATIONS
-
-    config = Config()
-    config.set_main_option("script_location", str(MIGRATIONS))
     with db.engine.begin() as connection:
-        config.attributes["connection"] = connection
-        command.downgrade(config, revision)
+        migrate_to(connection, revision, down=True)
 
 
 def test_a_removed_account_takes_its_collections_with_it(database, files):

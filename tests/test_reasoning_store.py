@@ -4,19 +4,16 @@ next turn's prompt."""
 
 from __future__ import annotations
 
-import json
 
 import httpx
 import pytest
-from alembic import command
-from alembic.config import Config
-from conftest import own_server
+from conftest import migrate_to, own_server
 from sqlalchemy import text
 from standin import stand_in, standin_engine
+from test_chats_api import events_of
 
 from serge.chats import MAX_MESSAGE_CHARS
 from serge.store import ChatStore, NewMessage
-from serge.store.db import MIGRATIONS
 from serge.store.tables import Base
 
 # On the stand-in model (standin.py) behind a template that thinks: nothing here needs the real one.
@@ -35,18 +32,6 @@ def engine(settings):
 def server(settings, engine, tmp_path_factory):
     with own_server(settings, engine, tmp_path_factory.mktemp("reasoning")) as url:
         yield url
-
-
-def events_of(client: httpx.Client, path: str, body: dict) -> list[tuple[str, dict]]:
-    kind, events = None, []
-    with client.stream("POST", path, json=body) as response:
-        assert response.status_code == 200, response.read()
-        for line in response.iter_lines():
-            if line.startswith("event:"):
-                kind = line[6:].strip()
-            elif line.startswith("data:"):
-                events.append((kind, json.loads(line[5:])))
-    return events
 
 
 def ask(client: httpx.Client, question: str = "What is the capital of France?") -> tuple[str, list]:
@@ -162,10 +147,7 @@ def test_a_database_of_the_revision_before_keeps_its_messages_through_the_migrat
     with database.engine.begin() as conn:  # back to an empty database, then only as far as 0004
         Base.metadata.drop_all(conn)
         conn.execute(text("DROP TABLE IF EXISTS alembic_version"))
-        config = Config()
-        config.set_main_option("script_location", str(MIGRATIONS))
-        config.attributes["connection"] = conn
-        command.upgrade(config, "0004")
+        migrate_to(conn, "0004")
         conn.execute(text("INSERT INTO chats (id, owner, title, settings, created_at, updated_at) "
                           "VALUES ('c1', 'me', 'old', '{}', CURRENT_TIMESTAMP, CURRENT_TIMESTAMP)"))
         conn.execute(text("INSERT INTO messages (id, chat_id, role, content, complete, created_at, updated_at) "

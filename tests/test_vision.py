@@ -6,7 +6,6 @@ files are read, for the tiny model's text side."""
 
 from __future__ import annotations
 
-import json
 import struct
 import zlib
 
@@ -16,6 +15,7 @@ import pytest
 import tiny_vlm
 from conftest import free_port, models_dir, own_server, MODEL
 from standin import NAME as TEXT_ONLY, standin_model
+from test_chats_api import events_of
 from tiny_vlm import IMAGE_TOKENS, NAME, b64, data_url, png
 from serge.engine import (Engine, ImageRefused, ImageTooLarge, Message, ModelLibrary, SamplingParams,
                           read_image)
@@ -168,18 +168,6 @@ def test_a_hostile_image_is_a_4xx_in_each_dialect(client):
     assert crowded.status_code == 413 and "the limit is 16" in crowded.json()["error"]["message"]
 
 
-def _chat_events(client, chat_id: str, body: dict) -> list[tuple[str, dict]]:
-    kind, events = None, []
-    with client.stream("POST", f"/api/chats/{chat_id}/messages", json=body) as response:
-        assert response.status_code == 200, response.read()
-        for line in response.iter_lines():
-            if line.startswith("event:"):
-                kind = line[6:].strip()
-            elif line.startswith("data:"):
-                events.append((kind, json.loads(line[5:])))
-    return events
-
-
 def test_an_image_attached_in_the_chat_api_reaches_the_model_and_shows_as_a_thumbnail(client):
     settings = {"max_new_tokens": 2, "temperature": 0}
     with_image = client.post("/api/chats", json={"model": NAME, "settings": settings}).json()["id"]
@@ -188,8 +176,8 @@ def test_an_image_attached_in_the_chat_api_reaches_the_model_and_shows_as_a_thum
     uploaded = client.post(f"/api/chats/{with_image}/files", files={"file": ("photo.png", picture, "image/png")})
     assert uploaded.status_code == 201, uploaded.text
     image_id = uploaded.json()["id"]
-    seen = _chat_events(client, with_image, {"content": ASK, "attachments": [image_id]})[-1][1]["message"]
-    unseen = _chat_events(client, plain, {"content": ASK})[-1][1]["message"]
+    seen = events_of(client, f"/api/chats/{with_image}/messages", {"content": ASK, "attachments": [image_id]})[-1][1]["message"]
+    unseen = events_of(client, f"/api/chats/{plain}/messages", {"content": ASK})[-1][1]["message"]
     assert seen["prompt_tokens"] == unseen["prompt_tokens"] + IMAGE_TOKENS
     assert f'/api/chats/{with_image}/files/{image_id}/image' in client.get(f"/c/{with_image}/conversation").text
     served = client.get(f"/api/chats/{with_image}/files/{image_id}/image")
