@@ -71,7 +71,7 @@ def test_the_answering_passage_ranks_first_for_nine_of_ten_paraphrased_questions
     service, chats = documents
     passages = [answer for answer, _ in ANSWERS] + distractors(190)
     assert len(set(passages)) == 200
-    vectors = service._vectors(passages)
+    vectors = service.vectors(passages)
     chat = chats.create_chat("me", title="t")
     doc = service.store.add("me", chat.id, name="corpus.txt", media_type="text/plain", data=b"corpus",
                             pages=["\n".join(passages)], chunks=[NewChunk(1, p, v) for p, v in zip(passages, vectors)])
