@@ -126,8 +126,11 @@ def _load_sqlite_vec(dbapi_connection) -> tuple[str | None, str]:
 
 def _sqlite_pragmas(busy_timeout_s: float, loaded: dict, load_sqlite_vec: bool):
     def apply(dbapi_connection, _record) -> None:
-        loaded["version"], loaded["why"] = (_load_sqlite_vec(dbapi_connection) if load_sqlite_vec
-                                            else (None, "not asked to"))
+        version, why = _load_sqlite_vec(dbapi_connection) if load_sqlite_vec else (None, "not asked to")
+        if "version" not in loaded:  # the first connection says it, once
+            log.info("sqlite-vec %s loaded: passages' vectors are scored in SQLite" if version else
+                     "sqlite-vec did not load (%s): passages' vectors are scored by Serge", version or why)
+        loaded["version"] = version
         cursor = dbapi_connection.cursor()
         cursor.execute("PRAGMA journal_mode=WAL")
         cursor.execute("PRAGMA foreign_keys=ON")
@@ -163,16 +166,19 @@ class Database:
                 _private_sqlite(path)
         self.engine: Engine = create_engine(parsed, **kwargs)
         event.listen(self.engine, "handle_error", _unavailable)
-        self.sqlite_vec: str | None = None
+        self._loaded: dict = {}  # sqlite-vec's version in this database's connections, once one is made
         if sqlite:
-            loaded: dict = {}
-            event.listen(self.engine, "connect", _sqlite_pragmas(busy_timeout_s, loaded, load_sqlite_vec))
-            self.engine.connect().close()  # the first connection says whether sqlite-vec loads
-            self.sqlite_vec = loaded["version"]
-            log.info("sqlite-vec %s loaded: passages' vectors are scored in SQLite" if self.sqlite_vec else
-                     "sqlite-vec did not load (%s): passages' vectors are scored by Serge",
-                     self.sqlite_vec or loaded["why"])
+            event.listen(self.engine, "connect", _sqlite_pragmas(busy_timeout_s, self._loaded, load_sqlite_vec))
         self.sessions = sessionmaker(self.engine, expire_on_commit=False)
+
+    @property
+    def sqlite_vec(self) -> str | None:
+        """The version of sqlite-vec this SQLite database's connections loaded; None where they could not."""
+        if self.engine.dialect.name != "sqlite":
+            return None
+        if "version" not in self._loaded:
+            self.engine.connect().close()
+        return self._loaded["version"]
 
     def session(self) -> Session:
         return self.sessions()
