@@ -11,7 +11,7 @@ Each document's vectors are kept in memory as one normalised matrix (`Vectors`) 
 its `revision` holds, scored with numpy, so a search reads two small columns from the
 database, not every vector. A document not kept yet is read into memory first; where
 the SQLite connection has sqlite-vec (`Database.sqlite_vec`), it is instead scored inside
-SQLite (vec_distance_cosine over the same column: a third of the time of reading it out)
+SQLite (vec_distance_cosine over the same column: a third to a half of the time of reading it out)
 and read into memory by a thread of its own for the next search.
 """
 
