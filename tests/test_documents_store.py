@@ -1,12 +1,33 @@
-"""The documents store on SQLite, and on PostgreSQL when SERGE_TEST_POSTGRES_URL names one (CI): files kept once
-by their hash, owned by their account, gone with their chat; passages ranked by meaning and by words."""
+"""The documents store on SQLite (vectors scored by Serge, and by sqlite-vec where a driver can load it), and on
+PostgreSQL when SERGE_TEST_POSTGRES_URL names one (CI): files kept once by their hash, owned by their account, gone
+with their chat; passages ranked by meaning and by words, in the same order whoever scores the vectors."""
 
 from __future__ import annotations
+
+import logging
 
 import numpy as np
 import pytest
 
-from serge.store import ChatStore, DocumentNotFound, DocumentStore, FileStore, NewChunk
+from conftest import DATABASES, POSTGRES_URL, fresh_database, loadable_sqlite
+from serge.store import ChatStore, Database, DocumentNotFound, DocumentStore, FileStore, NewChunk
+from serge.store import db as store_db
+
+
+@pytest.fixture(params=["sqlite-vec", *DATABASES])
+def database(request, tmp_path, monkeypatch):
+    """The conftest's databases, the SQLite one without sqlite-vec (Serge scores), and one with it."""
+    url = f"sqlite:///{tmp_path / 'serge.db'}" if request.param != "postgres" else POSTGRES_URL
+    if request.param == "sqlite-vec":
+        db = Database(url, sqlite_module=loadable_sqlite())
+        db.migrate()
+        assert db.sqlite_vec
+    else:
+        monkeypatch.setattr(store_db, "sqlite_vec", None)  # as where the package is missing
+        db = fresh_database(url)
+        assert db.sqlite_vec is None
+    yield db
+    db.close()
 
 
 @pytest.fixture
@@ -71,3 +92,63 @@ def test_passages_are_ranked_by_meaning_and_by_words(stores):
     worded = docs.by_words("me", [doc.id], ["keeps", "lighthouse"], 3)
     assert worded[0].page == 2 and "lighthouse" in worded[0].text
     assert docs.by_words("me", [doc.id], ['"', "OR", "bm25(", "; DROP"], 3) == []  # no query syntax from the user
+
+
+def _corpus(rng: np.random.Generator) -> list[list[NewChunk]]:
+    """Three files of random 16-dimension passages, with exact ties, a zero vector and a passage of no vector."""
+    files = [[NewChunk(1, f"passage {f}-{i}", rng.standard_normal(16).astype(np.float32)) for i in range(40)]
+             for f in range(3)]
+    files[0][5] = NewChunk(1, "a copy", files[1][7].vector)  # the same vector in two files: a tie
+    files[2][0] = NewChunk(1, "nothing", np.zeros(16, dtype=np.float32))
+    files[2][1] = NewChunk(1, "no vector", None)
+    return files
+
+
+def test_sqlite_vec_ranks_the_passages_as_serge_does_over_vectors_written_without_it(tmp_path, monkeypatch, caplog):
+    url, rng = f"sqlite:///{tmp_path / 'serge.db'}", np.random.default_rng(0)
+    with monkeypatch.context() as patched:
+        patched.setattr(store_db, "sqlite_vec", None)
+        with caplog.at_level(logging.INFO, logger="serge.store"):
+            plain = Database(url)
+            assert plain.sqlite_vec is None  # the first connection loads it, or says why not
+        assert caplog.text.count("scored by Serge") == 1
+    plain.migrate()
+    chat = ChatStore(plain).create_chat("me", title="t")
+    served = DocumentStore(plain, FileStore(tmp_path / "files"))
+    ids = [served.add("me", chat.id, name=f"{n}.txt", media_type="text/plain", data=b"%d" % n, pages=["p"],
+                      chunks=chunks).id for n, chunks in enumerate(_corpus(rng))]
+    queries = [rng.standard_normal(16).astype(np.float32) for _ in range(10)] + [
+        np.zeros(16, dtype=np.float32), _corpus(np.random.default_rng(0))[1][7].vector]
+    expected = [served.by_meaning("me", ids, q, 12) for q in queries]
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="serge.store"):
+        vec = Database(url, sqlite_module=loadable_sqlite())  # the same file: its vectors as they were
+        assert vec.sqlite_vec
+    assert caplog.text.count("scored in SQLite") == 1
+    scored = DocumentStore(vec, served.files)
+    in_sqlite = [scored.by_meaning("me", ids, q, 12) for q in queries]  # nothing kept yet: sqlite-vec scores
+    scored.vectors.settle()
+    kept = [scored.by_meaning("me", ids, q, 12) for q in queries]  # read into memory meanwhile: numpy scores
+    assert all(scored.vectors.kept(d, 0) is not None for d in ids)
+    for want, *got in zip(expected, in_sqlite, kept):
+        for hits in got:
+            assert [h.chunk_id for h in hits] == [h.chunk_id for h in want]
+            assert np.allclose([h.score for h in hits], [h.score for h in want], atol=1e-5)
+    assert scored.by_meaning("me", ids, np.ones(8, dtype=np.float32), 5) == []  # another model's size: no match
+    vec.close()
+    plain.close()
+
+
+def test_kept_and_unkept_documents_are_ranked_together(stores):
+    chats, docs = stores
+    chat = chats.create_chat("me", title="t")
+    first, second = (_add(docs, "me", chat.id, data=b"%d" % n) for n in range(2))
+    query = _vector(1) + 0.1 * _vector(2)
+    whole = docs.by_meaning("me", [first.id, second.id], query, 6)
+    docs.vectors.settle()
+    docs.vectors = type(docs.vectors)()  # the first file kept in memory, the second not
+    with docs.db.session() as session:
+        docs.vectors.read(session, first.id, 0)
+    mixed = docs.by_meaning("me", [first.id, second.id], query, 6)
+    assert [(h.document_id, h.page) for h in mixed] == [(h.document_id, h.page) for h in whole] == [
+        (d, page) for page in (2, 3, 1) for d in sorted([first.id, second.id])]

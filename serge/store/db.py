@@ -12,13 +12,20 @@ The chats and password hashes are the owner's alone: a data dir Serge makes is 0
 and the SQLite file is made 0600 before SQLite opens it (its -wal and -shm files take
 the database's mode), whatever the umask; one left more open by an older Serge is
 tightened when opened. `exposed()` says what others on the machine can still read.
+
+A SQLite connection loads the sqlite-vec extension where its driver can (`Database.sqlite_vec`
+names the version, None where it could not: many Pythons' sqlite3 are built without loadable
+extensions), and the documents store then scores passages' vectors inside SQLite.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import sqlite3
 import stat
 from pathlib import Path
+from types import ModuleType
 
 from alembic import command
 from alembic.config import Config
@@ -26,6 +33,13 @@ from sqlalchemy import create_engine, event
 from sqlalchemy.engine import Engine, ExceptionContext, make_url
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
+
+try:
+    import sqlite_vec
+except ImportError:  # the chat database works without it: vectors are then scored by Serge
+    sqlite_vec = None
+
+log = logging.getLogger("serge.store")
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 _REASONS = {  # words in the driver's message -> what the user is told
@@ -94,8 +108,29 @@ class DatabaseUnavailable(RuntimeError):
         self.reason = reason
 
 
-def _sqlite_pragmas(busy_timeout_s: float):
+def _load_sqlite_vec(dbapi_connection) -> tuple[str | None, str]:
+    """(sqlite-vec's version once loaded into this connection, or None; why it did not load)."""
+    if sqlite_vec is None:
+        return None, "the sqlite-vec package is not installed"
+    if not hasattr(dbapi_connection, "enable_load_extension"):
+        return None, f"{type(dbapi_connection).__module__} was built without loadable extensions"
+    try:
+        dbapi_connection.enable_load_extension(True)
+        sqlite_vec.load(dbapi_connection)
+    except Exception as exc:  # the driver's own error type: sqlite3's, sqlean's
+        return None, str(exc)
+    finally:
+        dbapi_connection.enable_load_extension(False)  # no SQL may load a library after this
+    return dbapi_connection.execute("SELECT vec_version()").fetchone()[0], ""
+
+
+def _sqlite_pragmas(busy_timeout_s: float, loaded: dict, load_sqlite_vec: bool):
     def apply(dbapi_connection, _record) -> None:
+        version, why = _load_sqlite_vec(dbapi_connection) if load_sqlite_vec else (None, "not asked to")
+        if "version" not in loaded:  # the first connection says it, once
+            log.info("sqlite-vec %s loaded: passages' vectors are scored in SQLite" if version else
+                     "sqlite-vec did not load (%s): passages' vectors are scored by Serge", version or why)
+        loaded["version"] = version
         cursor = dbapi_connection.cursor()
         cursor.execute("PRAGMA journal_mode=WAL")
         cursor.execute("PRAGMA foreign_keys=ON")
@@ -118,18 +153,32 @@ def _unavailable(context: ExceptionContext) -> None:
 
 
 class Database:
-    def __init__(self, url: str, busy_timeout_s: float = 10.0) -> None:
+    def __init__(self, url: str, busy_timeout_s: float = 10.0, sqlite_module: ModuleType = sqlite3,
+                 load_sqlite_vec: bool = True) -> None:
+        """`sqlite_module`: the DB-API driver of a SQLite URL (the standard library's, or one such as
+        sqlean.py whose connections can load extensions); `load_sqlite_vec=False` keeps the scoring in Serge."""
         parsed = make_url(url)
         kwargs: dict = {"pool_pre_ping": True}
-        if parsed.get_backend_name() == "sqlite":
-            kwargs = {"connect_args": {"check_same_thread": False, "timeout": busy_timeout_s}}
+        sqlite = parsed.get_backend_name() == "sqlite"
+        if sqlite:
+            kwargs = {"connect_args": {"check_same_thread": False, "timeout": busy_timeout_s}, "module": sqlite_module}
             if (path := sqlite_path(url)) is not None:
                 _private_sqlite(path)
         self.engine: Engine = create_engine(parsed, **kwargs)
         event.listen(self.engine, "handle_error", _unavailable)
-        if parsed.get_backend_name() == "sqlite":
-            event.listen(self.engine, "connect", _sqlite_pragmas(busy_timeout_s))
+        self._loaded: dict = {}  # sqlite-vec's version in this database's connections, once one is made
+        if sqlite:
+            event.listen(self.engine, "connect", _sqlite_pragmas(busy_timeout_s, self._loaded, load_sqlite_vec))
         self.sessions = sessionmaker(self.engine, expire_on_commit=False)
+
+    @property
+    def sqlite_vec(self) -> str | None:
+        """The version of sqlite-vec this SQLite database's connections loaded; None where they could not."""
+        if self.engine.dialect.name != "sqlite":
+            return None
+        if "version" not in self._loaded:
+            self.engine.connect().close()
+        return self._loaded["version"]
 
     def session(self) -> Session:
         return self.sessions()
