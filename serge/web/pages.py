@@ -17,9 +17,8 @@ from fastapi.responses import HTMLResponse, Response
 from fastapi.templating import Jinja2Templates
 
 from serge import __version__
-from serge.chats import ChatNotFound, ChatService
 from serge.accounts import LOCAL_USER
-from serge.chats.service import MAX_MESSAGE_CHARS, MAX_SYSTEM_PROMPT_CHARS
+from serge.chats import MAX_MESSAGE_CHARS, MAX_SYSTEM_PROMPT_CHARS, ChatNotFound, ChatService
 from serge.engine import SamplingParams
 from serge.store import ChatRecord, MessageRecord
 from serge.web.auth import current_user
