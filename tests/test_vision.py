@@ -208,7 +208,7 @@ def _tiny_gguf(path) -> None:
 
 
 def test_a_gguf_sees_images_by_its_mmproj_file_but_not_on_this_llama_cpp(tmp_path):
-    from serge.engine.engine import sees_images
+    from serge.engine.info import sees_images
 
     _tiny_gguf(tmp_path / "model-Q4_K_M.gguf")
     assert not read_facts(tmp_path, "model-Q4_K_M.gguf").vision

@@ -3,7 +3,9 @@
 from serge.engine.models.catalog import CATALOG
 from serge.engine.devices import DevicePlan, DeviceUnavailable, resolve_device
 from serge.engine.embeddings import Embeddings
-from serge.engine.engine import Backend, Engine, EngineStatus, LoadedInfo, ModelInfo
+from serge.engine.backend import Backend
+from serge.engine.engine import Engine
+from serge.engine.info import EngineStatus, LoadedInfo, ModelInfo
 from serge.engine.models.facts import ModelFacts
 from serge.engine.models.errors import (InvalidModelName, InvalidSource, ModelNotFound, PullCancelled, PullFailed,
                                         PullNotFound, PullRefused)

@@ -18,19 +18,18 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
 
 from prometheus_client import generate_latest
 
+from serge.engine.backend import Backend
 from serge.engine.devices import DevicePlan, resolve_device
-from serge.engine.models.facts import ModelFacts
+from serge.engine.info import EngineStatus, LoadedInfo, ModelInfo, sees_images
 from serge.engine.models.hub import PullProgress
 from serge.engine.models.errors import ModelNotFound
 from serge.engine.models.library import InstalledModel, ModelLibrary
-from serge.engine.local import EngineKind, LoadOptions
-from serge.engine.metrics import EngineMetrics, ModelSnapshot
+from serge.engine.local import LoadOptions
+from serge.engine.metrics import EngineMetrics
 from serge.engine.generation.images import MAX_IMAGES, ImageTooLarge
 from serge.engine.generation.prompts import Message
 from serge.engine.models.pulls import Pulls, PullStatus
@@ -44,81 +43,6 @@ from serge.engine.generation.admission import SchedulerLimits
 from serge.engine.generation.stream import Stream
 from serge.engine.generation.tools import Tools
 from serge.settings import Settings
-
-
-class Backend(Protocol):
-    """What the engine asks of every kind of model: a loaded local one, a remote server's, a stand-in."""
-
-    name: str
-    engine: EngineKind
-    kind: str  # "chat" (submit, complete, count_tokens) or "embedding" (embed)
-    source: str  # where it came from: the library's source, a remote server's URL
-
-    def submit(self, messages: Sequence[Message], params: SamplingParams | None = None,
-               tools: Tools | None = None, response_format: ResponseFormat | None = None,
-               trim: bool = True, think: bool | None = None, n: int = 1, cap: bool = False,
-               window: int | None = None) -> Stream: ...
-
-    def count_tokens(self, messages: Sequence[Message], tools: Tools | None = None) -> int: ...
-
-    def complete(self, prompt: str, params: SamplingParams | None = None, suffix: str | None = None,
-                 n: int = 1) -> Stream: ...
-
-
-@dataclass(frozen=True)
-class ModelInfo:
-    """One model a request may name, with what the lists and the Models page show of it."""
-
-    name: str
-    engine: EngineKind | None  # what serves it (or would, once loaded); None where the setting cannot apply
-    source: str  # where it came from; a remote model's URL
-    size_bytes: int | None  # on disk
-    created: float
-    default: bool
-    loaded: bool
-    remote: bool
-    facts: ModelFacts | None = None  # None for a remote model
-    memory_bytes: int | None = None  # as loaded, else the estimate for its engine
-    busy: bool = False  # answering or queued for now
-    defaults: SamplingParams | None = None  # the generation settings it starts from
-    context_window: int | None = None  # tokens of prompt and reply its engine gives a reply (or an input)
-    kind: str = "chat"  # or "embedding"
-    device: str | None = None  # where it runs (or would): cuda:0, cpu, or llama.cpp's split (CUDA0: 25/25 layers, ...)
-    gpu_bytes: int | None = None  # of memory_bytes, what is (or would be) on a GPU
-    vision: bool = False  # it takes images here (its files carry a vision tower its engine can run)
-
-
-@dataclass(frozen=True)
-class LoadedInfo:
-    name: str
-    engine: EngineKind
-    memory_bytes: int
-    load_seconds: float
-    context_window: int
-    busy: bool
-    device: str = ""  # cuda:0, mps, cpu; on llama.cpp its layer split: "CUDA0: 25/25 layers, KV cache on the GPU"
-    gpu_bytes: int = 0  # of memory_bytes, on a GPU
-
-
-@dataclass(frozen=True)
-class EngineStatus:
-    device: str
-    dtype: str
-    default_model: str
-    ready: bool  # the default model can answer now
-    loaded: list[LoadedInfo]
-    loading: list[str]
-    remote: dict[str, str]  # name -> URL
-    models: dict[str, ModelSnapshot]
-    max_loaded_models: int
-    memory_budget_bytes: int
-    resident_bytes: int | None  # this process, all of it
-
-
-def sees_images(facts: ModelFacts, engine: EngineKind | None) -> bool:
-    """Its files carry a vision tower and its engine runs it: transformers with its own checkpoint (a GGUF
-    converted for transformers keeps no projector; this llama.cpp build has no multimodal library)."""
-    return facts.vision and facts.format == "transformers" and engine == "transformers"
 
 
 class Engine:
@@ -387,4 +311,4 @@ class Engine:
         self.close()
 
 
-__all__ = ["Backend", "Engine", "EngineStatus", "LoadedInfo", "ModelInfo", "ModelNotFound"]
+__all__ = ["Engine", "ModelNotFound"]
