@@ -23,7 +23,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from serge.engine import Engine, FinishReason, GenerationRecord, ModelInUse, ModelNotFound, Stream, TokenLogprob
-from serge.web.dialects import cancel_on_disconnect
+from serge.web.dialects import cancel_on_disconnect, stream_response
 from serge.web.errors import ApiError
 from serge.web.ollama_library import router as library_router
 from serge.web.embeddings_api import MAX_INPUTS as MAX_EMBED_INPUTS
@@ -169,13 +169,10 @@ async def _answer(request: Request, stream: Stream, *, chat: bool, streamed: boo
                 yield line({**_record(name), **piece("", calls), "done": False})
             yield line({**_record(name), **piece(""), **last(record)})
         finally:
-            if not stream.done:  # the client went away mid-reply
-                stream.cancel()
             if unload:
                 _unload_when_idle(engine, name)
 
-    return StreamingResponse(lines(), media_type=NDJSON, headers={"Cache-Control": "no-cache",
-                                                                  "X-Accel-Buffering": "no"})
+    return stream_response(lines(), stream, media_type=NDJSON)
 
 
 async def _load_or_unload(request: Request, name: str, unload: bool, piece: dict) -> JSONResponse:
