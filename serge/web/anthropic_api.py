@@ -17,7 +17,7 @@ import uuid
 
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Header, Query, Request
+from fastapi import APIRouter, Depends, Header, Query, Request
 from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 
@@ -152,15 +152,18 @@ def _input(arguments: str) -> dict:
     return value if isinstance(value, dict) else {}
 
 
-@router.post("/messages", summary="Create a message (Anthropic's Messages API; streamed or not)",
-             description=MESSAGES_DOC, response_model=MessageOut, responses=RESPONSES)
-async def create_message(
-    body: MessagesRequest,
-    request: Request,
+def _client_extras(
     anthropic_version: str | None = Header(None, description="Accepted; Serge speaks 2023-06-01."),
     anthropic_beta: str | None = Header(None, description="Accepted without effect."),
     beta: bool | None = Query(None, description="Accepted without effect (Claude Code sends ?beta=true)."),
-):
+) -> None:
+    """What Anthropic's clients send beside the body: accepted (and shown in /docs), changing nothing."""
+
+
+@router.post("/messages", summary="Create a message (Anthropic's Messages API; streamed or not)",
+             description=MESSAGES_DOC, response_model=MessageOut, responses=RESPONSES,
+             dependencies=[Depends(_client_extras)])
+async def create_message(body: MessagesRequest, request: Request):
     engine = _engine(request)
     messages = await run_in_threadpool(body.conversation)  # its files and images are read off the event loop
     tools, response_format = body.tool_offer(), body.response_format()
@@ -246,14 +249,9 @@ async def _events(stream: Stream, message_id: str, prompt_tokens: int):
 @router.post("/messages/count_tokens", summary="Count a message's input tokens (Anthropic's API)",
              response_model=TokenCountOut, responses=_ERRORS,
              description="The tokens the prompt of this conversation (system, messages and tools) takes, as the "
-                         "model's chat template renders it. Fields as for /v1/messages, less those of generation.")
-async def count_tokens(
-    body: CountTokensRequest,
-    request: Request,
-    anthropic_version: str | None = Header(None, description="Accepted."),
-    anthropic_beta: str | None = Header(None, description="Accepted without effect."),
-    beta: bool | None = Query(None, description="Accepted without effect."),
-):
+                         "model's chat template renders it. Fields as for /v1/messages, less those of generation.",
+             dependencies=[Depends(_client_extras)])
+async def count_tokens(body: CountTokensRequest, request: Request):
     messages, tools = await run_in_threadpool(body.conversation), body.tool_offer()
     body.response_format()  # checked, though it changes no count
     count = await run_in_threadpool(_engine(request).count_tokens, body.model, messages, tools)

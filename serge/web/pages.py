@@ -181,19 +181,22 @@ def build_pages() -> APIRouter:
     def new_chat(request: Request):
         return page(request, None)
 
+    def own_chat(request: Request, chat_id: str) -> ChatRecord | None:
+        """The user's chat of that id; None where there is none (deleted, or another's)."""
+        try:
+            return chats(request).get(current_user(request).id, chat_id)
+        except ChatNotFound:
+            return None
+
     @router.get("/c/{chat_id}", response_class=HTMLResponse)
     def show_chat(chat_id: str, request: Request):
-        try:
-            chat = chats(request).get(current_user(request).id, chat_id)
-        except ChatNotFound:
+        if (chat := own_chat(request, chat_id)) is None:
             return page(request, None, 404, missing="This chat does not exist (it may have been deleted).")
         return page(request, chat)
 
     @router.get("/c/{chat_id}/conversation", response_class=HTMLResponse)
     def conversation(chat_id: str, request: Request):
-        try:
-            chat = chats(request).get(current_user(request).id, chat_id)
-        except ChatNotFound:
+        if (chat := own_chat(request, chat_id)) is None:
             return HTMLResponse("", status_code=404)
         return templates.TemplateResponse(request, "_conversation.html", {
             "chat": chat, "messages": _view(render, chat), "images": image_ids(request, chat)})
