@@ -5,7 +5,7 @@ from serge.engine.devices import DevicePlan, DeviceUnavailable, resolve_device
 from serge.engine.embeddings import Embeddings
 from serge.engine.backend import Backend
 from serge.engine.engine import Engine
-from serge.engine.info import EngineStatus, LoadedInfo, ModelInfo
+from serge.engine.info import EngineStatus, LoadedInfo, ModelInfo, params_text, size_text
 from serge.engine.models.facts import ModelFacts
 from serge.engine.models.errors import (InvalidModelName, InvalidSource, ModelNotFound, PullCancelled, PullFailed,
                                         PullNotFound, PullRefused)
@@ -77,7 +77,9 @@ __all__ = [
     "Tool",
     "ToolCall",
     "check_name",
+    "params_text",
     "read_image",
+    "size_text",
     "Tools",
     "resolve_device",
 ]

@@ -1,5 +1,6 @@
 """What the engine tells of its models and of itself: a model's row in the lists and on the Models page,
-a loaded model's, and the server's status. Values only; `Engine` fills them in.
+a loaded model's, and the server's status. Values only; `Engine` fills them in. Sizes and parameter
+counts as people read them, one spelling for the CLI, the pages and the dialects.
 """
 
 from __future__ import annotations
@@ -66,3 +67,17 @@ def sees_images(facts: ModelFacts, engine: EngineKind | None) -> bool:
     """Its files carry a vision tower and its engine runs it: transformers with its own checkpoint (a GGUF
     converted for transformers keeps no projector; this llama.cpp build has no multimodal library)."""
     return facts.vision and facts.format == "transformers" and engine == "transformers"
+
+
+def size_text(n: int | None) -> str:
+    """Bytes as people read them: 538 MB, 1.2 GB."""
+    if n is None:
+        return "?"
+    return f"{n / 1e9:.1f} GB" if n >= 1e9 else f"{n / 1e6:.0f} MB"
+
+
+def params_text(n: int | None, unknown: str = "?") -> str:
+    """A parameter count: 135M, 7.6B."""
+    if not n:
+        return unknown
+    return f"{n / 1e9:.1f}B" if n >= 1e9 else f"{n / 1e6:.0f}M"

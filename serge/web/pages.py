@@ -19,7 +19,7 @@ from fastapi.templating import Jinja2Templates
 from serge import __version__
 from serge.accounts import LOCAL_USER
 from serge.chats import MAX_MESSAGE_CHARS, MAX_SYSTEM_PROMPT_CHARS, ChatNotFound, ChatService
-from serge.engine import SamplingParams
+from serge.engine import SamplingParams, params_text, size_text
 from serge.store import ChatRecord, MessageRecord
 from serge.web.auth import current_user
 from serge.web.markdown import MarkdownRenderer
@@ -123,20 +123,6 @@ def _stats(m: MessageRecord) -> str:
     if m.tokens_per_s:
         text += f" · {m.tokens_per_s:.1f} tokens/s"
     return text
-
-
-def size_text(n: int | None) -> str:
-    """Bytes as people read them: 538 MB, 1.2 GB."""
-    if n is None:
-        return "?"
-    return f"{n / 1e9:.1f} GB" if n >= 1e9 else f"{n / 1e6:.0f} MB"
-
-
-def params_text(n: int | None) -> str:
-    """A parameter count: 135M, 7.6B."""
-    if not n:
-        return "?"
-    return f"{n / 1e9:.1f}B" if n >= 1e9 else f"{n / 1e6:.0f}M"
 
 
 def build_pages() -> APIRouter:
