@@ -29,7 +29,7 @@ from serge.chats.knowledge import MAX_KNOWLEDGE_PER_MESSAGE
 from serge.documents import MAX_FILES_PER_MESSAGE
 from serge.engine import EngineBusy, ModelLoadFailed, SamplingParams
 from serge.store import ChatRecord, DocumentRecord, MessageRecord
-from serge.web.auth import current_user
+from serge.web.auth import owner
 from serge.web.bodies import uploaded
 from serge.web.docs import EVENT_STREAM, MARKDOWN
 from serge.web.dialects import stream_response
@@ -63,11 +63,6 @@ class MessageIn(BaseModel):
     knowledge: list[str] = Field(default_factory=list, max_length=MAX_KNOWLEDGE_PER_MESSAGE,
                                  description="Knowledge collections (by name or id) searched for this message, "
                                              "besides the chat's own.")
-
-
-def owner(request: Request) -> str:
-    """Every query is scoped by owner: the signed-in user, or "local" while Serge has no accounts."""
-    return current_user(request).id
 
 
 def service(request: Request) -> ChatService:

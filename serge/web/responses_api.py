@@ -22,7 +22,7 @@ from starlette.concurrency import run_in_threadpool
 
 from serge.engine import ContextTooLong, Engine, FinishReason, Stream
 from serge.store import DatabaseUnavailable, ResponseNotFound, ResponseRecord, ResponseStore
-from serge.web.chats_api import owner
+from serge.web.auth import owner
 from serge.web.docs import BUSY
 from serge.web.errors import ApiError
 from serge.web.dialects import cancel_on_disconnect, failure, stream_response
