@@ -220,7 +220,7 @@ def _serve(settings: Settings) -> None:
 
 
 def _chat(settings: Settings, args: argparse.Namespace) -> None:
-    from serge.engine import Engine, Message, SamplingParams
+    from serge.engine import ChatRequest, Engine, Message, SamplingParams
 
     try:
         import readline  # noqa: F401  (line editing and history for input())
@@ -247,7 +247,7 @@ def _chat(settings: Settings, args: argparse.Namespace) -> None:
             if not text:
                 continue
             history.append(Message("user", text))
-            stream = engine.chat(loaded.name, history, params)
+            stream = engine.chat(loaded.name, ChatRequest(history, params))
             try:
                 for delta in stream:
                     print(delta, end="", flush=True)

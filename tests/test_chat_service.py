@@ -32,9 +32,9 @@ def test_a_reply_reads_its_chat_once_and_is_prompted_with_the_whole_branch(engin
     prompted = []
     chat_with = engine.chat
 
-    def spy(model, messages, *args, **kwargs):
-        prompted.append([(m.role, m.content) for m in messages])
-        return chat_with(model, messages, *args, **kwargs)
+    def spy(model, request):
+        prompted.append([(m.role, m.content) for m in request.messages])
+        return chat_with(model, request)
 
     monkeypatch.setattr(engine, "chat", spy)
     try:

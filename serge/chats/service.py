@@ -21,7 +21,7 @@ from serge.chats.knowledge import Knowledge
 from serge.chats.replies import Reply
 from serge.chats.transfer import ChatExport, export_json
 from serge.documents import MAX_FILES_PER_MESSAGE
-from serge.engine import Engine, Message, ModelNotFound, SamplingParams
+from serge.engine import ChatRequest, Engine, Message, ModelNotFound, SamplingParams
 from serge.store import (ChatRecord, ChatStore, DatabaseUnavailable, DocumentNotFound, DocumentRecord, MessageRecord,
                          NewMessage)
 
@@ -305,7 +305,7 @@ class ChatService:
             raise DatabaseUnavailable(exc.reason, "your message is saved, but no reply was started; press "
                                                   "Regenerate once that is fixed") from exc
         try:
-            stream = self.engine.chat(model, history, SamplingParams(**chat.settings))
+            stream = self.engine.chat(model, ChatRequest(history, SamplingParams(**chat.settings)))
         except Exception as exc:
             self.store.finish_message(owner, placeholder.id, finish_reason="error", complete=False, error=str(exc))
             raise

@@ -15,6 +15,7 @@ from serge.engine.metrics import EngineMetrics, ModelSnapshot
 from serge.engine.generation.schemas import GrammarError, InvalidRequest, ResponseFormat
 from serge.engine.generation.images import MAX_IMAGES, Image, ImageRefused, ImageTooLarge, read_image
 from serge.engine.generation.prompts import ContextTooLong, Message, ToolCall
+from serge.engine.generation.request import ChatRequest
 from serge.engine.models.pulls import PullStatus
 from serge.engine.local import ModelLoadFailed
 from serge.engine.registry import ModelInUse, ModelTooLarge
@@ -28,6 +29,7 @@ __all__ = [
     "ANTHROPIC_NAMES",
     "Backend",
     "CATALOG",
+    "ChatRequest",
     "ContextTooLong",
     "Delta",
     "Embeddings",

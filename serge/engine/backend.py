@@ -10,8 +10,8 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from serge.engine.generation.prompts import Message
+from serge.engine.generation.request import ChatRequest
 from serge.engine.generation.sampling import SamplingParams
-from serge.engine.generation.schemas import ResponseFormat
 from serge.engine.generation.stream import Stream
 from serge.engine.generation.tools import Tools
 from serge.engine.local import EngineKind
@@ -25,10 +25,7 @@ class Backend(Protocol):
     kind: str  # "chat" (submit, complete, count_tokens) or "embedding" (embed)
     source: str  # where it came from: the library's source, a remote server's URL
 
-    def submit(self, messages: Sequence[Message], params: SamplingParams | None = None,
-               tools: Tools | None = None, response_format: ResponseFormat | None = None,
-               trim: bool = True, think: bool | None = None, n: int = 1, cap: bool = False,
-               window: int | None = None) -> Stream: ...
+    def submit(self, request: ChatRequest) -> Stream: ...
 
     def count_tokens(self, messages: Sequence[Message], tools: Tools | None = None) -> int: ...
 

@@ -8,10 +8,10 @@ registry, pulls or backends. It knows nothing of HTTP, SQL or who is asking
 (whether a caller may pull or delete models is the web layer's to decide).
 From a script:
 
-    from serge.engine import Engine, Message
+    from serge.engine import ChatRequest, Engine, Message
     from serge.settings import Settings
     with Engine(Settings()) as engine:
-        print(engine.chat(None, [Message("user", "Hello!")]).text())
+        print(engine.chat(None, ChatRequest([Message("user", "Hello!")])).text())
 """
 
 from __future__ import annotations
@@ -32,12 +32,13 @@ from serge.engine.local import LoadOptions
 from serge.engine.metrics import EngineMetrics
 from serge.engine.generation.images import MAX_IMAGES, ImageTooLarge
 from serge.engine.generation.prompts import Message
+from serge.engine.generation.request import ChatRequest
 from serge.engine.models.pulls import Pulls, PullStatus
 from serge.engine.registry import (Budget, ModelInUse, ModelRegistry, auto_engine, llama_cpp_available,
                                    llama_cpp_offloads, machine_memory_bytes, resident_bytes)
 from serge.engine.remote import RemoteClient
 from serge.engine.embeddings import Embeddings
-from serge.engine.generation.schemas import InvalidRequest, ResponseFormat
+from serge.engine.generation.schemas import InvalidRequest
 from serge.engine.generation.sampling import SamplingParams
 from serge.engine.generation.admission import SchedulerLimits
 from serge.engine.generation.stream import Stream
@@ -157,27 +158,18 @@ class Engine:
                              "messages")
 
     # --- generation ----------------------------------------------------------------
-    def chat(self, model: str | None, messages: Sequence[Message], params: SamplingParams | None = None,
-             tools: Tools | None = None, response_format: ResponseFormat | None = None,
-             trim: bool = True, think: bool | None = None, n: int = 1, cap: bool = False,
-             window: int | None = None) -> Stream:
-        """Start a reply to `messages`, offering `tools`, shaped by `response_format`; the stream says which
-        model (`stream.model`) and how long the prompt is (`stream.prompt_tokens`). A conversation too long
-        for the window loses its oldest turns, or with `trim=False` is refused. `cap=True`: max_new_tokens
-        is capped to what the window leaves after the prompt instead of refused (clients that set it for
-        the largest hosted models); `window`: the reply gets at most what that many tokens of context leave
-        after the prompt (Ollama's num_ctx).
-        `n` choices (1 to the model's slots) share one prefill and decode in one batch, as one `Stream`
-        (each `Delta.choice` says whose, `stream.records` one per choice). A last message from the
-        assistant is continued (a prefill). A model that thinks has its thoughts apart (`Delta.reasoning`,
-        `record.reasoning`); `think=False` asks its template not to, where the template allows. A message's
-        images need a model that sees them (`ModelInfo.vision`), else InvalidRequest names those that do. Raises
-        ModelNotFound, ContextTooLong, InvalidRequest (a bad schema, tool_choice, logit_bias or n) or
-        EngineBusy before anything runs."""
-        if images := sum(len(m.images) for m in messages):
+    def chat(self, model: str | None, request: ChatRequest) -> Stream:
+        """Start the reply `request` asks of `model` (the default for None); the stream says which model
+        (`stream.model`) and how long the prompt is (`stream.prompt_tokens`). Its `n` choices (1 to the
+        model's slots) come as one `Stream` (each `Delta.choice` says whose, `stream.records` one per
+        choice). A model that thinks has its thoughts apart (`Delta.reasoning`, `record.reasoning`). A
+        message's images need a model that sees them (`ModelInfo.vision`), else InvalidRequest names those
+        that do. Raises ModelNotFound, ContextTooLong, InvalidRequest (a bad schema, tool_choice, logit_bias
+        or n) or EngineBusy before anything runs."""
+        if images := sum(len(m.images) for m in request.messages):
             self._check_sees(model, images)
         with self._backend(model) as backend:  # not unloaded between loading and queueing the request
-            stream = backend.submit(messages, params, tools, response_format, trim, think, n, cap, window)
+            stream = backend.submit(request)
         stream.model = backend.name
         return stream
 

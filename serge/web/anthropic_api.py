@@ -21,7 +21,7 @@ from fastapi import APIRouter, Depends, Header, Query, Request
 from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 
-from serge.engine import Engine, FinishReason, GenerationRecord, Stream
+from serge.engine import ChatRequest, Engine, FinishReason, GenerationRecord, Stream
 from serge.web.dialects import cancel_on_disconnect, failure, stream_response
 from serge.web.anthropic_models import NO_EFFECT_FIELDS, CountTokensRequest, MessagesRequest
 from serge.web.errors import error_body
@@ -170,8 +170,8 @@ async def create_message(body: MessagesRequest, request: Request):
     params = body.sampling()  # a bad setting is refused before the model is asked anything
     think = None if body.thinking is None else body.thinking.get("type") != "disabled"
     # Refused when it does not fit (trim=False), max_tokens capped to what the window leaves (cap=True).
-    stream = await run_in_threadpool(engine.chat, body.model, messages, params, tools, response_format, False, think,
-                                     cap=True)
+    ask = ChatRequest(messages, params, tools, response_format, trim=False, think=think, cap=True)
+    stream = await run_in_threadpool(engine.chat, body.model, ask)
     note_generation(request, stream.model, stream)
     message_id = f"msg_{uuid.uuid4().hex[:24]}"
     if body.stream:

@@ -19,7 +19,7 @@ from fastapi import APIRouter, Request
 from starlette.concurrency import run_in_threadpool
 
 from serge import __version__
-from serge.engine import Engine, FinishReason, GenerationRecord, ModelInfo, TokenLogprob
+from serge.engine import ChatRequest, Engine, FinishReason, GenerationRecord, ModelInfo, TokenLogprob
 from serge.web.dialects import cancel_on_disconnect, failure, stream_response, think_for
 from serge.web.docs import COMPLETION
 from serge.web.errors import ApiError, error_body
@@ -97,8 +97,9 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
     messages = await run_in_threadpool(body.conversation)  # its files and images are read off the event loop
     tools = body.tool_offer()
     think = think_for(body.reasoning_effort)
-    stream = await run_in_threadpool(_engine(request).chat, body.model, messages, params, tools, body.response_format,
-                                     False, think, body.n)  # trim=False: an agent managing its context must hear it
+    # trim=False: an agent managing its context must hear that it does not fit
+    ask = ChatRequest(messages, params, tools, body.response_format, trim=False, think=think, n=body.n)
+    stream = await run_in_threadpool(_engine(request).chat, body.model, ask)
     name = stream.model
     note_generation(request, name, stream)
     completion_id = f"chatcmpl-{uuid.uuid4().hex}"

@@ -20,7 +20,7 @@ from typing import Literal
 from fastapi import APIRouter, Query, Request
 from starlette.concurrency import run_in_threadpool
 
-from serge.engine import ContextTooLong, Engine, FinishReason, Stream
+from serge.engine import ChatRequest, ContextTooLong, Engine, FinishReason, Stream
 from serge.store import DatabaseUnavailable, ResponseNotFound, ResponseRecord, ResponseStore
 from serge.web.auth import owner
 from serge.web.docs import BUSY
@@ -96,8 +96,9 @@ async def _start(body: CreateResponse, request: Request, user: str) -> tuple[Str
     tools, response_format, params = body.tool_offer(), body.response_format(), body.sampling()
     note_tools_left_out(request, body.left_out())
     try:
-        stream = await run_in_threadpool(_engine(request).chat, body.model, messages, params, tools, response_format,
-                                         body.truncation == "auto", body.think())
+        ask = ChatRequest(messages, params, tools, response_format, trim=body.truncation == "auto",
+                          think=body.think())
+        stream = await run_in_threadpool(_engine(request).chat, body.model, ask)
     except ContextTooLong as exc:
         text = str(exc)
         param = "max_output_tokens" if text.startswith("max_new_tokens") else "input"
