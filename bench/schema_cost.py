@@ -78,7 +78,9 @@ def _steering(on: bool):
 def _level(engine, streams: int, params, fmt, tag: int) -> tuple[dict, str]:
     """`streams` replies started together: aggregate tokens/s over the level's wall time, and one reply."""
     started = time.perf_counter()
-    running = [engine.chat(None, _messages(tag + i), params, response_format=fmt) for i in range(streams)]
+    from serge.engine import ChatRequest
+
+    running = [engine.chat(None, ChatRequest(_messages(tag + i), params, response_format=fmt)) for i in range(streams)]
     records = []
     for stream in running:
         stream.text()
@@ -101,7 +103,7 @@ def _parses(text: str) -> bool:
 
 
 def measure(kind: str, models_dir: Path, threads: int, max_tokens: int, levels: list[int]) -> dict:
-    from serge.engine import Engine, ResponseFormat, SamplingParams
+    from serge.engine import ChatRequest, Engine, ResponseFormat, SamplingParams
     from serge.settings import Settings
 
     settings = Settings(data_dir=Path(tempfile.mkdtemp(prefix="serge-schema-bench-")), models_dir=models_dir,
@@ -119,7 +121,7 @@ def measure(kind: str, models_dir: Path, threads: int, max_tokens: int, levels: 
             started = time.perf_counter()
             step()
             out[key] = round(time.perf_counter() - started, 6)
-        engine.chat(None, _messages(9002), free).text()  # warm-up at full length
+        engine.chat(None, ChatRequest(_messages(9002), free)).text()  # warm-up at full length
         tag, schema_text = 0, ""
         for streams in levels:
             for label, params, shape, steered in (("free", free, None, True), ("schema", constrained, fmt, True),

@@ -42,7 +42,7 @@ sys.path.insert(0, str(REPO))
 
 from bench.real_size import CONFIG as REAL_SIZE  # noqa: E402
 from bench.workload import single_prompt_messages  # noqa: E402
-from serge.engine import Engine, Message, SamplingParams, resolve_device  # noqa: E402
+from serge.engine import ChatRequest, Engine, Message, SamplingParams, resolve_device  # noqa: E402
 from serge.engine.models.library import ModelLibrary  # noqa: E402
 from serge.settings import Settings  # noqa: E402
 
@@ -81,7 +81,7 @@ def serge_level(engine: Engine, streams: int, tag0: int) -> dict:
     """`streams` replies of `Run.new_tokens` at once: aggregate tokens/s and TTFT."""
     params = SamplingParams(temperature=0, max_new_tokens=Run.new_tokens, ignore_eos=True)
     started = time.monotonic()
-    replies = [engine.chat(LARGE, messages(tag0 + i), params) for i in range(streams)]
+    replies = [engine.chat(LARGE, ChatRequest(messages(tag0 + i), params)) for i in range(streams)]
     threads = [threading.Thread(target=r.text) for r in replies]
     for t in threads:
         t.start()
@@ -125,16 +125,17 @@ def check_placement(engine: Engine, results: dict) -> None:
     hook = loaded.model.register_forward_pre_hook(
         lambda _m, _a, kwargs: seen.extend(v.device for v in kwargs.values() if isinstance(v, torch.Tensor)),
         with_kwargs=True)
-    engine.chat(SMALL, [Message("user", "Hi")], SamplingParams(temperature=0, max_new_tokens=4)).text()
+    engine.chat(SMALL, ChatRequest([Message("user", "Hi")], SamplingParams(temperature=0, max_new_tokens=4))).text()
     hook.remove()
     assert seen and set(seen) == {loaded.model.device}, set(seen)
     results["forward_inputs_on"] = sorted({str(d) for d in seen})
     greedy = SamplingParams(temperature=0, max_new_tokens=32, ignore_eos=True)
     question = [Message("user", "What is the capital of France?")]
-    alone = engine.chat(SMALL, question, greedy).text()
-    others = [engine.chat(SMALL, question, SamplingParams(temperature=1.5, top_k=5, max_new_tokens=32, seed=i))
+    alone = engine.chat(SMALL, ChatRequest(question, greedy)).text()
+    others = [engine.chat(SMALL, ChatRequest(question,
+                                             SamplingParams(temperature=1.5, top_k=5, max_new_tokens=32, seed=i)))
               for i in range(4)]
-    beside = engine.chat(SMALL, question, greedy).text()
+    beside = engine.chat(SMALL, ChatRequest(question, greedy)).text()
     for s in others:
         s.text()
     results["greedy_alone_equals_beside_sampled"] = alone == beside

@@ -220,7 +220,7 @@ def _serve(settings: Settings) -> None:
 
 
 def _chat(settings: Settings, args: argparse.Namespace) -> None:
-    from serge.engine import Engine, Message, SamplingParams
+    from serge.engine import ChatRequest, Engine, Message, SamplingParams
 
     try:
         import readline  # noqa: F401  (line editing and history for input())
@@ -247,7 +247,7 @@ def _chat(settings: Settings, args: argparse.Namespace) -> None:
             if not text:
                 continue
             history.append(Message("user", text))
-            stream = engine.chat(loaded.name, history, params)
+            stream = engine.chat(loaded.name, ChatRequest(history, params))
             try:
                 for delta in stream:
                     print(delta, end="", flush=True)
@@ -307,22 +307,20 @@ def _progress_bar():
         bar.close()
 
 
-def _size(n: int | None) -> str:
-    if n is None:
-        return "?"
-    return f"{n / 1e9:.1f} GB" if n >= 1e9 else f"{n / 1e6:.0f} MB"
-
-
 def _summary(m) -> str:
+    from serge.engine import size_text  # loaded already: the command made an engine
+
     if m.remote:
         return "remote"
     f = m.facts
     params = f"{f.parameters / 1e9:.2f}B params" if f.parameters else "? params"
     kind = f"embedding ({f.dimensions} dimensions), " if m.kind == "embedding" else ""
-    return f"{kind}{params}, {f.quantization or '?'}, {_size(m.size_bytes)} on disk"
+    return f"{kind}{params}, {f.quantization or '?'}, {size_text(m.size_bytes)} on disk"
 
 
 def _facts(m) -> list[tuple[str, str]]:
+    from serge.engine import size_text
+
     rows = [("name", m.name + (" (default)" if m.default else "")), ("engine", m.engine or "?"), ("source", m.source)]
     if m.remote:
         return rows
@@ -330,8 +328,8 @@ def _facts(m) -> list[tuple[str, str]]:
     rows += [
         ("format", f.format), ("architecture", f.architecture or "?"),
         ("parameters", f"{f.parameters:,}" if f.parameters else "?"), ("quantization", f.quantization or "?"),
-        ("size on disk", _size(m.size_bytes)),
-        ("memory", f"{_size(m.memory_bytes)} ({'loaded' if m.loaded else 'estimated'})"),
+        ("size on disk", size_text(m.size_bytes)),
+        ("memory", f"{size_text(m.memory_bytes)} ({'loaded' if m.loaded else 'estimated'})"),
         ("kind", m.kind),
         ("context length", f"{m.context_window or '?'} tokens per reply (trained on {f.context_length or '?'})"),
         ("chat template", "yes" if f.chat_template else "not needed" if m.kind == "embedding"

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from serge.engine import FinishReason, Message, SamplingParams
+from serge.engine import ChatRequest, FinishReason, Message, SamplingParams
 from serge.engine.generation.prompts import build_prompt
 
 # One definition, run on the stand-in there and on each real engine here:
@@ -45,7 +45,7 @@ def single_stream(engine) -> dict[str, str]:
     texts = {}
     for question in QUESTIONS:
         scheduler.forget_prefixes()
-        texts[question] = engine.chat(None, [Message("user", question)], GREEDY).text()
+        texts[question] = engine.chat(None, ChatRequest([Message("user", question)], GREEDY)).text()
     return texts
 
 
@@ -56,7 +56,7 @@ def _prompt(engine, messages: list[Message]) -> list[int]:
 
 def test_eight_concurrent_greedy_replies_equal_their_single_stream_text(engine, single_stream):
     engine.model().scheduler.forget_prefixes()  # prefill in the batch too, not only decode
-    streams = [engine.chat(None, [Message("user", q)], GREEDY) for q in QUESTIONS]
+    streams = [engine.chat(None, ChatRequest([Message("user", q)], GREEDY)) for q in QUESTIONS]
     texts = [s.text() for s in streams]
     assert texts == [single_stream[q] for q in QUESTIONS]
     records = [s.record for s in streams]
@@ -68,8 +68,8 @@ def test_eight_concurrent_greedy_replies_equal_their_single_stream_text(engine, 
 def test_a_cancelled_reply_leaves_at_once_while_the_others_continue_unchanged(engine, single_stream):
     engine.model().scheduler.forget_prefixes()
     endless = SamplingParams(temperature=0, max_new_tokens=32, ignore_eos=True)
-    victim = engine.chat(None, [Message("user", "Tell me a very long story.")], endless)
-    others = [engine.chat(None, [Message("user", q)], GREEDY) for q in QUESTIONS[:3]]
+    victim = engine.chat(None, ChatRequest([Message("user", "Tell me a very long story.")], endless))
+    others = [engine.chat(None, ChatRequest([Message("user", q)], GREEDY)) for q in QUESTIONS[:3]]
     deltas = iter(victim)
     next(deltas)  # it runs
     victim.cancel()

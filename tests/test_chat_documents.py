@@ -45,9 +45,9 @@ class Recording:
     def __init__(self, model) -> None:
         self.model, self.asked = model, []
 
-    def submit(self, messages, *args, **kwargs):
-        self.asked.append(list(messages))
-        return self.model.submit(messages, *args, **kwargs)
+    def submit(self, request):
+        self.asked.append(list(request.messages))
+        return self.model.submit(request)
 
     def __getattr__(self, name):
         return getattr(self.model, name)

@@ -15,7 +15,7 @@ import httpx
 import pytest
 from openai import OpenAI
 
-from serge.engine import Message, SamplingParams
+from serge.engine import ChatRequest, Message, SamplingParams
 from serge.engine.generation import prompts
 from serge.engine.generation.scheduler import SchedulerLimits
 from serge.web.openai_models import MAX_CHOICES
@@ -143,7 +143,7 @@ def test_more_choices_than_slots_is_refused_before_anything_runs():
     model = standin_model(limits=SchedulerLimits(max_running=2))
     try:
         with pytest.raises(ValueError, match="SERGE_MAX_RUNNING"):
-            model.submit([Message("user", "hi")], SamplingParams(max_new_tokens=4), n=3)
+            model.submit(ChatRequest([Message("user", "hi")], SamplingParams(max_new_tokens=4), n=3))
         assert model.scheduler.pending == 0
     finally:
         model.close()
@@ -163,9 +163,9 @@ def test_a_request_for_n_waits_for_n_slots_and_none_behind_it_passes():
     model = standin_model(forward=forward, limits=SchedulerLimits(max_running=2))
     try:
         ask, short = [Message("user", "hi")], SamplingParams(max_new_tokens=4)
-        running = model.submit(ask, SamplingParams(max_new_tokens=8000))
-        pair = model.submit(ask, short, n=2)  # needs both slots
-        single = model.submit(ask, short)  # would fit beside `running`, but comes after the pair
+        running = model.submit(ChatRequest(ask, SamplingParams(max_new_tokens=8000)))
+        pair = model.submit(ChatRequest(ask, short, n=2))  # needs both slots
+        single = model.submit(ChatRequest(ask, short))  # would fit beside `running`, but comes after the pair
         passes = forward.passes
         deadline = time.monotonic() + 30
         while forward.passes < passes + 5 and time.monotonic() < deadline:
@@ -195,7 +195,7 @@ class _UncopiableForward(StandInForward):
 def test_a_failed_prefill_ends_every_choice_and_the_stream():
     model = standin_model(forward=_FailingPrefill())
     try:
-        records = _ended(model.submit([Message("user", "hi")], SamplingParams(max_new_tokens=4), n=3))
+        records = _ended(model.submit(ChatRequest([Message("user", "hi")], SamplingParams(max_new_tokens=4), n=3)))
         assert [r.finish_reason.value for r in records] == ["error"] * 3
         assert all("prefill broke" in r.error for r in records) and model.scheduler.pending == 0
     finally:
@@ -205,7 +205,8 @@ def test_a_failed_prefill_ends_every_choice_and_the_stream():
 def test_a_copy_that_fails_ends_that_choice_alone():
     model = standin_model(forward=_UncopiableForward())
     try:
-        records = _ended(model.submit([Message("user", "hi")], SamplingParams(max_new_tokens=4, temperature=0), n=3))
+        records = _ended(model.submit(ChatRequest([Message("user", "hi")],
+                                                  SamplingParams(max_new_tokens=4, temperature=0), n=3)))
         assert [r.finish_reason.value for r in records] == ["length", "error", "error"]
         assert records[0].completion_tokens == 4 and model.scheduler.pending == 0
     finally:

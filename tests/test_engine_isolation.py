@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from serge.engine import Message, SamplingParams
+from serge.engine import ChatRequest, Message, SamplingParams
 
 from conftest import MODEL, registry_for
 
@@ -32,16 +32,16 @@ def test_greedy_reply_is_the_same_before_during_and_after_other_settings(engine)
     config_before = model.generation_config.to_dict() if model is not None else None
     attributes_before = set(vars(model)) if model is not None else None
 
-    before = engine.chat(MODEL, QUESTION, GREEDY).text()
-    others = [engine.chat(MODEL, [Message("user", "Tell me a joke.")], p) for p in ODD_SETTINGS]
-    during = engine.chat(MODEL, QUESTION, GREEDY)
+    before = engine.chat(MODEL, ChatRequest(QUESTION, GREEDY)).text()
+    others = [engine.chat(MODEL, ChatRequest([Message("user", "Tell me a joke.")], p)) for p in ODD_SETTINGS]
+    during = engine.chat(MODEL, ChatRequest(QUESTION, GREEDY))
     threads = [threading.Thread(target=s.text) for s in others]
     for t in threads:
         t.start()
     during_text = during.text()
     for t in threads:
         t.join()
-    after = engine.chat(MODEL, QUESTION, GREEDY).text()
+    after = engine.chat(MODEL, ChatRequest(QUESTION, GREEDY)).text()
 
     assert before == during_text == after
     if model is not None:
@@ -52,9 +52,9 @@ def test_greedy_reply_is_the_same_before_during_and_after_other_settings(engine)
 @pytest.mark.real_model
 def test_same_seed_same_sample_whatever_ran_in_between(engine):
     sampled = SamplingParams(temperature=1.0, seed=1234, max_new_tokens=12)
-    first = engine.chat(MODEL, QUESTION, sampled).text()
-    engine.chat(MODEL, QUESTION, SamplingParams(temperature=1.5, seed=99, max_new_tokens=12)).text()
-    assert engine.chat(MODEL, QUESTION, sampled).text() == first
+    first = engine.chat(MODEL, ChatRequest(QUESTION, sampled)).text()
+    engine.chat(MODEL, ChatRequest(QUESTION, SamplingParams(temperature=1.5, seed=99, max_new_tokens=12))).text()
+    assert engine.chat(MODEL, ChatRequest(QUESTION, sampled)).text() == first
 
 
 @pytest.mark.real_model

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from serge.engine import FinishReason, Message, SamplingParams
+from serge.engine import ChatRequest, FinishReason, Message, SamplingParams
 from serge.engine.generation.stream import TextAssembler
 
 MODEL = None  # each engine's default: the stand-in, or the bundled model
@@ -26,10 +26,10 @@ def engine(request):
 
 def test_ten_streamed_turns_leave_no_thread_behind(engine):
     history = [Message("system", "You are a terse assistant."), Message("user", "Name a colour.")]
-    engine.chat(MODEL, history, GREEDY).text()  # warm-up: pools that live for the process start here
+    engine.chat(MODEL, ChatRequest(history, GREEDY)).text()  # warm-up: pools that live for the process start here
     before = {t.ident for t in threading.enumerate()}
     for turn in range(10):
-        stream = engine.chat(MODEL, history, GREEDY)
+        stream = engine.chat(MODEL, ChatRequest(history, GREEDY))
         pieces = list(stream)
         record = stream.record
         assert "".join(pieces) == record.text, "the streamed pieces must add up to the reply, nothing twice"
@@ -51,11 +51,11 @@ def test_async_readers_that_hang_up_mid_reply_leave_no_thread_behind(engine):
 
     long = SamplingParams(temperature=0, max_new_tokens=200, ignore_eos=True)
     question = [Message("user", "Tell me a long story.")]
-    engine.chat(MODEL, question, GREEDY).text()  # warm-up, without the async path
+    engine.chat(MODEL, ChatRequest(question, GREEDY)).text()  # warm-up, without the async path
     streams = []
 
     async def hang_up():
-        stream = engine.chat(MODEL, question, long)
+        stream = engine.chat(MODEL, ChatRequest(question, long))
         streams.append(stream)
         deltas = stream.adeltas()
         await anext(deltas)
@@ -82,10 +82,10 @@ def test_async_iteration_yields_the_same_pieces(engine):
     import asyncio
 
     messages = [Message("user", "Count from one to five.")]
-    expected = engine.chat(MODEL, messages, GREEDY).text()
+    expected = engine.chat(MODEL, ChatRequest(messages, GREEDY)).text()
 
     async def collect():
-        return [piece async for piece in engine.chat(MODEL, messages, GREEDY)]
+        return [piece async for piece in engine.chat(MODEL, ChatRequest(messages, GREEDY))]
 
     assert "".join(asyncio.run(collect())) == expected
 
@@ -101,8 +101,8 @@ def test_cancelling_stops_generation_within_two_token_steps(engine):
 
     forward.decode = counting_forward
     try:
-        stream = engine.chat(MODEL, [Message("user", "Tell me a very long story.")],
-                             SamplingParams(temperature=0, max_new_tokens=400, ignore_eos=True))
+        stream = engine.chat(MODEL, ChatRequest([Message("user", "Tell me a very long story.")],
+                                                SamplingParams(temperature=0, max_new_tokens=400, ignore_eos=True)))
         pieces = iter(stream)
         for _ in range(3):
             next(pieces)
@@ -118,8 +118,8 @@ def test_cancelling_stops_generation_within_two_token_steps(engine):
 
 
 def test_a_consumer_that_walks_away_cancels_its_generation(engine):
-    stream = engine.chat(MODEL, [Message("user", "Write a poem.")],
-                         SamplingParams(temperature=0, max_new_tokens=400, ignore_eos=True))
+    stream = engine.chat(MODEL, ChatRequest([Message("user", "Write a poem.")],
+                                            SamplingParams(temperature=0, max_new_tokens=400, ignore_eos=True)))
     for _ in stream:
         break  # leaving the loop closes the iterator, which cancels and waits for the worker
     assert stream.done
@@ -128,17 +128,17 @@ def test_a_consumer_that_walks_away_cancels_its_generation(engine):
 
 def test_stop_strings_end_the_reply_and_are_not_shown(engine):
     messages = [Message("user", "Count from 1 to 10, separated by commas.")]
-    full = engine.chat(MODEL, messages, SamplingParams(temperature=0, max_new_tokens=32)).text()
+    full = engine.chat(MODEL, ChatRequest(messages, SamplingParams(temperature=0, max_new_tokens=32))).text()
     stop = full.split()[2]  # "3," from the bundled model
-    stream = engine.chat(MODEL, messages, SamplingParams(temperature=0, max_new_tokens=32, stop=[stop]))
+    stream = engine.chat(MODEL, ChatRequest(messages, SamplingParams(temperature=0, max_new_tokens=32, stop=[stop])))
     pieces = list(stream)
     assert stream.record.finish_reason is FinishReason.STOP
     assert "".join(pieces) == stream.record.text == full[: full.index(stop)]
 
 
 def test_max_new_tokens_ends_with_length(engine):
-    stream = engine.chat(MODEL, [Message("user", "Tell me a story.")],
-                         SamplingParams(temperature=0, max_new_tokens=3, ignore_eos=True))
+    stream = engine.chat(MODEL, ChatRequest([Message("user", "Tell me a story.")],
+                                            SamplingParams(temperature=0, max_new_tokens=3, ignore_eos=True)))
     stream.text()
     assert stream.record.finish_reason is FinishReason.LENGTH
     assert stream.record.completion_tokens == 3

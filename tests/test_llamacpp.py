@@ -8,7 +8,7 @@ import time
 import httpx
 import pytest
 
-from serge.engine import FinishReason, Message, SamplingParams
+from serge.engine import ChatRequest, FinishReason, Message, SamplingParams
 from serge.engine.llamacpp import kv_layout
 from serge.engine.local import LoadOptions
 from serge.engine.generation.scheduler import SchedulerLimits
@@ -47,7 +47,7 @@ def test_on_a_cpu_build_of_llama_cpp_every_layer_stays_on_the_cpu_and_health_say
 
 
 def test_a_finished_reply_leaves_the_cpu_idle(llama):
-    llama.chat(MODEL, QUESTION, GREEDY).text()
+    llama.chat(MODEL, ChatRequest(QUESTION, GREEDY)).text()
     time.sleep(0.3)  # let the worker reach its wait
     cpu, wall = time.process_time(), time.monotonic()
     time.sleep(1.0)
@@ -63,29 +63,31 @@ def test_a_failing_forward_pass_ends_that_reply_with_a_clear_error_and_the_next_
 
     forward.decode = broken
     try:
-        stream = llama.chat(MODEL, QUESTION, SamplingParams(temperature=0, max_new_tokens=8, ignore_eos=True))
+        stream = llama.chat(MODEL, ChatRequest(QUESTION,
+                                               SamplingParams(temperature=0, max_new_tokens=8, ignore_eos=True)))
         stream.text()
     finally:
         del forward.decode
     assert stream.record.finish_reason is FinishReason.ERROR
     assert "llama_decode failed" in stream.record.error
-    assert llama.chat(MODEL, QUESTION, GREEDY).text()
+    assert llama.chat(MODEL, ChatRequest(QUESTION, GREEDY)).text()
 
 
 def test_a_cached_conversation_that_cannot_come_back_fails_that_reply_alone(llama):
     forward = llama.model(MODEL).scheduler.forward
     cached = [Message("user", "Name three rivers.")]
-    llama.chat(MODEL, cached, GREEDY).text()  # parked for its next turn
+    llama.chat(MODEL, ChatRequest(cached, GREEDY)).text()  # parked for its next turn
 
     def broken(*args, **kwargs):
         raise RuntimeError("llama.cpp could not copy a cached conversation back into its KV cache")
 
-    running = llama.chat(MODEL, QUESTION, SamplingParams(temperature=0, max_new_tokens=48, ignore_eos=True))
+    running = llama.chat(MODEL, ChatRequest(QUESTION,
+                                            SamplingParams(temperature=0, max_new_tokens=48, ignore_eos=True)))
     reading = iter(running)
     next(reading)  # it is decoding
     forward.restore = broken
     try:
-        failed = llama.chat(MODEL, cached, GREEDY)
+        failed = llama.chat(MODEL, ChatRequest(cached, GREEDY))
         failed.text()
     finally:
         del forward.restore
@@ -104,7 +106,8 @@ def test_a_kv_cache_too_small_for_every_reply_means_fewer_at_once_and_the_rest_w
         assert (forward.slices, small.scheduler.max_running) == (1, 1)
         assert small.context_window == forward.cells < 4096, "one shorter slice, and the window says so"
         params = SamplingParams(temperature=0, max_new_tokens=72, ignore_eos=True)
-        together = [small.submit([Message("user", f"Question {i}: name a colour.")], params) for i in range(6)]
+        together = [small.submit(ChatRequest([Message("user", f"Question {i}: name a colour.")],
+                                             params)) for i in range(6)]
         for stream in together:
             stream.text()
         assert [s.record.error for s in together] == [None] * 6
@@ -133,9 +136,9 @@ def test_the_default_kv_cache_is_a_window_per_reply_within_the_memory_budget(lla
 
 
 def test_many_streams_at_once_leave_no_thread_behind(llama):
-    llama.chat(MODEL, QUESTION, GREEDY).text()
+    llama.chat(MODEL, ChatRequest(QUESTION, GREEDY)).text()
     before = {t.ident for t in threading.enumerate()}
-    streams = [llama.chat(MODEL, [Message("user", f"Say {i}.")], GREEDY) for i in range(6)]
+    streams = [llama.chat(MODEL, ChatRequest([Message("user", f"Say {i}.")], GREEDY)) for i in range(6)]
     assert all(s.text() is not None for s in streams)
     time.sleep(0.2)
     assert {t.ident for t in threading.enumerate()} <= before

@@ -12,7 +12,7 @@ import pytest
 from openai import OpenAI
 from pydantic import BaseModel, Field
 
-from serge.engine import Message, ResponseFormat, SamplingParams
+from serge.engine import ChatRequest, Message, ResponseFormat, SamplingParams
 
 from conftest import server_of_its_own
 from standin import NAME as MODEL, stand_in
@@ -103,7 +103,7 @@ def test_a_constrained_and_a_free_reply_share_a_batch_and_the_free_one_is_unchan
     forward = engine.model(MODEL).scheduler.forward
     question = [Message("user", "Tell me about the moon.")]
     greedy = SamplingParams(temperature=0, max_new_tokens=24, ignore_eos=True)
-    alone = engine.chat(MODEL, question, greedy).text()
+    alone = engine.chat(MODEL, ChatRequest(question, greedy)).text()
     widths, original = [], forward.decode
 
     def recording(kvs, tokens):
@@ -115,9 +115,9 @@ def test_a_constrained_and_a_free_reply_share_a_batch_and_the_free_one_is_unchan
         fmt = ResponseFormat.model_validate({"type": "json_schema", "json_schema": {"name": "moon", "schema": {
             "type": "object", "properties": {"facts": {"type": "array", "items": {"type": "string", "maxLength": 40},
                                                        "minItems": 2, "maxItems": 3}}, "required": ["facts"]}}})
-        constrained = engine.chat(MODEL, question, SamplingParams(temperature=0, max_new_tokens=120),
-                                  response_format=fmt)  # room for 3 x 40 characters
-        free = engine.chat(MODEL, question, greedy)
+        constrained = engine.chat(MODEL, ChatRequest(question, SamplingParams(temperature=0, max_new_tokens=120),
+                                                     response_format=fmt))  # room for 3 x 40 characters
+        free = engine.chat(MODEL, ChatRequest(question, greedy))
         results = {}
         reader = threading.Thread(target=lambda: results.update(json=constrained.text()))
         reader.start()

@@ -73,9 +73,9 @@ def test_earlier_thoughts_stay_out_of_the_next_prompt(server, engine):
     heard = []
     real_chat = engine.chat
 
-    def listening(model, messages, *rest, **options):
-        heard.append(list(messages))
-        return real_chat(model, messages, *rest, **options)
+    def listening(model, request):
+        heard.append(list(request.messages))
+        return real_chat(model, request)
 
     engine.chat = listening
     try:

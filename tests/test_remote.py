@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from serge.engine import Engine, FinishReason, Message, ResponseFormat, SamplingParams, Tool, Tools
+from serge.engine import ChatRequest, Engine, FinishReason, Message, ResponseFormat, SamplingParams, Tool, Tools
 from serge.settings import RemoteModel, Settings
 
 from conftest import free_port
@@ -37,8 +37,8 @@ def front(server, settings, tmp_path_factory):
 
 def test_a_remote_reply_matches_the_local_one(front, engine):
     greedy = SamplingParams(temperature=0, max_new_tokens=16)
-    local = engine.chat(MODEL, QUESTION, greedy).text()
-    stream = front.chat(None, QUESTION, greedy)
+    local = engine.chat(MODEL, ChatRequest(QUESTION, greedy)).text()
+    stream = front.chat(None, ChatRequest(QUESTION, greedy))
     pieces = list(stream)
     assert "".join(pieces) == stream.record.text == local
     assert stream.record.completion_tokens > 0 and stream.record.prompt_tokens > 0
@@ -55,8 +55,9 @@ def test_cancelling_a_remote_stream_stops_the_far_generation(front, engine):
     for _ in range(2):  # the first may start pools that live for the process; the second must add nothing
         cancelled = _far(engine, "serge_requests_total", reason="cancelled")
         generated = _far(engine, "serge_generated_tokens_total")
-        stream = front.chat("far-smollm", [Message("user", "Write a long essay.")],
+        essay = ChatRequest([Message("user", "Write a long essay.")],
                             SamplingParams(temperature=0, max_new_tokens=400, ignore_eos=True))
+        stream = front.chat("far-smollm", essay)
         for _ in stream:
             break
         assert stream.record.finish_reason is FinishReason.CANCELLED
@@ -70,7 +71,7 @@ def test_cancelling_a_remote_stream_stops_the_far_generation(front, engine):
 
 
 def test_an_unreachable_server_gives_a_clear_error(front):
-    stream = front.chat("unreachable", QUESTION)
+    stream = front.chat("unreachable", ChatRequest(QUESTION))
     stream.text()
     assert stream.record.finish_reason is FinishReason.ERROR
     assert "could not connect" in stream.record.error
@@ -79,8 +80,8 @@ def test_an_unreachable_server_gives_a_clear_error(front):
 def test_structured_output_tools_and_logprobs_pass_through(front):
     fmt = ResponseFormat.model_validate({"type": "json_schema", "json_schema": {"name": "answer", "schema": {
         "type": "object", "properties": {"city": {"type": "string", "maxLength": 30}}, "required": ["city"]}}})
-    stream = front.chat(None, QUESTION, SamplingParams(temperature=0, max_new_tokens=40, logprobs=2),
-                        response_format=fmt)
+    stream = front.chat(None, ChatRequest(QUESTION, SamplingParams(temperature=0, max_new_tokens=40, logprobs=2),
+                                          response_format=fmt))
     tokens = [t for delta in stream.deltas() for t in delta.tokens]
     assert isinstance(json.loads(stream.record.text)["city"], str)
     assert tokens and all(len(t.top) == 2 for t in tokens)
@@ -88,8 +89,9 @@ def test_structured_output_tools_and_logprobs_pass_through(front):
     weather = Tool("get_weather", "Get the weather in a city.",
                    json.dumps({"type": "object", "properties": {"city": {"type": "string", "maxLength": 30}},
                                "required": ["city"]}))
-    stream = front.chat(None, [Message("user", "What is the weather in Paris?")],
-                        SamplingParams(temperature=0, max_new_tokens=120), Tools((weather,), "required"))  # bytes
+    stream = front.chat(None, ChatRequest([Message("user", "What is the weather in Paris?")],
+                                          SamplingParams(temperature=0, max_new_tokens=120),
+                                          Tools((weather,), "required")))  # bytes
     stream.text()
     [call] = stream.record.tool_calls
     assert call.name == "get_weather" and isinstance(json.loads(call.arguments)["city"], str)

@@ -14,7 +14,7 @@ from conftest import ServerThread, free_port
 from standin import NAME as MODEL, stand_in, standin_engine
 
 from serge.chats import ChatService
-from serge.engine import Engine, Message, SamplingParams
+from serge.engine import ChatRequest, Engine, Message, SamplingParams
 from serge.engine.generation.prompts import build_prompt
 from serge.settings import Settings
 from serge.store import ChatStore, Database
@@ -82,8 +82,8 @@ def test_many_listeners_are_woken_by_their_event_loop_not_by_threads(engine, tmp
 
 def test_a_waiting_reply_hears_each_new_place_in_line(small_engine, tmp_path):
     chats = service_over(small_engine, tmp_path)
-    holder = small_engine.chat(MODEL, [Message("user", "Write a long story.")],
-                               SamplingParams(temperature=0, max_new_tokens=96, ignore_eos=True))
+    holder = small_engine.chat(MODEL, ChatRequest([Message("user", "Write a long story.")],
+                                                  SamplingParams(temperature=0, max_new_tokens=96, ignore_eos=True)))
     try:
         first, second = (chats.create("me", settings=SHORT) for _ in range(2))
         ahead = chats.reply("me", first.id, "Hello?")

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from serge.engine import EngineBusy, FinishReason, Message, SamplingParams, SchedulerLimits
+from serge.engine import ChatRequest, EngineBusy, FinishReason, Message, SamplingParams, SchedulerLimits
 from serge.engine.generation.prompts import build_prompt
 
 from standin import standin_model
@@ -86,7 +86,7 @@ def test_the_tenth_turn_of_a_chat_prefills_about_as_much_as_the_first(engine):
     for turn in range(10):
         messages.append(Message("user", f"Turn {turn}: say a word."))
         before = _counts(engine)[0]
-        reply = "".join(engine.chat(None, messages, params))
+        reply = "".join(engine.chat(None, ChatRequest(messages, params)))
         prefilled.append(_counts(engine)[0] - before)
         messages.append(Message("assistant", reply))
     # The tenth turn runs only what is new, about as much as the first (time to first token follows).
@@ -96,19 +96,19 @@ def test_prefix_reuse_gives_the_cold_text_and_prefills_only_what_is_new(engine):
     scheduler = engine.model().scheduler
     scheduler.forget_prefixes()
     first = [Message("user", "Give me a name for a cat.")]
-    reply = engine.chat(None, first, GREEDY).text()
+    reply = engine.chat(None, ChatRequest(first, GREEDY)).text()
     second = first + [Message("assistant", reply), Message("user", "And one for a dog?")]
     shared, whole = len(_prompt(engine, first)), len(_prompt(engine, second))
 
     before = _counts(engine)
-    warm = engine.chat(None, second, GREEDY).text()
+    warm = engine.chat(None, ChatRequest(second, GREEDY)).text()
     prefilled, reused = (after - start for after, start in zip(_counts(engine), before))
     assert reused > shared  # the first prompt and at least part of the reply
     assert prefilled == whole - reused
 
     scheduler.forget_prefixes()
     before = _counts(engine)
-    cold = engine.chat(None, second, GREEDY).text()
+    cold = engine.chat(None, ChatRequest(second, GREEDY)).text()
     assert _counts(engine)[0] - before[0] == whole
     assert warm == cold
 
@@ -116,8 +116,8 @@ def test_prefix_reuse_gives_the_cold_text_and_prefills_only_what_is_new(engine):
 def test_a_regenerated_reply_needs_no_prefill_at_all(engine):
     engine.model().scheduler.forget_prefixes()
     question = [Message("user", "Pick a number.")]
-    first = engine.chat(None, question, GREEDY).text()
+    first = engine.chat(None, ChatRequest(question, GREEDY)).text()
     before = _counts(engine)
-    again = engine.chat(None, question, GREEDY).text()
+    again = engine.chat(None, ChatRequest(question, GREEDY)).text()
     prefilled, reused = (after - start for after, start in zip(_counts(engine), before))
     assert (prefilled, again) == (0, first) and reused == len(_prompt(engine, question))

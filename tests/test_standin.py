@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from serge.engine import Message, SamplingParams
+from serge.engine import ChatRequest, Message, SamplingParams
 from serge.engine.generation.forward import KV, Forward
 from serge.engine.generation.kvcache import PrefixCache
 from serge.engine.generation.prompts import build_prompt
@@ -85,12 +85,13 @@ def test_a_row_of_a_batch_is_what_that_sequence_gets_alone(tokenizer):
 
 
 def test_replies_differ_between_conversations_end_with_eos_and_go_on_when_asked_for_long(engine):
-    replies = [engine.chat(None, [Message("user", q)], GREEDY) for q in ("Hi", "Hello", "Tell me a long story")]
+    replies = [engine.chat(None, ChatRequest([Message("user", q)],
+                                             GREEDY)) for q in ("Hi", "Hello", "Tell me a long story")]
     texts = [s.text() for s in replies]
     assert texts[0] != texts[1] and all(t.strip() for t in texts)
     assert [s.record.finish_reason.value for s in replies] == ["stop", "stop", "length"]
     assert replies[0].record.completion_tokens == 24  # reply_tokens, then the end of the turn
-    assert engine.chat(None, [Message("user", "Hi")], GREEDY).text() == texts[0], "deterministic"
+    assert engine.chat(None, ChatRequest([Message("user", "Hi")], GREEDY)).text() == texts[0], "deterministic"
 
 
 def test_logits_depend_on_history_not_on_the_object():

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from serge.engine import FinishReason, Message, ResponseFormat, SamplingParams, Tool, Tools
+from serge.engine import ChatRequest, FinishReason, Message, ResponseFormat, SamplingParams, Tool, Tools
 
 from conftest import MODEL
 
@@ -26,8 +26,8 @@ def engine(both_engines):
 @pytest.mark.parametrize("budget", [30])
 def test_a_schema_reply_at_temperature_one_parses_for_every_seed(engine, budget):
     fmt = ResponseFormat.model_validate({"type": "json_schema", "json_schema": {"name": "city", "schema": CITY}})
-    streams = [engine.chat(MODEL, ASK, SamplingParams(temperature=1, max_new_tokens=budget, seed=seed),
-                           response_format=fmt) for seed in range(20)]
+    streams = [engine.chat(MODEL, ChatRequest(ASK, SamplingParams(temperature=1, max_new_tokens=budget, seed=seed),
+                                              response_format=fmt)) for seed in range(20)]
     for seed, stream in enumerate(streams):
         text = stream.text()
         reply = json.loads(text)  # raises for a cut reply
@@ -38,8 +38,8 @@ def test_a_schema_reply_at_temperature_one_parses_for_every_seed(engine, budget)
 
 def test_a_required_tool_call_is_complete_within_a_tight_budget(engine):
     tool = Tool("describe_city", "Record a city.", json.dumps(CITY))
-    streams = [engine.chat(MODEL, ASK, SamplingParams(temperature=1, max_new_tokens=40, seed=seed),
-                           Tools((tool,), "required")) for seed in range(8)]
+    streams = [engine.chat(MODEL, ChatRequest(ASK, SamplingParams(temperature=1, max_new_tokens=40, seed=seed),
+                                              Tools((tool,), "required"))) for seed in range(8)]
     for stream in streams:
         stream.text()
         [call] = stream.record.tool_calls

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from serge.engine import Message, SamplingParams
+from serge.engine import ChatRequest, Message, SamplingParams
 
 from standin import NAME as MODEL, stand_in
 
@@ -20,14 +20,15 @@ SEEDS = range(6)
 
 def replies(engine, **settings) -> set[str]:
     """The replies of six seeds at temperature 1.5, generated side by side."""
-    streams = [engine.chat(MODEL, STORY, SamplingParams(temperature=1.5, max_new_tokens=12, seed=seed, **settings))
-               for seed in SEEDS]
+    asks = [ChatRequest(STORY, SamplingParams(temperature=1.5, max_new_tokens=12, seed=seed, **settings))
+            for seed in SEEDS]
+    streams = [engine.chat(MODEL, ask) for ask in asks]
     return {stream.text() for stream in streams}
 
 
 @pytest.fixture(scope="module")
 def greedy(engine) -> str:
-    return engine.chat(MODEL, STORY, SamplingParams(temperature=0, max_new_tokens=12)).text()
+    return engine.chat(MODEL, ChatRequest(STORY, SamplingParams(temperature=0, max_new_tokens=12))).text()
 
 
 def test_without_top_k_or_min_p_seeds_give_different_replies(engine, greedy):

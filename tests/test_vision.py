@@ -17,7 +17,7 @@ from conftest import free_port, models_dir, own_server, MODEL
 from standin import NAME as TEXT_ONLY, standin_model
 from test_chats_api import events_of
 from tiny_vlm import IMAGE_TOKENS, NAME, b64, data_url, png
-from serge.engine import (Engine, ImageRefused, ImageTooLarge, Message, ModelLibrary, SamplingParams,
+from serge.engine import (ChatRequest, Engine, ImageRefused, ImageTooLarge, Message, ModelLibrary, SamplingParams,
                           read_image)
 from serge.engine.generation.images import MAX_IMAGE_BYTES, MAX_IMAGE_PIXELS
 from serge.engine.models.facts import read_facts
@@ -53,8 +53,8 @@ def client(engine, tmp_path_factory):
 
 def first_token_scores(engine, images: tuple = ()) -> tuple[int, list]:
     """The prompt's length and the first reply token's top alternatives, greedy."""
-    stream = engine.chat(NAME, [Message("user", ASK, images=images)],
-                         SamplingParams(max_new_tokens=1, temperature=0, logprobs=5))
+    stream = engine.chat(NAME, ChatRequest([Message("user", ASK, images=images)],
+                                           SamplingParams(max_new_tokens=1, temperature=0, logprobs=5)))
     tokens = [t for delta in stream.deltas() for t in delta.tokens]
     return stream.prompt_tokens, [(t.token, t.logprob) for t in tokens[0].top]
 
@@ -208,7 +208,7 @@ def _tiny_gguf(path) -> None:
 
 
 def test_a_gguf_sees_images_by_its_mmproj_file_but_not_on_this_llama_cpp(tmp_path):
-    from serge.engine.engine import sees_images
+    from serge.engine.info import sees_images
 
     _tiny_gguf(tmp_path / "model-Q4_K_M.gguf")
     assert not read_facts(tmp_path, "model-Q4_K_M.gguf").vision

@@ -1,13 +1,14 @@
 """The conversation service: what a chat is, how a turn is built, saved and stopped."""
 
+from serge.chats.checks import MAX_MESSAGE_CHARS, MAX_SYSTEM_PROMPT_CHARS, InvalidChatInput
 from serge.chats.indexing import Indexer
 from serge.chats.knowledge import InvalidCollectionInput, Knowledge
 from serge.chats.replies import Reply
-from serge.chats.service import MAX_MESSAGE_CHARS, ChatBusy, ChatService, InvalidChatInput
+from serge.chats.service import ChatBusy, ChatService
 from serge.chats.transfer import ChatExport, export_markdown
 from serge.store import ChatNotFound, MessageNotFound
 
 __all__ = [
-    "MAX_MESSAGE_CHARS", "ChatBusy", "Indexer", "InvalidCollectionInput", "Knowledge", "ChatExport", "ChatNotFound", "ChatService", "InvalidChatInput", "MessageNotFound", "Reply",
+    "MAX_MESSAGE_CHARS", "MAX_SYSTEM_PROMPT_CHARS", "ChatBusy", "Indexer", "InvalidCollectionInput", "Knowledge", "ChatExport", "ChatNotFound", "ChatService", "InvalidChatInput", "MessageNotFound", "Reply",
     "export_markdown",
 ]

@@ -5,7 +5,7 @@ commits the user's message before generation starts, builds the conversation
 for the engine from the branch on screen, and keeps the replies in progress
 (chat id -> `Reply`) so a reply can be stopped from another request. That
 registry belongs to the instance; nothing here is global. It knows nothing of
-HTTP: callers get records, `Reply` handles and the exceptions below.
+HTTP: callers get records, `Reply` handles, `ChatBusy` and `InvalidChatInput`.
 """
 
 from __future__ import annotations
@@ -14,62 +14,22 @@ import logging
 import threading
 from dataclasses import replace
 
-from pydantic import ValidationError
-
+from serge.chats.checks import (DEFAULT_TITLE, MAX_MESSAGE_CHARS, MAX_SYSTEM_PROMPT_CHARS, MAX_TITLE_CHARS,
+                                InvalidChatInput, auto_title, check_settings, check_text, check_title)
 from serge.chats.documents import ChatDocuments
 from serge.chats.knowledge import Knowledge
 from serge.chats.replies import Reply
 from serge.chats.transfer import ChatExport, export_json
 from serge.documents import MAX_FILES_PER_MESSAGE
-from serge.engine import Engine, Message, ModelNotFound, SamplingParams
+from serge.engine import ChatRequest, Engine, Message, ModelNotFound, SamplingParams
 from serge.store import (ChatRecord, ChatStore, DatabaseUnavailable, DocumentNotFound, DocumentRecord, MessageRecord,
                          NewMessage)
 
 log = logging.getLogger(__name__)
 
-DEFAULT_TITLE = "New chat"
-MAX_MESSAGE_CHARS = 100_000
-MAX_TITLE_CHARS = 200
-MAX_SYSTEM_PROMPT_CHARS = 20_000
-AUTO_TITLE_CHARS = 60
-
-
-class InvalidChatInput(ValueError):
-    """Something the user can fix; `param` names the field."""
-
-    def __init__(self, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.param = param
-
 
 class ChatBusy(RuntimeError):
     """The chat already has a reply in progress."""
-
-
-def check_settings(settings: dict | None) -> dict:
-    """A chat's generation settings, validated by `SamplingParams`; unset fields dropped."""
-    try:
-        params = SamplingParams(**(settings or {}))
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        field = ".".join(str(x) for x in err.get("loc", ()))
-        raise InvalidChatInput(f"settings.{field}: {err.get('msg', 'is invalid')}", f"settings.{field}") from None
-    return params.model_dump(mode="json", exclude_none=True)
-
-
-def check_text(value: str | None, field: str, limit: int, *, required: bool = False) -> str | None:
-    if value is None:
-        return None
-    if required and not value.strip():
-        raise InvalidChatInput(f"{field} is empty; write something first", field)
-    if len(value) > limit:
-        raise InvalidChatInput(f"{field} is {len(value)} characters; the limit is {limit}", field)
-    return value
-
-
-def auto_title(text: str) -> str:
-    line = " ".join(text.split())
-    return line if len(line) <= AUTO_TITLE_CHARS else line[: AUTO_TITLE_CHARS - 1].rstrip() + "…"
 
 
 class ChatService:
@@ -131,10 +91,7 @@ class ChatService:
         """Change title, model, system prompt or settings; only the keys given."""
         checked = {}
         if "title" in changes:
-            title = (check_text(changes["title"], "title", MAX_TITLE_CHARS) or "").strip()
-            if not title:
-                raise InvalidChatInput("title is empty; give the chat a name", "title")
-            checked["title"] = title
+            checked["title"] = check_title(changes["title"])
         if "model" in changes:
             checked["model"] = self._check_model(changes["model"])
         if "system_prompt" in changes:
@@ -250,7 +207,10 @@ class ChatService:
                                                                      knowledge=named))
             if not chat.messages and chat.title == DEFAULT_TITLE:
                 self.store.update_chat(owner, chat_id, title=auto_title(content))
-            return self._start(owner, chat_id, user, user)
+            # the branch read above, with the question on it (read again only if it moved in between)
+            chat = (replace(chat, messages=(*chat.messages, user), current_id=user.id)
+                    if user.parent_id == chat.current_id else None)
+            return self._start(owner, chat_id, user, user, chat)
         except BaseException:
             self._release(chat_id)
             raise
@@ -267,7 +227,7 @@ class ChatService:
             raise InvalidChatInput("the last reply does not follow a user message", "chat")
         self._reserve(chat_id)
         try:
-            return self._start(owner, chat_id, question, None)
+            return self._start(owner, chat_id, question, None, chat)
         except BaseException:
             self._release(chat_id)
             raise
@@ -297,11 +257,10 @@ class ChatService:
         reply.cancel()
         return reply.wait(timeout)
 
-    def _conversation(self, owner: str, chat_id: str, question: MessageRecord
-                      ) -> tuple[ChatRecord, list[Message], list[int], list[str]]:
-        """The chat, the messages for the engine, where each (but the system prompt) is on the branch, and the
-        documents attached on the branch up to the question."""
-        chat = self.store.get_chat(owner, chat_id)  # the question is on the branch on screen
+    def _conversation(self, owner: str, chat: ChatRecord, question: MessageRecord
+                      ) -> tuple[list[Message], list[int], list[str]]:
+        """The messages for the engine, where each (but the system prompt) is on the branch, and the documents
+        attached on the branch up to the question (which is on `chat`'s branch)."""
         upto = []
         for m in chat.messages:
             upto.append(m)
@@ -317,10 +276,14 @@ class ChatService:
             images = self.documents.images(owner, m.attachments) if m.attachments and self.documents else ()
             history.append(Message(m.role, m.content, images=images))
             places.append(i)
-        return chat, history, places, attached
+        return history, places, attached
 
-    def _start(self, owner: str, chat_id: str, question: MessageRecord, user: MessageRecord | None) -> Reply:
-        chat, history, places, attached = self._conversation(owner, chat_id, question)
+    def _start(self, owner: str, chat_id: str, question: MessageRecord, user: MessageRecord | None,
+               chat: ChatRecord | None = None) -> Reply:
+        """Start the reply to `question`; `chat`: the chat as read already, its branch on screen ending at or
+        past the question (None: read it now)."""
+        chat = chat or self.store.get_chat(owner, chat_id)
+        history, places, attached = self._conversation(owner, chat, question)
         model = chat.model or self.engine.default_model
         sources, collections = None, {}
         named = [*chat.knowledge, *(question.knowledge or [])]
@@ -342,7 +305,7 @@ class ChatService:
             raise DatabaseUnavailable(exc.reason, "your message is saved, but no reply was started; press "
                                                   "Regenerate once that is fixed") from exc
         try:
-            stream = self.engine.chat(model, history, SamplingParams(**chat.settings))
+            stream = self.engine.chat(model, ChatRequest(history, SamplingParams(**chat.settings)))
         except Exception as exc:
             self.store.finish_message(owner, placeholder.id, finish_reason="error", complete=False, error=str(exc))
             raise

@@ -3,7 +3,9 @@
 from serge.engine.models.catalog import CATALOG
 from serge.engine.devices import DevicePlan, DeviceUnavailable, resolve_device
 from serge.engine.embeddings import Embeddings
-from serge.engine.engine import Backend, Engine, EngineStatus, LoadedInfo, ModelInfo
+from serge.engine.backend import Backend
+from serge.engine.engine import Engine
+from serge.engine.info import EngineStatus, LoadedInfo, ModelInfo, params_text, size_text
 from serge.engine.models.facts import ModelFacts
 from serge.engine.models.errors import (InvalidModelName, InvalidSource, ModelNotFound, PullCancelled, PullFailed,
                                         PullNotFound, PullRefused)
@@ -13,6 +15,7 @@ from serge.engine.metrics import EngineMetrics, ModelSnapshot
 from serge.engine.generation.schemas import GrammarError, InvalidRequest, ResponseFormat
 from serge.engine.generation.images import MAX_IMAGES, Image, ImageRefused, ImageTooLarge, read_image
 from serge.engine.generation.prompts import ContextTooLong, Message, ToolCall
+from serge.engine.generation.request import ChatRequest
 from serge.engine.models.pulls import PullStatus
 from serge.engine.local import ModelLoadFailed
 from serge.engine.registry import ModelInUse, ModelTooLarge
@@ -26,6 +29,7 @@ __all__ = [
     "ANTHROPIC_NAMES",
     "Backend",
     "CATALOG",
+    "ChatRequest",
     "ContextTooLong",
     "Delta",
     "Embeddings",
@@ -75,7 +79,9 @@ __all__ = [
     "Tool",
     "ToolCall",
     "check_name",
+    "params_text",
     "read_image",
+    "size_text",
     "Tools",
     "resolve_device",
 ]

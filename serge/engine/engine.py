@@ -8,117 +8,42 @@ registry, pulls or backends. It knows nothing of HTTP, SQL or who is asking
 (whether a caller may pull or delete models is the web layer's to decide).
 From a script:
 
-    from serge.engine import Engine, Message
+    from serge.engine import ChatRequest, Engine, Message
     from serge.settings import Settings
     with Engine(Settings()) as engine:
-        print(engine.chat(None, [Message("user", "Hello!")]).text())
+        print(engine.chat(None, ChatRequest([Message("user", "Hello!")])).text())
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
 
 from prometheus_client import generate_latest
 
+from serge.engine.backend import Backend
 from serge.engine.devices import DevicePlan, resolve_device
-from serge.engine.models.facts import ModelFacts
+from serge.engine.info import EngineStatus, LoadedInfo, ModelInfo, sees_images
 from serge.engine.models.hub import PullProgress
 from serge.engine.models.errors import ModelNotFound
 from serge.engine.models.library import InstalledModel, ModelLibrary
-from serge.engine.local import EngineKind, LoadOptions
-from serge.engine.metrics import EngineMetrics, ModelSnapshot
+from serge.engine.local import LoadOptions
+from serge.engine.metrics import EngineMetrics
 from serge.engine.generation.images import MAX_IMAGES, ImageTooLarge
 from serge.engine.generation.prompts import Message
+from serge.engine.generation.request import ChatRequest
 from serge.engine.models.pulls import Pulls, PullStatus
 from serge.engine.registry import (Budget, ModelInUse, ModelRegistry, auto_engine, llama_cpp_available,
                                    llama_cpp_offloads, machine_memory_bytes, resident_bytes)
 from serge.engine.remote import RemoteClient
 from serge.engine.embeddings import Embeddings
-from serge.engine.generation.schemas import InvalidRequest, ResponseFormat
+from serge.engine.generation.schemas import InvalidRequest
 from serge.engine.generation.sampling import SamplingParams
 from serge.engine.generation.admission import SchedulerLimits
 from serge.engine.generation.stream import Stream
 from serge.engine.generation.tools import Tools
 from serge.settings import Settings
-
-
-class Backend(Protocol):
-    """What the engine asks of every kind of model: a loaded local one, a remote server's, a stand-in."""
-
-    name: str
-    engine: EngineKind
-    kind: str  # "chat" (submit, complete, count_tokens) or "embedding" (embed)
-    source: str  # where it came from: the library's source, a remote server's URL
-
-    def submit(self, messages: Sequence[Message], params: SamplingParams | None = None,
-               tools: Tools | None = None, response_format: ResponseFormat | None = None,
-               trim: bool = True, think: bool | None = None, n: int = 1, cap: bool = False,
-               window: int | None = None) -> Stream: ...
-
-    def count_tokens(self, messages: Sequence[Message], tools: Tools | None = None) -> int: ...
-
-    def complete(self, prompt: str, params: SamplingParams | None = None, suffix: str | None = None,
-                 n: int = 1) -> Stream: ...
-
-
-@dataclass(frozen=True)
-class ModelInfo:
-    """One model a request may name, with what the lists and the Models page show of it."""
-
-    name: str
-    engine: EngineKind | None  # what serves it (or would, once loaded); None where the setting cannot apply
-    source: str  # where it came from; a remote model's URL
-    size_bytes: int | None  # on disk
-    created: float
-    default: bool
-    loaded: bool
-    remote: bool
-    facts: ModelFacts | None = None  # None for a remote model
-    memory_bytes: int | None = None  # as loaded, else the estimate for its engine
-    busy: bool = False  # answering or queued for now
-    defaults: SamplingParams | None = None  # the generation settings it starts from
-    context_window: int | None = None  # tokens of prompt and reply its engine gives a reply (or an input)
-    kind: str = "chat"  # or "embedding"
-    device: str | None = None  # where it runs (or would): cuda:0, cpu, or llama.cpp's split (CUDA0: 25/25 layers, ...)
-    gpu_bytes: int | None = None  # of memory_bytes, what is (or would be) on a GPU
-    vision: bool = False  # it takes images here (its files carry a vision tower its engine can run)
-
-
-@dataclass(frozen=True)
-class LoadedInfo:
-    name: str
-    engine: EngineKind
-    memory_bytes: int
-    load_seconds: float
-    context_window: int
-    busy: bool
-    device: str = ""  # cuda:0, mps, cpu; on llama.cpp its layer split: "CUDA0: 25/25 layers, KV cache on the GPU"
-    gpu_bytes: int = 0  # of memory_bytes, on a GPU
-
-
-@dataclass(frozen=True)
-class EngineStatus:
-    device: str
-    dtype: str
-    default_model: str
-    ready: bool  # the default model can answer now
-    loaded: list[LoadedInfo]
-    loading: list[str]
-    remote: dict[str, str]  # name -> URL
-    models: dict[str, ModelSnapshot]
-    max_loaded_models: int
-    memory_budget_bytes: int
-    resident_bytes: int | None  # this process, all of it
-
-
-def sees_images(facts: ModelFacts, engine: EngineKind | None) -> bool:
-    """Its files carry a vision tower and its engine runs it: transformers with its own checkpoint (a GGUF
-    converted for transformers keeps no projector; this llama.cpp build has no multimodal library)."""
-    return facts.vision and facts.format == "transformers" and engine == "transformers"
 
 
 class Engine:
@@ -233,27 +158,18 @@ class Engine:
                              "messages")
 
     # --- generation ----------------------------------------------------------------
-    def chat(self, model: str | None, messages: Sequence[Message], params: SamplingParams | None = None,
-             tools: Tools | None = None, response_format: ResponseFormat | None = None,
-             trim: bool = True, think: bool | None = None, n: int = 1, cap: bool = False,
-             window: int | None = None) -> Stream:
-        """Start a reply to `messages`, offering `tools`, shaped by `response_format`; the stream says which
-        model (`stream.model`) and how long the prompt is (`stream.prompt_tokens`). A conversation too long
-        for the window loses its oldest turns, or with `trim=False` is refused. `cap=True`: max_new_tokens
-        is capped to what the window leaves after the prompt instead of refused (clients that set it for
-        the largest hosted models); `window`: the reply gets at most what that many tokens of context leave
-        after the prompt (Ollama's num_ctx).
-        `n` choices (1 to the model's slots) share one prefill and decode in one batch, as one `Stream`
-        (each `Delta.choice` says whose, `stream.records` one per choice). A last message from the
-        assistant is continued (a prefill). A model that thinks has its thoughts apart (`Delta.reasoning`,
-        `record.reasoning`); `think=False` asks its template not to, where the template allows. A message's
-        images need a model that sees them (`ModelInfo.vision`), else InvalidRequest names those that do. Raises
-        ModelNotFound, ContextTooLong, InvalidRequest (a bad schema, tool_choice, logit_bias or n) or
-        EngineBusy before anything runs."""
-        if images := sum(len(m.images) for m in messages):
+    def chat(self, model: str | None, request: ChatRequest) -> Stream:
+        """Start the reply `request` asks of `model` (the default for None); the stream says which model
+        (`stream.model`) and how long the prompt is (`stream.prompt_tokens`). Its `n` choices (1 to the
+        model's slots) come as one `Stream` (each `Delta.choice` says whose, `stream.records` one per
+        choice). A model that thinks has its thoughts apart (`Delta.reasoning`, `record.reasoning`). A
+        message's images need a model that sees them (`ModelInfo.vision`), else InvalidRequest names those
+        that do. Raises ModelNotFound, ContextTooLong, InvalidRequest (a bad schema, tool_choice, logit_bias
+        or n) or EngineBusy before anything runs."""
+        if images := sum(len(m.images) for m in request.messages):
             self._check_sees(model, images)
         with self._backend(model) as backend:  # not unloaded between loading and queueing the request
-            stream = backend.submit(messages, params, tools, response_format, trim, think, n, cap, window)
+            stream = backend.submit(request)
         stream.model = backend.name
         return stream
 
@@ -387,4 +303,4 @@ class Engine:
         self.close()
 
 
-__all__ = ["Backend", "Engine", "EngineStatus", "LoadedInfo", "ModelInfo", "ModelNotFound"]
+__all__ = ["Engine", "ModelNotFound"]

@@ -17,7 +17,8 @@ from typing import Literal
 
 from serge.engine.models.library import InstalledModel
 from serge.engine.devices import DevicePlan
-from serge.engine.generation.schemas import InvalidRequest, ResponseFormat
+from serge.engine.generation.request import ChatRequest
+from serge.engine.generation.schemas import InvalidRequest
 from serge.engine.metrics import EngineMetrics
 from serge.engine.generation.prompts import (ContextTooLong, Message, TemplateOptions, build_prompt, count_tokens,
                                               placed, template_takes_mid_system)
@@ -83,30 +84,27 @@ class LocalModel:
                                  f"has {len(self.tokenizer)} tokens", "logit_bias")
         return params
 
-    def submit(self, messages: Sequence[Message], params: SamplingParams | None = None,
-               tools: Tools | None = None, response_format: ResponseFormat | None = None,
-               trim: bool = True, think: bool | None = None, n: int = 1, cap: bool = False,
-               window: int | None = None) -> Stream:
+    def submit(self, request: ChatRequest) -> Stream:
         """Start a reply (`n` choices of it, from one prefill); raises ContextTooLong, InvalidRequest or
-        EngineBusy before anything runs. `think=False` asks the template not to think (`enable_thinking`,
-        where the template has it). `cap`: max_new_tokens is capped to what the window leaves after the
-        prompt, never refused. `window` (Ollama's num_ctx): the reply gets at most what that many tokens
-        leave after the prompt, one at least (the model's own window still decides what is trimmed)."""
-        params = self._checked(params)
-        rule = response_format.rule() if response_format is not None else None
-        plan = plan_reply(self.tool_format, placed(messages, self._mid_system), tools, rule)
-        tokenizer = TemplateOptions(self.tokenizer, enable_thinking=False) if think is False else self.tokenizer
+        EngineBusy before anything runs. `think=False` is the template's `enable_thinking`, where it has
+        it; `window` leaves the reply one token at least (the model's own window still decides what is
+        trimmed)."""
+        params, tools = self._checked(request.params), request.tools
+        rule = request.response_format.rule() if request.response_format is not None else None
+        plan = plan_reply(self.tool_format, placed(request.messages, self._mid_system), tools, rule)
+        tokenizer = (TemplateOptions(self.tokenizer, enable_thinking=False) if request.think is False
+                     else self.tokenizer)
         prompt = build_prompt(tokenizer, plan.messages, self.context_window, params.max_new_tokens,
-                              plan.template_tools, trim, cap)
+                              plan.template_tools, request.trim, request.cap)
         ids, pixels, room = self._with_images(prompt, plan.messages)
-        room = room if window is None else max(1, min(room, window - len(ids)))
+        room = room if request.window is None else max(1, min(room, request.window - len(ids)))
         thinking = None
         if self.thinks:  # does the prompt leave the reply inside <think> (the template opened it)?
             thinking = Thinking(inside=opens_thinking(self.tokenizer.decode(prompt.ids[-16:])))
         json_only = plan.grammar is not None and (rule is not None or (tools is not None and tools.mode == "required"))
         stream = self.scheduler.submit(ids, params.resolved(room), plan.grammar, plan.reader,
-                                       plan.grammar_param, finish_json=json_only, thinking=thinking, n=n,
-                                       images=pixels)
+                                       plan.grammar_param, finish_json=json_only, thinking=thinking,
+                                       n=request.n, images=pixels)
         stream.dropped_messages, stream.prompt_tokens = prompt.dropped_messages, len(ids)
         return stream
 

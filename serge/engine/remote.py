@@ -24,7 +24,8 @@ from collections.abc import Sequence
 import httpx
 
 from serge.engine.generation.prompts import Message, ToolCall
-from serge.engine.generation.schemas import InvalidRequest, ResponseFormat
+from serge.engine.generation.request import ChatRequest
+from serge.engine.generation.schemas import InvalidRequest
 from serge.engine.generation.sampling import OPENAI_NAMES, SamplingParams
 from serge.engine.generation.stream import FinishReason, GenerationRecord, Stream, TokenLogprob, ToolCallDelta, TopLogprob
 from serge.engine.generation.tools import Tools
@@ -67,23 +68,20 @@ class RemoteBackend:
         raise InvalidRequest(f"{self.name!r} is served by a remote server; send raw completions to it directly",
                              "model")
 
-    def submit(self, messages: Sequence[Message], params: SamplingParams | None = None,
-               tools: Tools | None = None, response_format: ResponseFormat | None = None,
-               trim: bool = True, think: bool | None = None, n: int = 1, cap: bool = False,
-               window: int | None = None) -> Stream:
+    def submit(self, request: ChatRequest) -> Stream:
         """`trim`, `think`, `cap` and `window` are the remote server's business: it applies its own window
         and template. One choice only: its usage does not say which choice spent what."""
-        if n != 1:
+        params, response_format = request.params or SamplingParams(), request.response_format
+        if request.n != 1:
             raise InvalidRequest(f"{self.name!r} is served by a remote server; Serge asks it for one choice "
                                  f"(n=1)", "n")
-        params = params or SamplingParams()
         body = {
             "model": self._remote.model or self.name,
-            "messages": [m.as_openai() for m in messages],
+            "messages": [m.as_openai() for m in request.messages],
             "stream": True,
             "stream_options": {"include_usage": True},
             **request_fields(params),
-            **tool_fields(tools),
+            **tool_fields(request.tools),
         }
         if response_format is not None:
             body["response_format"] = response_format.model_dump(mode="json", exclude_none=True)

@@ -17,13 +17,12 @@ import uuid
 
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Header, Query, Request
-from fastapi.responses import StreamingResponse
+from fastapi import APIRouter, Depends, Header, Query, Request
 from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 
-from serge.engine import Engine, FinishReason, GenerationRecord, Stream
-from serge.web.dialects import cancel_on_disconnect, failure
+from serge.engine import ChatRequest, Engine, FinishReason, GenerationRecord, Stream
+from serge.web.dialects import cancel_on_disconnect, failure, stream_response
 from serge.web.anthropic_models import NO_EFFECT_FIELDS, CountTokensRequest, MessagesRequest
 from serge.web.errors import error_body
 from serge.web.request_log import note_generation
@@ -153,29 +152,30 @@ def _input(arguments: str) -> dict:
     return value if isinstance(value, dict) else {}
 
 
-@router.post("/messages", summary="Create a message (Anthropic's Messages API; streamed or not)",
-             description=MESSAGES_DOC, response_model=MessageOut, responses=RESPONSES)
-async def create_message(
-    body: MessagesRequest,
-    request: Request,
+def _client_extras(
     anthropic_version: str | None = Header(None, description="Accepted; Serge speaks 2023-06-01."),
     anthropic_beta: str | None = Header(None, description="Accepted without effect."),
     beta: bool | None = Query(None, description="Accepted without effect (Claude Code sends ?beta=true)."),
-):
+) -> None:
+    """What Anthropic's clients send beside the body: accepted (and shown in /docs), changing nothing."""
+
+
+@router.post("/messages", summary="Create a message (Anthropic's Messages API; streamed or not)",
+             description=MESSAGES_DOC, response_model=MessageOut, responses=RESPONSES,
+             dependencies=[Depends(_client_extras)])
+async def create_message(body: MessagesRequest, request: Request):
     engine = _engine(request)
     messages = await run_in_threadpool(body.conversation)  # its files and images are read off the event loop
     tools, response_format = body.tool_offer(), body.response_format()
     params = body.sampling()  # a bad setting is refused before the model is asked anything
     think = None if body.thinking is None else body.thinking.get("type") != "disabled"
     # Refused when it does not fit (trim=False), max_tokens capped to what the window leaves (cap=True).
-    stream = await run_in_threadpool(engine.chat, body.model, messages, params, tools, response_format, False, think,
-                                     cap=True)
+    ask = ChatRequest(messages, params, tools, response_format, trim=False, think=think, cap=True)
+    stream = await run_in_threadpool(engine.chat, body.model, ask)
     note_generation(request, stream.model, stream)
     message_id = f"msg_{uuid.uuid4().hex[:24]}"
     if body.stream:
-        return StreamingResponse(_events(stream, message_id, stream.prompt_tokens or 0),
-                                 media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        return stream_response(_events(stream, message_id, stream.prompt_tokens or 0), stream)
     watcher = cancel_on_disconnect(request, stream)
     try:
         async for _ in stream.adeltas():
@@ -205,62 +205,53 @@ async def _events(stream: Stream, message_id: str, prompt_tokens: int):
         index, open_kind = index + 1, kind
         return _sse("content_block_start", index=index, content_block=block)
 
-    try:
-        yield _sse("message_start", message={
-            "id": message_id, "type": "message", "role": "assistant", "model": stream.model, "content": [],
-            "stop_reason": None, "stop_sequence": None, "usage": {"input_tokens": prompt_tokens, "output_tokens": 0}})
-        yield _sse("ping")
-        async for delta in stream.adeltas():
-            if delta.reasoning:
-                if open_kind != "thinking":
-                    if open_kind is not None:
-                        yield _sse("content_block_stop", index=index)
-                    yield start("thinking", {"type": "thinking", "thinking": "", "signature": ""})
+    yield _sse("message_start", message={
+        "id": message_id, "type": "message", "role": "assistant", "model": stream.model, "content": [],
+        "stop_reason": None, "stop_sequence": None, "usage": {"input_tokens": prompt_tokens, "output_tokens": 0}})
+    yield _sse("ping")
+    async for delta in stream.adeltas():
+        if delta.reasoning:
+            if open_kind != "thinking":
+                if open_kind is not None:
+                    yield _sse("content_block_stop", index=index)
+                yield start("thinking", {"type": "thinking", "thinking": "", "signature": ""})
+            yield _sse("content_block_delta", index=index,
+                       delta={"type": "thinking_delta", "thinking": delta.reasoning})
+        if delta.text:
+            if open_kind != "text":
+                if open_kind is not None:
+                    yield _sse("content_block_stop", index=index)
+                yield start("text", {"type": "text", "text": ""})
+            yield _sse("content_block_delta", index=index, delta={"type": "text_delta", "text": delta.text})
+        for call in delta.tool_calls:
+            if call.id is not None:
+                if open_kind is not None:
+                    yield _sse("content_block_stop", index=index)
+                yield start("tool_use", {"type": "tool_use", "id": _tool_use_id(call.id), "name": call.name,
+                                         "input": {}})
+            if call.arguments:
                 yield _sse("content_block_delta", index=index,
-                           delta={"type": "thinking_delta", "thinking": delta.reasoning})
-            if delta.text:
-                if open_kind != "text":
-                    if open_kind is not None:
-                        yield _sse("content_block_stop", index=index)
-                    yield start("text", {"type": "text", "text": ""})
-                yield _sse("content_block_delta", index=index, delta={"type": "text_delta", "text": delta.text})
-            for call in delta.tool_calls:
-                if call.id is not None:
-                    if open_kind is not None:
-                        yield _sse("content_block_stop", index=index)
-                    yield start("tool_use", {"type": "tool_use", "id": _tool_use_id(call.id), "name": call.name,
-                                             "input": {}})
-                if call.arguments:
-                    yield _sse("content_block_delta", index=index,
-                               delta={"type": "input_json_delta", "partial_json": call.arguments})
-        record = stream.record
-        if record.finish_reason is FinishReason.ERROR:
-            error = error_body(f"generation failed: {record.error}", status=502 if record.remote_error else 500,
-                               path="/v1/messages")
-            yield _sse("error", error=error["error"])
-            return
-        if open_kind is None:  # an empty reply is still one (empty) text block
-            yield start("text", {"type": "text", "text": ""})
-        yield _sse("content_block_stop", index=index)
-        yield _sse("message_delta", delta={"stop_reason": _stop_reason(record), "stop_sequence": record.stop_sequence},
-                   usage={"input_tokens": record.prompt_tokens, "output_tokens": record.completion_tokens})
-        yield _sse("message_stop")
-    finally:
-        if not stream.done:  # the client went away mid-reply
-            stream.cancel()
+                           delta={"type": "input_json_delta", "partial_json": call.arguments})
+    record = stream.record
+    if record.finish_reason is FinishReason.ERROR:
+        error = error_body(f"generation failed: {record.error}", status=502 if record.remote_error else 500,
+                           path="/v1/messages")
+        yield _sse("error", error=error["error"])
+        return
+    if open_kind is None:  # an empty reply is still one (empty) text block
+        yield start("text", {"type": "text", "text": ""})
+    yield _sse("content_block_stop", index=index)
+    yield _sse("message_delta", delta={"stop_reason": _stop_reason(record), "stop_sequence": record.stop_sequence},
+               usage={"input_tokens": record.prompt_tokens, "output_tokens": record.completion_tokens})
+    yield _sse("message_stop")
 
 
 @router.post("/messages/count_tokens", summary="Count a message's input tokens (Anthropic's API)",
              response_model=TokenCountOut, responses=_ERRORS,
              description="The tokens the prompt of this conversation (system, messages and tools) takes, as the "
-                         "model's chat template renders it. Fields as for /v1/messages, less those of generation.")
-async def count_tokens(
-    body: CountTokensRequest,
-    request: Request,
-    anthropic_version: str | None = Header(None, description="Accepted."),
-    anthropic_beta: str | None = Header(None, description="Accepted without effect."),
-    beta: bool | None = Query(None, description="Accepted without effect."),
-):
+                         "model's chat template renders it. Fields as for /v1/messages, less those of generation.",
+             dependencies=[Depends(_client_extras)])
+async def count_tokens(body: CountTokensRequest, request: Request):
     messages, tools = await run_in_threadpool(body.conversation), body.tool_offer()
     body.response_format()  # checked, though it changes no count
     count = await run_in_threadpool(_engine(request).count_tokens, body.model, messages, tools)

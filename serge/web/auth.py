@@ -82,6 +82,11 @@ def current_user(request: Request) -> UserRecord:
     return user
 
 
+def owner(request: Request) -> str:
+    """Every query is scoped by owner: the signed-in user, or "local" while Serge has no accounts."""
+    return current_user(request).id
+
+
 def may_see_details(request: Request) -> bool:
     """Admins and requests made on this machine see paths, devices and metrics."""
     user = getattr(request.state, "user", None)

@@ -29,9 +29,10 @@ from serge.chats.knowledge import MAX_KNOWLEDGE_PER_MESSAGE
 from serge.documents import MAX_FILES_PER_MESSAGE
 from serge.engine import EngineBusy, ModelLoadFailed, SamplingParams
 from serge.store import ChatRecord, DocumentRecord, MessageRecord
-from serge.web.auth import current_user
+from serge.web.auth import owner
 from serge.web.bodies import uploaded
 from serge.web.docs import EVENT_STREAM, MARKDOWN
+from serge.web.dialects import stream_response
 from serge.web.errors import ApiError
 from serge.web.request_log import note_generation
 
@@ -62,11 +63,6 @@ class MessageIn(BaseModel):
     knowledge: list[str] = Field(default_factory=list, max_length=MAX_KNOWLEDGE_PER_MESSAGE,
                                  description="Knowledge collections (by name or id) searched for this message, "
                                              "besides the chat's own.")
-
-
-def owner(request: Request) -> str:
-    """Every query is scoped by owner: the signed-in user, or "local" while Serge has no accounts."""
-    return current_user(request).id
 
 
 def service(request: Request) -> ChatService:
@@ -118,25 +114,20 @@ def reply_events(request: Request, reply: Reply) -> StreamingResponse:
     note_generation(request, reply.model, reply.stream)
 
     async def events():
-        try:
-            yield _event("start", {
-                "chat_id": reply.chat_id, "message_id": reply.message_id,
-                "user_message": message_out(reply.user_message) if reply.user_message else None,
-                "dropped_messages": reply.dropped_messages,
-            })
-            async for kind, value in reply.events():
-                if kind in ("delta", "reasoning"):
-                    yield _event(kind, {"text": value})
-                elif kind == "queued":
-                    yield _event("queued", {"ahead": value})
-                else:
-                    yield _event("done", {"message": message_out(value)})
-        finally:
-            if not reply.finished:  # the client went away: stop, and the partial reply is kept
-                reply.cancel()
+        yield _event("start", {
+            "chat_id": reply.chat_id, "message_id": reply.message_id,
+            "user_message": message_out(reply.user_message) if reply.user_message else None,
+            "dropped_messages": reply.dropped_messages,
+        })
+        async for kind, value in reply.events():
+            if kind in ("delta", "reasoning"):
+                yield _event(kind, {"text": value})
+            elif kind == "queued":
+                yield _event("queued", {"ahead": value})
+            else:
+                yield _event("done", {"message": message_out(value)})
 
-    return StreamingResponse(events(), media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    return stream_response(events(), reply.stream)  # the client went away: stop, and the partial reply is kept
 
 
 @router.post("", status_code=201, summary="Create a chat")

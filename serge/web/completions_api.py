@@ -16,14 +16,13 @@ import time
 import uuid
 
 from fastapi import APIRouter, Request
-from fastapi.responses import StreamingResponse
 from pydantic import Field, ValidationError
 from starlette.concurrency import run_in_threadpool
 
 from serge.engine import FinishReason, GenerationRecord, SamplingParams, Stream, TokenLogprob
 from serge.web.docs import TEXT_COMPLETION
 from serge.web.errors import ApiError
-from serge.web.dialects import StrictRequest, cancel_on_disconnect, failure, refused_settings
+from serge.web.dialects import StrictRequest, cancel_on_disconnect, failure, refused_settings, stream_response
 from serge.web.openai_api import fingerprint, usage
 from serge.web.openai_models import MAX_CHOICES
 from serge.web.request_log import note_generation
@@ -141,28 +140,23 @@ async def completions(body: CompletionRequest, request: Request):
                                       "choices": [choice]}) + "\n\n"
 
     async def events():
-        try:
-            for at, (text, stream) in enumerate(zip(prompts, streams)):
-                sent = [head(text)] * n
-                for choice in range(n):
-                    if sent[choice]:
-                        yield chunk(at * n + choice, sent[choice])
-                async for delta in stream.adeltas():
-                    if delta.text:
-                        yield chunk(at * n + delta.choice, delta.text, tokens=list(delta.tokens),
-                                    offset=len(sent[delta.choice]))
-                        sent[delta.choice] += delta.text
-                records = stream.records
-                if failed := next((r for r in records if r.finish_reason is FinishReason.ERROR), None):
-                    yield "data: " + json.dumps({"error": {"message": f"generation failed: {failed.error}",
-                                                           "type": "server_error"}}) + "\n\n"
-                    break
-                for choice, record in enumerate(records):
-                    yield chunk(at * n + choice, "", _finish(record))
-            yield "data: [DONE]\n\n"
-        finally:
-            for stream in streams:  # the client went away mid-reply, or the reply is done
-                stream.cancel()
+        for at, (text, stream) in enumerate(zip(prompts, streams)):
+            sent = [head(text)] * n
+            for choice in range(n):
+                if sent[choice]:
+                    yield chunk(at * n + choice, sent[choice])
+            async for delta in stream.adeltas():
+                if delta.text:
+                    yield chunk(at * n + delta.choice, delta.text, tokens=list(delta.tokens),
+                                offset=len(sent[delta.choice]))
+                    sent[delta.choice] += delta.text
+            records = stream.records
+            if failed := next((r for r in records if r.finish_reason is FinishReason.ERROR), None):
+                yield "data: " + json.dumps({"error": {"message": f"generation failed: {failed.error}",
+                                                       "type": "server_error"}}) + "\n\n"
+                break
+            for choice, record in enumerate(records):
+                yield chunk(at * n + choice, "", _finish(record))
+        yield "data: [DONE]\n\n"
 
-    return StreamingResponse(events(), media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    return stream_response(events(), *streams)

@@ -1,16 +1,17 @@
 """What every API dialect shares, so each translator holds only its own shapes: the request models'
-bases (null is unset; unknown fields refused, or in echoed items ignored and logged), the watch that
-cancels a whole reply's generation when its client leaves, the error a failed generation gives, and what
-OpenAI's reasoning efforts ask of a model that thinks.
+bases (null is unset; unknown fields refused, or in echoed items ignored and logged), the streamed
+response and the watch that each cancel a reply's generation when its client leaves, the error a failed
+generation gives, and what OpenAI's reasoning efforts ask of a model that thinks.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 
 from fastapi import Request
+from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from serge.engine import GenerationRecord, Stream
@@ -55,6 +56,25 @@ def cancel_on_disconnect(request: Request, *streams: Stream) -> asyncio.Task:
             stream.cancel()
 
     return asyncio.create_task(watch())
+
+
+def stream_response(body: AsyncIterator[str], *streams: Stream,
+                    media_type: str = "text/event-stream") -> StreamingResponse:
+    """A body sent as it is made, with nothing held back by a cache or a proxy; a client that leaves before
+    its end stops the generation of `streams` (a reply's that goes on without a listener: none)."""
+
+    async def sent():
+        try:
+            async for piece in body:
+                yield piece
+        finally:
+            for stream in streams:
+                if not stream.done:  # the client went away mid-reply
+                    stream.cancel()
+            await body.aclose()
+
+    return StreamingResponse(sent(), media_type=media_type,
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
 def refused_settings(exc: ValidationError, names: Mapping[str, str]) -> ApiError:

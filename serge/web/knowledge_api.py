@@ -16,7 +16,8 @@ from starlette.concurrency import run_in_threadpool
 from serge.chats import Knowledge
 from serge.store import CollectionRecord, FileProgress
 from serge.web.bodies import uploaded
-from serge.web.chats_api import document_out, owner
+from serge.web.auth import owner
+from serge.web.chats_api import document_out
 
 router = APIRouter(prefix="/api/knowledge", tags=["knowledge"])
 

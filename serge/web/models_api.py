@@ -15,12 +15,12 @@ import json
 import re
 
 from fastapi import APIRouter, Depends, Request, Response
-from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
 from serge.engine import Engine, ModelInfo, PullStatus
 from serge.web.auth import current_user
+from serge.web.dialects import stream_response
 from serge.web.errors import ApiError
 
 router = APIRouter(prefix="/api/models", tags=["models"])
@@ -128,8 +128,7 @@ async def pull_events(pull_id: str, request: Request):
             quiet += _EVENT_POLL_S
             status = engine.pull_status(pull_id)
 
-    return StreamingResponse(events(), media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    return stream_response(events())  # leaving the page does not stop a pull
 
 
 @router.delete("/pulls/{pull_id}", summary="Cancel a pull; nothing of it stays installed",

@@ -22,8 +22,9 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
-from serge.engine import Engine, FinishReason, GenerationRecord, ModelInUse, ModelNotFound, Stream, TokenLogprob
-from serge.web.dialects import cancel_on_disconnect
+from serge.engine import (ChatRequest, Engine, FinishReason, GenerationRecord, ModelInUse, ModelNotFound, Stream,
+                          TokenLogprob)
+from serge.web.dialects import cancel_on_disconnect, stream_response
 from serge.web.errors import ApiError
 from serge.web.ollama_library import router as library_router
 from serge.web.embeddings_api import MAX_INPUTS as MAX_EMBED_INPUTS
@@ -169,13 +170,10 @@ async def _answer(request: Request, stream: Stream, *, chat: bool, streamed: boo
                 yield line({**_record(name), **piece("", calls), "done": False})
             yield line({**_record(name), **piece(""), **last(record)})
         finally:
-            if not stream.done:  # the client went away mid-reply
-                stream.cancel()
             if unload:
                 _unload_when_idle(engine, name)
 
-    return StreamingResponse(lines(), media_type=NDJSON, headers={"Cache-Control": "no-cache",
-                                                                  "X-Accel-Buffering": "no"})
+    return stream_response(lines(), stream, media_type=NDJSON)
 
 
 async def _load_or_unload(request: Request, name: str, unload: bool, piece: dict) -> JSONResponse:
@@ -215,9 +213,9 @@ async def chat(body: OllamaChatRequest, request: Request):
     tools = body.tool_offer()
     params, num_ctx = body.sampling()
     response_format = body.response_format()
-    stream = await run_in_threadpool(engine.chat, name, messages, params, tools, response_format,
-                                     trim=body.truncate is not False, think=None if body.think is None
-                                     else body.think is not False, cap=True, window=num_ctx)
+    ask = ChatRequest(messages, params, tools, response_format, trim=body.truncate is not False,
+                      think=None if body.think is None else body.think is not False, cap=True, window=num_ctx)
+    stream = await run_in_threadpool(engine.chat, name, ask)
     return await _answer(request, stream, chat=True, streamed=body.streamed, logprobs=bool(body.logprobs),
                          started=started, load_s=time.monotonic() - started, unload=unload)
 
@@ -247,8 +245,8 @@ async def generate(body: OllamaGenerateRequest, request: Request):
         stream = await run_in_threadpool(engine.complete, name, body.prompt or "", params, body.suffix)
     else:
         messages = await run_in_threadpool(body.conversation)
-        stream = await run_in_threadpool(engine.chat, name, messages, params, None, response_format,
-                                         cap=True, window=num_ctx)
+        ask = ChatRequest(messages, params, response_format=response_format, cap=True, window=num_ctx)
+        stream = await run_in_threadpool(engine.chat, name, ask)
     return await _answer(request, stream, chat=False, streamed=body.streamed, logprobs=bool(body.logprobs),
                          started=started, load_s=time.monotonic() - started, unload=unload)
 

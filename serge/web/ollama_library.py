@@ -21,7 +21,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 
-from serge.engine import OLLAMA_OPTIONS, Engine, ModelInfo, ModelNotFound, PullStatus, SamplingParams
+from serge.engine import OLLAMA_OPTIONS, Engine, ModelInfo, ModelNotFound, PullStatus, SamplingParams, params_text
 from serge.web.errors import ApiError
 from serge.web.models_api import require_admin
 from serge.web.ollama_models import (ERRORS_DOC, NDJSON, OllamaModelRequest, OllamaPullRequest, library_name,
@@ -95,12 +95,6 @@ def _family(m: ModelInfo) -> str:
     return arch.lower()
 
 
-def _parameter_size(count: int | None) -> str:
-    if not count:
-        return ""
-    return f"{count / 1e9:.1f}B" if count >= 1e9 else f"{count / 1e6:.0f}M"
-
-
 def details(m: ModelInfo) -> OllamaModelDetails:
     f = m.facts
     if f is None:  # a remote model: its server knows
@@ -108,7 +102,7 @@ def details(m: ModelInfo) -> OllamaModelDetails:
     family = _family(m)
     quantization = f.quantization or ""
     return OllamaModelDetails(format="gguf" if f.format == "gguf" else "safetensors", family=family,
-                        families=[family] if family else None, parameter_size=_parameter_size(f.parameters),
+                        families=[family] if family else None, parameter_size=params_text(f.parameters, ""),
                         quantization_level=_DTYPES.get(quantization, quantization))
 
 

@@ -16,12 +16,11 @@ import time
 import uuid
 
 from fastapi import APIRouter, Request
-from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from serge import __version__
-from serge.engine import Engine, FinishReason, GenerationRecord, ModelInfo, TokenLogprob
-from serge.web.dialects import cancel_on_disconnect, failure, think_for
+from serge.engine import ChatRequest, Engine, FinishReason, GenerationRecord, ModelInfo, TokenLogprob
+from serge.web.dialects import cancel_on_disconnect, failure, stream_response, think_for
 from serge.web.docs import COMPLETION
 from serge.web.errors import ApiError, error_body
 from serge.web.openai_models import HARMLESS, MAX_CHOICES, REFUSED, ChatCompletionRequest
@@ -98,8 +97,9 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
     messages = await run_in_threadpool(body.conversation)  # its files and images are read off the event loop
     tools = body.tool_offer()
     think = think_for(body.reasoning_effort)
-    stream = await run_in_threadpool(_engine(request).chat, body.model, messages, params, tools, body.response_format,
-                                     False, think, body.n)  # trim=False: an agent managing its context must hear it
+    # trim=False: an agent managing its context must hear that it does not fit
+    ask = ChatRequest(messages, params, tools, body.response_format, trim=False, think=think, n=body.n)
+    stream = await run_in_threadpool(_engine(request).chat, body.model, ask)
     name = stream.model
     note_generation(request, name, stream)
     completion_id = f"chatcmpl-{uuid.uuid4().hex}"
@@ -144,38 +144,33 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
 
     async def events():
         pending: list[list[TokenLogprob]] = [[] for _ in range(body.n)]  # tokens whose text is held back
-        try:
-            for index in range(body.n):
-                yield chunk(index, {"role": "assistant", "content": ""})
-            async for delta in stream.adeltas():
-                pending[delta.choice].extend(delta.tokens)
-                out: dict = {}
-                if delta.reasoning:
-                    out["reasoning_content"] = delta.reasoning
-                if delta.text:
-                    out["content"] = delta.text
-                if delta.tool_calls:
-                    out["tool_calls"] = [_call_piece(c) for c in delta.tool_calls]
-                if out:
-                    yield chunk(delta.choice, out, tokens=pending[delta.choice])
-                    pending[delta.choice] = []
-            records = stream.records
-            if failed := next((r for r in records if r.finish_reason is FinishReason.ERROR), None):
-                yield f"data: {json.dumps(error_body(f'generation failed: {failed.error}', status=500))}\n\n"
-            else:
-                for index, record in enumerate(records):
-                    yield chunk(index, {}, _finish_reason(record), tokens=pending[index], seed=record.seed)
-                if include_usage:
-                    tail = {"id": completion_id, "object": "chat.completion.chunk", "created": created,
-                            "model": name, "choices": [], "usage": usage(records)}
-                    yield f"data: {json.dumps(tail)}\n\n"
-            yield "data: [DONE]\n\n"
-        finally:
-            if not stream.done:  # the client went away mid-reply
-                stream.cancel()
+        for index in range(body.n):
+            yield chunk(index, {"role": "assistant", "content": ""})
+        async for delta in stream.adeltas():
+            pending[delta.choice].extend(delta.tokens)
+            out: dict = {}
+            if delta.reasoning:
+                out["reasoning_content"] = delta.reasoning
+            if delta.text:
+                out["content"] = delta.text
+            if delta.tool_calls:
+                out["tool_calls"] = [_call_piece(c) for c in delta.tool_calls]
+            if out:
+                yield chunk(delta.choice, out, tokens=pending[delta.choice])
+                pending[delta.choice] = []
+        records = stream.records
+        if failed := next((r for r in records if r.finish_reason is FinishReason.ERROR), None):
+            yield f"data: {json.dumps(error_body(f'generation failed: {failed.error}', status=500))}\n\n"
+        else:
+            for index, record in enumerate(records):
+                yield chunk(index, {}, _finish_reason(record), tokens=pending[index], seed=record.seed)
+            if include_usage:
+                tail = {"id": completion_id, "object": "chat.completion.chunk", "created": created,
+                        "model": name, "choices": [], "usage": usage(records)}
+                yield f"data: {json.dumps(tail)}\n\n"
+        yield "data: [DONE]\n\n"
 
-    return StreamingResponse(events(), media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    return stream_response(events(), stream)
 
 
 def _message(record: GenerationRecord) -> dict:

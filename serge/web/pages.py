@@ -17,10 +17,9 @@ from fastapi.responses import HTMLResponse, Response
 from fastapi.templating import Jinja2Templates
 
 from serge import __version__
-from serge.chats import ChatNotFound, ChatService
 from serge.accounts import LOCAL_USER
-from serge.chats.service import MAX_MESSAGE_CHARS, MAX_SYSTEM_PROMPT_CHARS
-from serge.engine import SamplingParams
+from serge.chats import MAX_MESSAGE_CHARS, MAX_SYSTEM_PROMPT_CHARS, ChatNotFound, ChatService
+from serge.engine import SamplingParams, params_text, size_text
 from serge.store import ChatRecord, MessageRecord
 from serge.web.auth import current_user
 from serge.web.markdown import MarkdownRenderer
@@ -126,20 +125,6 @@ def _stats(m: MessageRecord) -> str:
     return text
 
 
-def size_text(n: int | None) -> str:
-    """Bytes as people read them: 538 MB, 1.2 GB."""
-    if n is None:
-        return "?"
-    return f"{n / 1e9:.1f} GB" if n >= 1e9 else f"{n / 1e6:.0f} MB"
-
-
-def params_text(n: int | None) -> str:
-    """A parameter count: 135M, 7.6B."""
-    if not n:
-        return "?"
-    return f"{n / 1e9:.1f}B" if n >= 1e9 else f"{n / 1e6:.0f}M"
-
-
 def build_pages() -> APIRouter:
     router = APIRouter(include_in_schema=False)
     templates = Jinja2Templates(directory=str(TEMPLATES))
@@ -182,19 +167,22 @@ def build_pages() -> APIRouter:
     def new_chat(request: Request):
         return page(request, None)
 
+    def own_chat(request: Request, chat_id: str) -> ChatRecord | None:
+        """The user's chat of that id; None where there is none (deleted, or another's)."""
+        try:
+            return chats(request).get(current_user(request).id, chat_id)
+        except ChatNotFound:
+            return None
+
     @router.get("/c/{chat_id}", response_class=HTMLResponse)
     def show_chat(chat_id: str, request: Request):
-        try:
-            chat = chats(request).get(current_user(request).id, chat_id)
-        except ChatNotFound:
+        if (chat := own_chat(request, chat_id)) is None:
             return page(request, None, 404, missing="This chat does not exist (it may have been deleted).")
         return page(request, chat)
 
     @router.get("/c/{chat_id}/conversation", response_class=HTMLResponse)
     def conversation(chat_id: str, request: Request):
-        try:
-            chat = chats(request).get(current_user(request).id, chat_id)
-        except ChatNotFound:
+        if (chat := own_chat(request, chat_id)) is None:
             return HTMLResponse("", status_code=404)
         return templates.TemplateResponse(request, "_conversation.html", {
             "chat": chat, "messages": _view(render, chat), "images": image_ids(request, chat)})

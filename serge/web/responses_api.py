@@ -18,15 +18,14 @@ from datetime import UTC, datetime
 from typing import Literal
 
 from fastapi import APIRouter, Query, Request
-from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
-from serge.engine import ContextTooLong, Engine, FinishReason, Stream
+from serge.engine import ChatRequest, ContextTooLong, Engine, FinishReason, Stream
 from serge.store import DatabaseUnavailable, ResponseNotFound, ResponseRecord, ResponseStore
-from serge.web.chats_api import owner
+from serge.web.auth import owner
 from serge.web.docs import BUSY
 from serge.web.errors import ApiError
-from serge.web.dialects import cancel_on_disconnect, failure
+from serge.web.dialects import cancel_on_disconnect, failure, stream_response
 from serge.web.request_log import note_generation, note_tools_left_out
 from serge.web.responses_items import conversation, new_id
 from serge.web.responses_models import HARMLESS, HOSTED, CreateResponse
@@ -97,8 +96,9 @@ async def _start(body: CreateResponse, request: Request, user: str) -> tuple[Str
     tools, response_format, params = body.tool_offer(), body.response_format(), body.sampling()
     note_tools_left_out(request, body.left_out())
     try:
-        stream = await run_in_threadpool(_engine(request).chat, body.model, messages, params, tools, response_format,
-                                         body.truncation == "auto", body.think())
+        ask = ChatRequest(messages, params, tools, response_format, trim=body.truncation == "auto",
+                          think=body.think())
+        stream = await run_in_threadpool(_engine(request).chat, body.model, ask)
     except ContextTooLong as exc:
         text = str(exc)
         param = "max_output_tokens" if text.startswith("max_new_tokens") else "input"
@@ -154,35 +154,30 @@ async def create_response(body: CreateResponse, request: Request):
         return sse({"type": "error", "code": code, "message": message, "param": None})
 
     async def events():
-        try:
-            yield sse({"type": "response.created", "response": whole("in_progress")})
-            yield sse({"type": "response.in_progress", "response": whole("in_progress")})
-            async for delta in stream.adeltas():
-                for event in builder.add(delta):
-                    yield sse(event)
-            record = stream.record
-            if record.finish_reason is FinishReason.ERROR:  # nothing is stored
-                yield error_event(f"generation failed: {record.error}",
-                              "remote_model_failed" if record.remote_error else "generation_failed")
-                return
-            if record.finish_reason is FinishReason.CANCELLED:
-                yield error_event("the reply was stopped before it finished; nothing was stored", "cancelled")
-                return
-            for event in builder.finish(record):
+        yield sse({"type": "response.created", "response": whole("in_progress")})
+        yield sse({"type": "response.in_progress", "response": whole("in_progress")})
+        async for delta in stream.adeltas():
+            for event in builder.add(delta):
                 yield sse(event)
-            try:
-                await keep(record)
-            except DatabaseUnavailable as exc:  # say so in the stream's own terms
-                yield error_event(f"the response could not be stored: {exc}", "database_unavailable")
-                return
-            status = status_of(record)
-            yield sse({"type": f"response.{status}", "response": whole(status, record)})
-        finally:
-            if not stream.done:  # the client went away mid-reply
-                stream.cancel()
+        record = stream.record
+        if record.finish_reason is FinishReason.ERROR:  # nothing is stored
+            yield error_event(f"generation failed: {record.error}",
+                          "remote_model_failed" if record.remote_error else "generation_failed")
+            return
+        if record.finish_reason is FinishReason.CANCELLED:
+            yield error_event("the reply was stopped before it finished; nothing was stored", "cancelled")
+            return
+        for event in builder.finish(record):
+            yield sse(event)
+        try:
+            await keep(record)
+        except DatabaseUnavailable as exc:  # say so in the stream's own terms
+            yield error_event(f"the response could not be stored: {exc}", "database_unavailable")
+            return
+        status = status_of(record)
+        yield sse({"type": f"response.{status}", "response": whole(status, record)})
 
-    return StreamingResponse(events(), media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    return stream_response(events(), stream)
 
 
 def _stored(record: ResponseRecord) -> dict:

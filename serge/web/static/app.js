@@ -5,6 +5,8 @@ import { readEvents, errorOf, errorText } from "./sse.js";
 import { messageBubble, noteDropped, thoughtsOf } from "./bubbles.js";
 import { attachments } from "./attach.js";
 import { hashtags } from "./hashtags.js";
+import { sidebar } from "./sidebar.js";
+import { settingsPanel } from "./settings.js";
 
 const $ = (selector, root = document) => root.querySelector(selector);
 const JSON_HEADERS = { "Content-Type": "application/json" };
@@ -17,14 +19,6 @@ const ui = {
   send: $("#send"),
   stop: $("#stop"),
   status: $("#status"),
-  title: $("#chat-title"),
-  chatList: $("#chat-list"),
-  search: $("#search"),
-  settings: $("#settings"),
-  settingsForm: $("#settings-form"),
-  settingsError: $("#settings-error"),
-  settingsSaved: $("#settings-saved"),
-  toggleSettings: $("#toggle-settings"),
 };
 
 const state = { chatId: document.body.dataset.chatId || null, busy: false };
@@ -32,34 +26,19 @@ const files = attachments({
   composer: $("#composer"), input: $("#attach-input"), picker: $("#attach"), list: $("#attachments"),
   onError: (text) => showStatus(text, "error"),
 });
+const chats = sidebar({
+  app: ui.app, list: $("#chat-list"), search: $("#search"), title: $("#chat-title"),
+  chatId: () => state.chatId, onError: (text) => showStatus(text, "error"),
+});
+const settings = settingsPanel({
+  panel: $("#settings"), form: $("#settings-form"), error: $("#settings-error"), saved: $("#settings-saved"),
+  toggle: $("#toggle-settings"), chatId: () => state.chatId,
+});
 const tags = hashtags({
   box: $("#message"), list: $("#knowledge-list"), names: JSON.parse($("#knowledge-list").dataset.names || "[]"),
 });
 
 const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
-
-// Runs `fn` once input has paused for `ms`; `flush()` runs a pending call now and waits for it.
-function debounce(fn, ms) {
-  let timer = null;
-  let pending = null;
-  const run = () => {
-    const args = pending;
-    timer = null;
-    pending = null;
-    return fn(...args);
-  };
-  const debounced = (...args) => {
-    clearTimeout(timer);
-    pending = args;
-    timer = setTimeout(run, ms);
-  };
-  debounced.flush = async () => {
-    if (timer === null) return;
-    clearTimeout(timer);
-    await run();
-  };
-  return debounced;
-}
 
 // --- status line: model loading, busy, errors ------------------------------------
 function showStatus(text, kind = "info") {
@@ -130,18 +109,6 @@ async function refreshConversation() {
   }
 }
 
-async function refreshChats() {
-  const params = new URLSearchParams({ q: ui.search.value.trim(), current: state.chatId || "" });
-  const response = await fetch(`/fragments/chats?${params}`);
-  if (!response.ok) return;
-  ui.chatList.innerHTML = await response.text();
-  const current = $('[aria-current="page"] .chat-name', ui.chatList);
-  if (current) {
-    ui.title.textContent = current.textContent;
-    document.title = `${current.textContent} · Serge`;
-  }
-}
-
 // --- sending and streaming --------------------------------------------------------
 function setBusy(busy) {
   state.busy = busy;
@@ -155,7 +122,7 @@ function setBusy(busy) {
 async function ensureChat() {
   if (state.chatId) return true;
   const response = await fetch("/api/chats", {
-    method: "POST", headers: JSON_HEADERS, body: JSON.stringify(collectSettings()),
+    method: "POST", headers: JSON_HEADERS, body: JSON.stringify(settings.collect()),
   });
   if (!response.ok) {
     showStatus(await errorText(response), "error");
@@ -170,7 +137,7 @@ async function ensureChat() {
 
 async function streamReply(url, body) {
   setBusy(true);
-  await saveSettings.flush(); // settings changed a moment ago apply to this reply
+  await settings.flush(); // settings changed a moment ago apply to this reply
   const bubble = appendMessage("assistant", "");
   bubble.dataset.status = "streaming";
   const text = $(".msg-body", bubble);
@@ -214,14 +181,14 @@ async function streamReply(url, body) {
   } finally {
     setBusy(false);
     await refreshConversation();
-    await refreshChats();
+    await chats.refresh();
   }
 }
 
 async function send() {
   const content = ui.message.value;
   if (state.busy || !content.trim()) return;
-  await saveSettings.flush();
+  await settings.flush();
   if (!(await ensureChat())) return;
   const attached = files.count ? await files.upload(state.chatId) : [];
   if (attached === null) return; // a file was refused: the message stays in the box
@@ -327,111 +294,6 @@ ui.conversation.addEventListener("click", (event) => {
     selectVersion(button.dataset.target);
   }
 });
-
-// --- the sidebar: new, search, rename, delete -------------------------------------
-function startRename(item) {
-  const link = $(".chat-link", item);
-  const name = $(".chat-name", item).textContent;
-  const input = document.createElement("input");
-  input.type = "text";
-  input.value = name;
-  input.maxLength = 200;
-  input.className = "rename-input";
-  input.setAttribute("aria-label", "Chat title");
-  link.replaceWith(input);
-  input.focus();
-  input.select();
-  let done = false;
-  const finish = async (save) => {
-    if (done) return;
-    done = true;
-    const title = input.value.trim();
-    if (save && title && title !== name) {
-      const response = await fetch(`/api/chats/${item.dataset.chatId}`, {
-        method: "PATCH", headers: JSON_HEADERS, body: JSON.stringify({ title }),
-      });
-      if (!response.ok) showStatus(await errorText(response), "error");
-    }
-    await refreshChats();
-    $(`[data-chat-id="${item.dataset.chatId}"] .rename`, ui.chatList)?.focus();
-  };
-  input.addEventListener("keydown", (event) => {
-    if (event.key === "Enter") { event.preventDefault(); finish(true); }
-    if (event.key === "Escape") { event.preventDefault(); finish(false); }
-  });
-  input.addEventListener("blur", () => finish(true));
-}
-
-async function deleteChat(item) {
-  const name = $(".chat-name", item).textContent;
-  if (!confirm(`Delete the chat “${name}”? This cannot be undone.`)) return;
-  const response = await fetch(`/api/chats/${item.dataset.chatId}`, { method: "DELETE" });
-  if (!response.ok && response.status !== 404) {
-    showStatus(await errorText(response), "error");
-    return;
-  }
-  if (item.dataset.chatId === state.chatId) location.assign("/");
-  else await refreshChats();
-}
-
-ui.chatList.addEventListener("click", (event) => {
-  const button = event.target.closest("button");
-  const item = event.target.closest(".chat-item");
-  if (!button || !item) return;
-  if (button.classList.contains("rename")) startRename(item);
-  if (button.classList.contains("delete")) deleteChat(item);
-});
-
-ui.search.addEventListener("input", debounce(refreshChats, 250));
-$("#new-chat").addEventListener("click", () => location.assign("/"));
-$("#open-sidebar").addEventListener("click", () => ui.app.classList.add("show-sidebar"));
-$("#close-sidebar").addEventListener("click", () => ui.app.classList.remove("show-sidebar"));
-
-// --- the settings panel -------------------------------------------------------------
-function collectSettings() {
-  const form = new FormData(ui.settingsForm);
-  const settings = {};
-  for (const input of ui.settingsForm.querySelectorAll('input[type="number"]')) {
-    if (input.value !== "") settings[input.name] = Number(input.value);
-  }
-  return {
-    model: form.get("model") || null,
-    system_prompt: form.get("system_prompt") || null,
-    settings,
-    knowledge: form.getAll("knowledge"),
-  };
-}
-
-const saveSettings = debounce(async () => {
-  ui.settingsError.hidden = true;
-  if (!state.chatId) {
-    ui.settingsSaved.textContent = "These settings apply when the chat starts.";
-    return;
-  }
-  const response = await fetch(`/api/chats/${state.chatId}`, {
-    method: "PATCH", headers: JSON_HEADERS, body: JSON.stringify(collectSettings()),
-  });
-  if (response.ok) {
-    ui.settingsSaved.textContent = "Saved.";
-  } else {
-    ui.settingsSaved.textContent = "";
-    ui.settingsError.textContent = await errorText(response);
-    ui.settingsError.hidden = false;
-  }
-}, 400);
-
-function toggleSettings(open) {
-  ui.settings.hidden = !open;
-  ui.toggleSettings.setAttribute("aria-expanded", String(open));
-  if (open) $("#set-model").focus();
-  else ui.toggleSettings.focus();
-}
-
-ui.settingsForm.addEventListener("input", saveSettings);
-ui.settingsForm.addEventListener("submit", (event) => event.preventDefault());
-ui.toggleSettings.addEventListener("click", () => toggleSettings(ui.settings.hidden));
-$("#close-settings").addEventListener("click", () => toggleSettings(false));
-ui.settings.addEventListener("keydown", (event) => { if (event.key === "Escape") toggleSettings(false); });
 
 // --- the message box ------------------------------------------------------------------
 ui.composer.addEventListener("submit", (event) => { event.preventDefault(); send(); });

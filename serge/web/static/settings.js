@@ -1,0 +1,58 @@
+// The chat's settings panel: model, system prompt, collections and the sampling fields, saved to the chat
+// as they change (before a chat starts, kept for the request that creates it).
+
+import { errorText } from "./sse.js";
+import { debounce } from "./debounce.js";
+
+const $ = (selector, root = document) => root.querySelector(selector);
+
+// `chatId()`: the chat on screen (null before it starts). Returns `collect()` (the chat's fields as the
+// chat API takes them) and `flush()` (save a change still waiting, so the next reply has it).
+export function settingsPanel({ panel, form, error, saved, toggle, chatId }) {
+  function collect() {
+    const data = new FormData(form);
+    const settings = {};
+    for (const input of form.querySelectorAll('input[type="number"]')) {
+      if (input.value !== "") settings[input.name] = Number(input.value);
+    }
+    return {
+      model: data.get("model") || null,
+      system_prompt: data.get("system_prompt") || null,
+      settings,
+      knowledge: data.getAll("knowledge"),
+    };
+  }
+
+  const save = debounce(async () => {
+    error.hidden = true;
+    if (!chatId()) {
+      saved.textContent = "These settings apply when the chat starts.";
+      return;
+    }
+    const response = await fetch(`/api/chats/${chatId()}`, {
+      method: "PATCH", headers: { "Content-Type": "application/json" }, body: JSON.stringify(collect()),
+    });
+    if (response.ok) {
+      saved.textContent = "Saved.";
+    } else {
+      saved.textContent = "";
+      error.textContent = await errorText(response);
+      error.hidden = false;
+    }
+  }, 400);
+
+  function show(open) {
+    panel.hidden = !open;
+    toggle.setAttribute("aria-expanded", String(open));
+    if (open) $("#set-model").focus();
+    else toggle.focus();
+  }
+
+  form.addEventListener("input", save);
+  form.addEventListener("submit", (event) => event.preventDefault());
+  toggle.addEventListener("click", () => show(panel.hidden));
+  $("#close-settings").addEventListener("click", () => show(false));
+  panel.addEventListener("keydown", (event) => { if (event.key === "Escape") show(false); });
+
+  return { collect, flush: save.flush };
+}
