@@ -1,14 +1,17 @@
 """A step's work is done once: each event loop woken at most once a step however many of its streams have
-news, and a reply's sampler made once however long it runs (on the stand-in model)."""
+news, a reply's sampler made once however long it runs, and a decode pass's rows (a view of the forward's
+buffer, as llama.cpp's are) sampled before the next pass reuses it (on the stand-in model)."""
 
 from __future__ import annotations
 
 import asyncio
 import threading
 
-from standin import shared_tokenizer, standin_model
+from standin import VOCAB, StandInForward, shared_tokenizer, standin_model
 
-from serge.engine import SamplingParams
+import torch
+
+from serge.engine import SamplingParams, SchedulerLimits
 from serge.engine.generation import batch_sampling
 
 
@@ -79,3 +82,41 @@ def test_a_replys_sampler_is_made_once_however_long_it_runs(monkeypatch):
         model.close()
     assert [r.completion_tokens for r in records] == [20] * 4
     assert sorted(made) == [0, 1, 2, 3], "one sampler per reply, made on its first token and kept to its last"
+
+
+class BufferedForward(StandInForward):
+    """Like llama.cpp's forward: decode's rows are a view of one buffer, which the next pass overwrites."""
+
+    def __init__(self) -> None:
+        super().__init__(reply_tokens=None, step_s=0.001)
+        self.buffer = torch.zeros(16, VOCAB)
+
+    def decode(self, kvs, tokens):
+        rows = super().decode(kvs, tokens)
+        self.buffer[: len(kvs)] = rows
+        return self.buffer[: len(kvs)]
+
+    def prefill(self, kv, tokens):
+        logits = super().prefill(kv, tokens)
+        self.buffer.fill_(-1.0).select(1, 0).fill_(9.0)  # what a pass leaves there: nothing the reply would pick
+        return logits
+
+
+def test_replies_decoded_beside_prompts_being_prefilled_are_sampled_before_the_next_pass_overwrites_their_rows():
+    params = SamplingParams(temperature=0, max_new_tokens=40, ignore_eos=True).resolved(40)
+    alone = standin_model("alone", reply_tokens=None)
+    try:
+        expected = [alone.scheduler.submit(_prompt(i), params).text() for i in range(4)]
+    finally:
+        alone.close()
+    model = standin_model("buffered", forward=BufferedForward(),
+                          limits=SchedulerLimits(max_running=8, prefill_chunk=8))
+    try:
+        readers, firsts = [], []
+        for i in range(4):  # each prompt joins while the ones before it decode, in 8-token chunks
+            readers.append(iter(model.scheduler.submit(_prompt(i), params)))
+            firsts.append(next(readers[-1]))
+        texts = [first + "".join(reader) for first, reader in zip(firsts, readers)]
+    finally:
+        model.close()
+    assert texts == expected
