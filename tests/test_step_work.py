@@ -7,9 +7,8 @@ from __future__ import annotations
 import asyncio
 import threading
 
-from standin import VOCAB, StandInForward, shared_tokenizer, standin_model
-
 import torch
+from standin import VOCAB, StandInForward, shared_tokenizer, standin_model
 
 from serge.engine import SamplingParams, SchedulerLimits
 from serge.engine.generation import batch_sampling
