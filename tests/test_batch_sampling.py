@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from serge.engine.generation.batch_sampling import Row, choose_rows
+from serge.engine.generation.batch_sampling import Sampler, choose_rows
 from serge.engine.generation.sampling import Penalties, SamplingParams, choose_next
 
 VOCAB = 500
@@ -50,12 +50,13 @@ def _rows(seed: int) -> tuple[torch.Tensor, list[tuple[SamplingParams, Penalties
 def test_all_rows_at_once_pick_what_each_row_picks_alone_with_the_same_generator():
     for seed in range(20):
         logits, made = _rows(seed)
-        alone, together = [], []
+        alone, together, masks = [], [], []
         for i, (params, penalties, allowed, bias) in enumerate(made):
             generator = torch.Generator().manual_seed(seed * 100 + i)
             alone.append(choose_next(logits[i], params, penalties, generator, allowed, bias))
-            together.append(Row(params, penalties, torch.Generator().manual_seed(seed * 100 + i), allowed, bias))
-        batched = choose_rows(logits, together)
+            together.append(Sampler(params, VOCAB, penalties, torch.Generator().manual_seed(seed * 100 + i), bias))
+            masks.append(allowed)
+        batched = choose_rows(logits, together, masks)
         assert [t for t, _ in batched] == [t for t, _ in alone], seed
         for (_, a), (_, b) in zip(alone, batched):
             assert (a is None) == (b is None)
@@ -72,4 +73,4 @@ def test_a_long_seeded_draw_goes_on_from_the_same_generator_batched_or_not():
     for _ in range(50):
         logits = torch.randn(2, VOCAB, generator=g)
         alone = choose_next(logits[0], params, None, one)[0]
-        assert choose_rows(logits, [Row(params, generator=many), Row(other, generator=side)])[0][0] == alone
+        assert choose_rows(logits, [Sampler(params, VOCAB, generator=many), Sampler(other, VOCAB, generator=side)])[0][0] == alone

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from serge.engine import ChatRequest, FinishReason, Message, SamplingParams
-from serge.engine.generation.stream import TextAssembler
+from serge.engine.generation.assembler import TextAssembler
 
 MODEL = None  # each engine's default: the stand-in, or the bundled model
 

@@ -11,7 +11,7 @@ from serge.engine import ChatRequest, Message, SamplingParams
 from serge.engine.generation.forward import KV, Forward
 from serge.engine.generation.kvcache import PrefixCache
 from serge.engine.generation.prompts import build_prompt
-from serge.engine.generation.stream import TextAssembler
+from serge.engine.generation.assembler import TextAssembler
 
 from standin import IM_END, IM_START, StandInForward, StandInKV, byte_tokenizer, next_logits
 

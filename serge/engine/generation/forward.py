@@ -72,7 +72,8 @@ class Forward(Protocol):
     def decode(self, kvs: list[KV], tokens: list[int]) -> torch.Tensor:
         """Feed `tokens[i]` to `kvs[i]`, each one position longer after; next-token logits
         as [len(kvs), vocabulary], one row per sequence in the callers' order, each row what
-        that sequence would get alone."""
+        that sequence would get alone. The rows may be a view of the forward's own buffer, good
+        until its next pass (llama.cpp's): sample them before running another."""
         ...
 
     def prefill(self, kv: KV, tokens: list[int], images: dict | None = None) -> torch.Tensor:

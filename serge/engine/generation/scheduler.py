@@ -4,7 +4,8 @@ Each loaded model gets one `Scheduler` and so one worker thread, not a thread pe
 `submit` queues a request (`admission.Waiting`: bounded, whole requests in order). At every
 step the worker admits what fits in `max_running`, runs one forward pass over every sequence
 being decoded, prefills about `prefill_chunk` prompt tokens while others decode (every waiting
-prompt when none do), and samples every row at once, each with its own settings and generator.
+prompt when none do), and samples every row at once, each with its own settings and generator
+(that step is `passes.Passes`; the worker holds its readers' wake-ups to one per event loop).
 A sequence that finishes, stops, fails or is cancelled leaves the batch in the same step; its
 KV goes to the prefix cache, from which the chat's next turn takes what it shares. A request
 for n choices runs its prompt once: choice 0 prefills it and the others start from a copy of
@@ -31,22 +32,20 @@ import torch
 from serge.engine.generation.admission import EngineBusy, SchedulerLimits, Waiting
 from serge.engine.generation.forward import Forward, OutOfKV
 from serge.engine.generation.grammar import Vocabulary
-from serge.engine.generation.schemas import InvalidRequest
 from serge.engine.generation.kvcache import PrefixCache
-from serge.engine.metrics import EngineMetrics
+from serge.engine.generation.passes import Passes, failure_message
 from serge.engine.generation.sampling import SamplingParams
-from serge.engine.generation.sequence import ReplyReader, Sequence, choose_all
-from serge.engine.generation.thinking import Thinking
+from serge.engine.generation.schemas import InvalidRequest
+from serge.engine.generation.sequence import ReplyReader, Sequence
 from serge.engine.generation.stream import FinishReason, GenerationError, Stream
+from serge.engine.generation.thinking import Thinking
+from serge.engine.generation.wakeups import Wakeups
+from serge.engine.metrics import EngineMetrics
 
 log = logging.getLogger(__name__)
 
 
-def _message(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}"
-
-
-class Scheduler:
+class Scheduler(Passes):
     def __init__(
         self,
         forward: Forward,
@@ -81,6 +80,7 @@ class Scheduler:
         self._hold = False  # a reply was made to wait for KV room: admit none until one ends
         self._running: list[Sequence] = []  # the worker's alone
         self._mean_duration = 10.0  # seconds per generation, for Retry-After
+        self._wakeups = Wakeups()  # the readers' event loops, woken once each per step
         self._worker = threading.Thread(target=self._run, name=f"serge-worker-{name}", daemon=True)
         self._worker.start()
 
@@ -108,7 +108,7 @@ class Scheduler:
                                  f"(SERGE_MAX_RUNNING), so a request may ask for 1 to {self.max_running} choices", "n")
         if params.logprobs is not None:
             self.vocabulary.prepare()  # token bytes: a second's work, here rather than on the worker
-        stream = Stream(n)
+        stream = Stream(n, self._wakeups)
         group = Sequence.choices(prompt, params, stream, self._tokenizer, self._eos, self.vocabulary,
                                  (grammar, grammar_param) if grammar is not None else None, reader, finish_json,
                                  thinking, n, images)
@@ -158,18 +158,8 @@ class Scheduler:
                     self._prefixes.clear()
                     self._m.prefix_cache_bytes.set(0)
                 admitted, expired = self._admit()
-            for seq, reason, error in expired:
-                self._finish(seq, reason, error)
-            self._running.extend(admitted)
-            for seq in admitted:
-                if seq in self._running:  # not a choice that its choice 0's failed start has ended
-                    self._start(seq)
-            try:
-                self._step()
-            except Exception as exc:  # a bug, not a bad request: fail what runs, keep serving
-                log.exception("scheduler step failed")
-                for seq in list(self._running):
-                    self._leave(seq, FinishReason.ERROR, _message(exc))
+            with self._wakeups.held():
+                self._turn(admitted, expired)
         with self._lock:
             leftover = self._waiting.drain()
         for seq in leftover + list(self._running):
@@ -180,6 +170,21 @@ class Scheduler:
                 self._finish(seq, FinishReason.CANCELLED)
         self._prefixes.clear()
         self.forward.close()  # on this thread, like every pass before it
+
+    def _turn(self, admitted: list[Sequence], expired: list[tuple[Sequence, FinishReason, str | None]]) -> None:
+        """One step of the worker, its readers woken once at its end: what was admitted starts, then a pass."""
+        for seq, reason, error in expired:
+            self._finish(seq, reason, error)
+        self._running.extend(admitted)
+        for seq in admitted:
+            if seq in self._running:  # not a choice that its choice 0's failed start has ended
+                self._start(seq)
+        try:
+            self._step()
+        except Exception as exc:  # a bug, not a bad request: fail what runs, keep serving
+            log.exception("scheduler step failed")
+            for seq in list(self._running):
+                self._leave(seq, FinishReason.ERROR, failure_message(exc))
 
     def _admit(self) -> tuple[list[Sequence], list[tuple[Sequence, FinishReason, str | None]]]:
         """Under the lock: move waiting requests into free slots (none while a reply waits for KV room)."""
@@ -210,7 +215,7 @@ class Scheduler:
                 return
         except Exception as exc:
             log.exception("could not start a reply")
-            self._leave(seq, FinishReason.ERROR, _message(exc))
+            self._leave(seq, FinishReason.ERROR, failure_message(exc))
             return
         seq.kv, seq.prefilled = hit.kv, hit.length
         if not seq.resumed:
@@ -228,71 +233,10 @@ class Scheduler:
                 other.kv = seq.kv.copy(len(seq.prompt))
             except Exception as exc:
                 log.exception("could not copy a prompt's KV to another choice")
-                self._leave(other, FinishReason.ERROR, _message(exc))
+                self._leave(other, FinishReason.ERROR, failure_message(exc))
                 continue
             other.prefilled = len(other.prompt)
             other.logits = other.prompt_logits = seq.prompt_logits
-
-    def _step(self) -> None:
-        for seq in [s for s in self._running if s.stream.cancelled]:
-            self._leave(seq, FinishReason.CANCELLED)
-        decoding = [s for s in self._running if s.feed is not None and s.prefilled >= s.context_length]
-        while decoding:
-            try:
-                rows = self.forward.decode([s.kv for s in decoding], [s.feed for s in decoding])
-            except OutOfKV as exc:
-                if not self._make_room(exc):
-                    break
-                decoding = [s for s in decoding if s in self._running]
-            except Exception as exc:
-                log.exception("decode step failed")
-                for seq in decoding:
-                    self._leave(seq, FinishReason.ERROR, _message(exc))
-                break
-            else:
-                for seq, row in zip(decoding, rows):
-                    seq.logits, seq.feed = row, None
-                break
-        self._prefill(stall_guard=bool(decoding))
-        ready = [s for s in self._running if s.logits is not None]
-        for seq, choice in zip(ready, choose_all(ready)):
-            self._sample(seq, choice)
-
-    def _prefill(self, stall_guard: bool) -> None:
-        """Run prompt chunks, oldest request first: about `prefill_chunk` tokens in all while
-        other replies are being decoded (so they stall for a step at most), every waiting
-        prompt when none are (nobody to stall). A prompt's first token is sampled as soon
-        as its last chunk has run.
-
-        A chunk always starts where the sequence's last one ended and is never cut
-        to fit the budget: its shape, and so its numbers, depend on that sequence alone.
-        """
-        budget = self._chunk if stall_guard else None
-        for seq in [s for s in self._running if s.kv is not None and s.prefilled < s.context_length]:
-            pixels = seq.images if seq.prefilled == 0 else None  # with its first pass, which runs it all
-            n = seq.context_length - seq.prefilled if pixels else min(self._chunk, seq.context_length - seq.prefilled)
-            if budget is not None and n > budget and budget < self._chunk:
-                break
-            try:
-                chunk = seq.context()[seq.prefilled : seq.prefilled + n]
-                logits = self.forward.prefill(seq.kv, chunk, pixels) if pixels else self.forward.prefill(seq.kv, chunk)
-            except OutOfKV as exc:
-                self._make_room(exc, seq)
-                break  # the next step tries again, with the room made
-            except Exception as exc:
-                log.exception("prefill failed")
-                self._leave(seq, FinishReason.ERROR, _message(exc))
-                continue
-            seq.prefilled += n
-            self._m.prefilled_tokens.inc(n)
-            if seq.prefilled == seq.context_length and not seq.resumed:
-                seq.logits = seq.prompt_logits = logits
-                self._share(seq)
-                self._sample(seq)
-            if budget is not None:
-                budget -= n
-                if budget <= 0:
-                    break
 
     def _make_room(self, exc: OutOfKV, failing: Sequence | None = None) -> bool:
         """The KV pool is full: give back the prefix cache's oldest entry or, with none left, make the
@@ -318,29 +262,6 @@ class Scheduler:
             self._active -= len(group)
             self._hold = True
         return True
-
-    def _sample(self, seq: Sequence, choice: tuple[int, torch.Tensor | None] | Exception | None = None) -> None:
-        """Act on the sequence's next token (`choice`, or picked now); a failure ends that sequence alone."""
-        try:
-            if isinstance(choice, Exception):
-                raise choice
-            self._next_token(seq, choice)
-        except Exception as exc:
-            if seq in self._running:
-                self._leave(seq, FinishReason.ERROR, _message(exc))
-
-    def _next_token(self, seq: Sequence, choice: tuple[int, torch.Tensor | None] | None) -> None:
-        logits, seq.logits = seq.logits, None
-        token, logprobs = choice if choice is not None else seq.choose(logits)
-        before, count = seq.last_token, len(seq.generated)
-        reason = seq.accept(token, logprobs)
-        if before is None:
-            self._m.ttft.observe(seq.first_token - seq.stream.created)
-        else:
-            self._m.inter_token.observe(seq.last_token - before)
-        self._m.generated_tokens.inc(len(seq.generated) - count)
-        if reason is not None:
-            self._leave(seq, reason)
 
     def _leave(self, seq: Sequence, reason: FinishReason, error: str | None = None) -> None:
         """Out of the batch, now: its KV goes to the prefix cache (or is freed), its stream ends. Choice 0

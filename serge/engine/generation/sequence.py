@@ -19,15 +19,27 @@ from typing import Protocol
 
 import torch
 
+from serge.engine.generation.assembler import TextAssembler
+from serge.engine.generation.batch_sampling import Sampler, choose_rows
 from serge.engine.generation.grammar import Matcher, Vocabulary
+from serge.engine.generation.prompts import ToolCall
+from serge.engine.generation.sampling import (
+    Penalties,
+    SamplingParams,
+    choose_next,
+    top_logprobs,
+)
+from serge.engine.generation.stream import (
+    FinishReason,
+    GenerationRecord,
+    Stream,
+    TokenLogprob,
+    ToolCallDelta,
+    TopLogprob,
+)
 from serge.engine.generation.thinking import Thinking
 
 FINISH_TOKENS = 16  # the last tokens of a JSON-only reply's budget, in which it is steered to its end
-from serge.engine.generation.batch_sampling import Row, choose_rows
-from serge.engine.generation.prompts import ToolCall
-from serge.engine.generation.sampling import Penalties, SamplingParams, choose_next, top_logprobs
-from serge.engine.generation.stream import (FinishReason, GenerationRecord, Stream, TextAssembler, TokenLogprob,
-                                 ToolCallDelta, TopLogprob)
 
 
 class ReplyReader(Protocol):
@@ -72,8 +84,7 @@ class Sequence:
     images: dict | None = None  # a vision prompt's pixel inputs: fed with its first prefill pass, never cached
     _answer: str = ""  # with `thinking`: the answer so far
     _thought_tokens: int = 0  # with `thinking`: tokens written inside <think> (its tags too)
-    _penalties: Penalties | None = None  # made on the first token that needs them
-    _bias: torch.Tensor | None = None  # logit_bias as a row of the logits' width
+    _sampler: Sampler | None = None  # made on its first token: its settings, penalties, generator, logit_bias
 
     @classmethod
     def choices(cls, prompt: list[int], params, stream: Stream, tokenizer, eos: frozenset[int], vocabulary: Vocabulary,
@@ -108,28 +119,25 @@ class Sequence:
 
     def choose(self, logits: torch.Tensor) -> tuple[int, torch.Tensor | None]:
         """The next token, and the log-probabilities it was drawn from when the request asked for them."""
-        row = self.row(logits)
-        token, logprobs = choose_next(logits, row.params, row.penalties, row.generator, row.allowed, row.bias)
-        return self.closing(row.allowed, token), logprobs
+        sampler, allowed = self.sampler(logits), self.mask(logits)
+        token, logprobs = choose_next(logits, sampler.params, sampler.penalties, sampler.generator, allowed,
+                                      sampler.bias)
+        return self.closing(allowed, token), logprobs
 
-    def row(self, logits: torch.Tensor) -> Row:
-        """What its next token is sampled with; raises when its grammar allows no token."""
-        params = self.params
-        device = logits.device
-        if self._penalties is None and (params.repetition_penalty != 1.0 or params.frequency_penalty
-                                        or params.presence_penalty):
-            self._penalties = Penalties(self.prompt, logits.shape[-1], device)  # once per sequence
-        if params.logit_bias and self._bias is None:
-            self._bias = torch.zeros(logits.shape[-1], device=device)
-            for token, value in params.logit_bias.items():
-                if token < logits.shape[-1]:
-                    self._bias[token] = value
-        allowed = None
-        if self.matcher is not None:
-            allowed = self.matcher.allowed(logits.shape[-1]).to(device)
-            if not bool(allowed.any()):
-                raise RuntimeError("the grammar allows no token here")
-        return Row(params, self._penalties, self.generator, allowed, self._bias)
+    def sampler(self, logits: torch.Tensor) -> Sampler:
+        """What its tokens are drawn with: made on the first, kept to the last (its penalties follow the reply)."""
+        if self._sampler is None:
+            self._sampler = make_sampler(self, logits.shape[-1], logits.device)
+        return self._sampler
+
+    def mask(self, logits: torch.Tensor) -> torch.Tensor | None:
+        """Its grammar's mask for the next token (None when unconstrained); raises when it allows no token."""
+        if self.matcher is None:
+            return None
+        allowed = self.matcher.allowed(logits.shape[-1]).to(logits.device)
+        if not bool(allowed.any()):
+            raise RuntimeError("the grammar allows no token here")
+        return allowed
 
     def closing(self, allowed: torch.Tensor | None, drawn: int) -> int:
         """Near the end of a JSON-only reply's budget: the first of `"`, `}`, `]`, `0` that the grammar
@@ -154,8 +162,8 @@ class Sequence:
         if ends_turn:
             return FinishReason.STOP
         self.generated.append(token)
-        if self._penalties is not None:
-            self._penalties.add(token)
+        if self._sampler is not None and self._sampler.penalties is not None:
+            self._sampler.penalties.add(token)
         tokens = () if logprobs is None else (self._logprob(token, logprobs),)
         thinking = self.thinking is not None and self.thinking.inside
         self._show(self.assembler.add(token), tokens)
@@ -219,22 +227,41 @@ class Sequence:
         )
 
 
-def choose_all(seqs: list[Sequence]) -> list[tuple[int, torch.Tensor | None] | Exception]:
-    """Each sequence's next token from its `logits`, all sampled at once (one wait for the device);
-    a sequence whose row cannot be made gets its exception in its place, the others are unaffected."""
+def make_sampler(seq: Sequence, width: int, device: torch.device) -> Sampler:
+    """A sequence's `Sampler`, once: the penalty state it needs (from its prompt), its logit_bias as a row."""
+    params = seq.params
+    penalties = (Penalties(seq.prompt, width, device)
+                 if params.repetition_penalty != 1.0 or params.frequency_penalty or params.presence_penalty else None)
+    bias = None
+    if params.logit_bias:
+        bias = torch.zeros(width, device=device)
+        for token, value in params.logit_bias.items():
+            if token < width:
+                bias[token] = value
+    return Sampler(params, width, penalties, seq.generator, bias, device)
+
+
+def choose_all(seqs: list[Sequence], logits: torch.Tensor | None = None) -> list[tuple[int, torch.Tensor | None] | Exception]:
+    """Each sequence's next token from its `logits` (or row i of `logits`, when given), all sampled at once
+    (one wait for the device); a sequence whose row cannot be made gets its exception in its place, the
+    others are unaffected."""
     chosen: list[tuple[int, torch.Tensor | None] | Exception | None] = [None] * len(seqs)
-    ready, rows = [], []
+    ready, samplers, masks = [], [], []
     for i, seq in enumerate(seqs):
         try:
-            rows.append(seq.row(seq.logits))
+            row = seq.logits if logits is None else logits[i]
+            samplers.append(seq.sampler(row))
+            masks.append(seq.mask(row))
             ready.append(i)
         except Exception as exc:
             chosen[i] = exc
     if ready:
         try:
-            picks = choose_rows(torch.stack([seqs[i].logits for i in ready]), rows)
+            rows = (logits if logits is not None and len(ready) == len(seqs) else
+                    torch.stack([seqs[i].logits if logits is None else logits[i] for i in ready]))
+            picks = choose_rows(rows, samplers, masks)
         except Exception as exc:  # a bug, not a request's fault: these rows end, the batch goes on
             return [exc if i in ready else c for i, c in enumerate(chosen)]
-        for i, row, (token, logprobs) in zip(ready, rows, picks):
-            chosen[i] = (seqs[i].closing(row.allowed, token), logprobs)
+        for i, allowed, (token, logprobs) in zip(ready, masks, picks):
+            chosen[i] = (seqs[i].closing(allowed, token), logprobs)
     return chosen

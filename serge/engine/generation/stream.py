@@ -13,8 +13,9 @@ only once the worker has let go of it. A request for n choices (OpenAI's `n`) is
 choice, and the stream ends, and `cancel()` reaches, all of them at once, so no path
 can leave one choice running or unjoined.
 
-`TextAssembler` turns token ids into safe text deltas: it never splits a UTF-8
-character, and it holds back text that could be the start of a stop string.
+The worker's wake-ups of async readers go through the scheduler's `Wakeups`, at most
+one per event loop per step (see `wakeups`). Turning token ids into text is
+`assembler.TextAssembler`'s.
 """
 
 from __future__ import annotations
@@ -27,9 +28,9 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from enum import StrEnum
-from functools import partial
 
 from serge.engine.generation.prompts import ToolCall
+from serge.engine.generation.wakeups import LoopWake, Wakeups
 
 
 class FinishReason(StrEnum):
@@ -118,7 +119,7 @@ CLOSE_TIMEOUT_S = 30.0  # longest wait for the worker to let go of a cancelled s
 class Stream:
     """Deltas of one generation (of `choices` sequences), then its `records`."""
 
-    def __init__(self, choices: int = 1) -> None:
+    def __init__(self, choices: int = 1, wakeups: Wakeups | None = None) -> None:
         self._deltas: queue.SimpleQueue = queue.SimpleQueue()
         self._cancelled = threading.Event()
         self._done = threading.Event()
@@ -130,6 +131,7 @@ class Stream:
         self.created = time.monotonic()
         self._queue_position: int | None = None
         self._watchers: list[Callable[[], None]] = []  # each wakes a reader's event loop
+        self._wakeups = wakeups if wakeups is not None else Wakeups()  # the scheduler's: one per loop per step
         # Messages of the conversation left out of the prompt to fit the context (set by the engine).
         self.dropped_messages = 0
         self.model: str | None = None  # the name of the model that answers, set by the engine
@@ -172,14 +174,11 @@ class Stream:
 
     def _notify(self) -> None:
         for wake in tuple(self._watchers):
-            try:
-                wake()
-            except RuntimeError:  # the reader's event loop has closed
-                pass
+            self._wakeups.wake(wake)
 
     def watch(self, wake: Callable[[], None]) -> Callable[[], None]:
         """Call `wake` (on the worker's thread; it must be quick) whenever there is news: text,
-        the end, or a new place in the queue. Returns the function that stops it."""
+        the end, or a new place in the queue; during a step, once at its end. Returns the function that stops it."""
         self._watchers.append(wake)
 
         def unwatch() -> None:
@@ -239,7 +238,7 @@ class Stream:
         # streams cost the worker no extra contention for the GIL.
         loop = asyncio.get_running_loop()
         ready = asyncio.Event()
-        unwatch = self.watch(partial(loop.call_soon_threadsafe, ready.set))
+        unwatch = self.watch(LoopWake(loop, ready))
         try:
             while True:
                 try:
@@ -278,75 +277,3 @@ class Stream:
         for _ in self:
             pass
         return self.record.text
-
-
-class TextAssembler:
-    """Incremental detokenizer for one sequence, with stop strings.
-
-    Each token decodes only a short window of the latest ids (the ids since the last
-    settled piece of text, plus those before it for context), so a token costs the
-    same at the 2000th as at the first.
-    """
-
-    def __init__(self, tokenizer, stop: tuple[str, ...] = ()) -> None:
-        self._tokenizer = tokenizer
-        self._stop = stop
-        self._ids: list[int] = []
-        self._decoded = ""  # the text of every id up to `_read`
-        self._prefix = 0  # the window starts here: ids kept for context
-        self._read = 0  # ids before this are in `_decoded`
-        self._settled = ""  # the text of ids[_prefix:_read]
-        self._text = ""
-        self._emitted = 0
-        self.stopped = False
-        self.matched: str | None = None  # the stop string that ended the reply
-
-    def _decode(self, ids: list[int]) -> str:
-        return self._tokenizer.decode(ids, skip_special_tokens=True)
-
-    def add(self, token_id: int) -> str:
-        """Take one generated token; return the text now safe to show."""
-        self._ids.append(token_id)
-        window = self._decode(self._ids[self._prefix :])
-        if window.endswith("\ufffd"):  # half a UTF-8 character: wait for the rest
-            return ""
-        if window.startswith(self._settled):
-            self._decoded += window[len(self._settled) :]
-        else:  # a tokenizer whose pieces do not simply add up: take the whole text again
-            self._decoded = self._decode(self._ids)
-        self._prefix, self._read = self._read, len(self._ids)
-        self._settled = self._decode(self._ids[self._prefix : self._read])
-        text = self._text = self._decoded
-        safe = len(text)
-        if self._stop:
-            longest = max(map(len, self._stop))
-            start = max(0, self._emitted - longest + 1)
-            hits = [(i, s) for s in self._stop if (i := text.find(s, start)) != -1]
-            if hits:
-                self.stopped = True
-                at, self.matched = min(hits)
-                self._text = text = text[:at]
-                safe = len(text)
-            else:
-                safe -= self._held_back(text)
-        delta = text[self._emitted : safe]
-        self._emitted = max(self._emitted, safe)
-        return delta
-
-    def _held_back(self, text: str) -> int:
-        """Length of the longest tail of `text` that could begin a stop string."""
-        for size in range(min(len(text), max(map(len, self._stop)) - 1), 0, -1):
-            tail = text[-size:]
-            if any(s.startswith(tail) for s in self._stop):
-                return size
-        return 0
-
-    def flush(self) -> str:
-        """At the end: whatever was held back and is part of the reply."""
-        delta = self._text[self._emitted :]
-        self._emitted = len(self._text)
-        return delta
-
-    @property
-    def text(self) -> str:
-        return self._text

@@ -1,0 +1,123 @@
+"""A scheduler step's work over the sequences that run: one decode pass, prompt chunks, and sampling.
+
+`Passes` is the part of `scheduler.Scheduler` that runs a step once the worker has admitted and
+started what fits: every decoding sequence's token in one `Forward.decode` and their next tokens
+sampled at once from its rows (before any other pass, which may reuse the forward's buffer), then
+prompt chunks, each prompt's first token sampled as soon as its last chunk has run, then the
+sequences given logits otherwise (a prefix-cache hit, another choice's prompt) sampled at once.
+A failure ends its sequence alone; the scheduler's `_leave` takes it out of the batch. It knows
+nothing of the queue, the worker thread or the prefix cache's policy: that is the scheduler's.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from serge.engine.generation.forward import Forward, OutOfKV
+from serge.engine.generation.sequence import Sequence, choose_all
+from serge.engine.generation.stream import FinishReason
+from serge.engine.metrics import ModelMetrics
+
+log = logging.getLogger(__name__)
+
+
+def failure_message(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+class Passes:
+    """The step of a `Scheduler` (which makes the attributes below and `_leave`, `_make_room`, `_share`)."""
+
+    forward: Forward
+    _running: list[Sequence]
+    _chunk: int
+    _m: ModelMetrics
+
+    def _step(self) -> None:
+        for seq in [s for s in self._running if s.stream.cancelled]:
+            self._leave(seq, FinishReason.CANCELLED)
+        decoding = [s for s in self._running if s.feed is not None and s.prefilled >= s.context_length]
+        while decoding:
+            try:
+                rows = self.forward.decode([s.kv for s in decoding], [s.feed for s in decoding])
+            except OutOfKV as exc:
+                if not self._make_room(exc):
+                    break
+                decoding = [s for s in decoding if s in self._running]
+            except Exception as exc:
+                log.exception("decode step failed")
+                for seq in decoding:
+                    self._leave(seq, FinishReason.ERROR, failure_message(exc))
+                break
+            else:
+                for seq in decoding:
+                    seq.feed = None
+                for seq, choice in zip(decoding, choose_all(decoding, rows)):  # before another pass reuses `rows`
+                    self._sample(seq, choice)
+                break
+        self._prefill(stall_guard=bool(decoding))
+        ready = [s for s in self._running if s.logits is not None]
+        for seq, choice in zip(ready, choose_all(ready)):
+            self._sample(seq, choice)
+
+    def _prefill(self, stall_guard: bool) -> None:
+        """Run prompt chunks, oldest request first: about `prefill_chunk` tokens in all while
+        other replies are being decoded (so they stall for a step at most), every waiting
+        prompt when none are (nobody to stall). A prompt's first token is sampled as soon
+        as its last chunk has run.
+
+        A chunk always starts where the sequence's last one ended and is never cut
+        to fit the budget: its shape, and so its numbers, depend on that sequence alone.
+        """
+        budget = self._chunk if stall_guard else None
+        for seq in [s for s in self._running if s.kv is not None and s.prefilled < s.context_length]:
+            pixels = seq.images if seq.prefilled == 0 else None  # with its first pass, which runs it all
+            n = seq.context_length - seq.prefilled if pixels else min(self._chunk, seq.context_length - seq.prefilled)
+            if budget is not None and n > budget and budget < self._chunk:
+                break
+            try:
+                chunk = seq.context()[seq.prefilled : seq.prefilled + n]
+                logits = self.forward.prefill(seq.kv, chunk, pixels) if pixels else self.forward.prefill(seq.kv, chunk)
+            except OutOfKV as exc:
+                self._make_room(exc, seq)
+                break  # the next step tries again, with the room made
+            except Exception as exc:
+                log.exception("prefill failed")
+                self._leave(seq, FinishReason.ERROR, failure_message(exc))
+                continue
+            seq.prefilled += n
+            self._m.prefilled_tokens.inc(n)
+            if seq.prefilled == seq.context_length and not seq.resumed:
+                seq.logits = seq.prompt_logits = logits
+                self._share(seq)
+                self._sample(seq)
+            if budget is not None:
+                budget -= n
+                if budget <= 0:
+                    break
+
+    def _sample(self, seq: Sequence, choice: tuple[int, torch.Tensor | None] | Exception | None = None) -> None:
+        """Act on the sequence's next token (`choice`, or picked now); a failure ends that sequence alone."""
+        try:
+            if isinstance(choice, Exception):
+                raise choice
+            self._next_token(seq, choice)
+        except Exception as exc:
+            if seq in self._running:
+                self._leave(seq, FinishReason.ERROR, failure_message(exc))
+
+    def _next_token(self, seq: Sequence, choice: tuple[int, torch.Tensor | None] | None) -> None:
+        logits, seq.logits = seq.logits, None
+        token, logprobs = choice if choice is not None else seq.choose(logits)
+        before, count = seq.last_token, len(seq.generated)
+        reason = seq.accept(token, logprobs)
+        if before is None:
+            self._m.ttft.observe(seq.first_token - seq.stream.created)
+        else:
+            self._m.inter_token.observe(seq.last_token - before)
+        self._m.generated_tokens.inc(len(seq.generated) - count)
+        if reason is not None:
+            self._leave(seq, reason)
+
