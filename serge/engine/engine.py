@@ -98,6 +98,7 @@ class LoadedInfo:
     busy: bool
     device: str = ""  # cuda:0, mps, cpu; on llama.cpp its layer split: "CUDA0: 25/25 layers, KV cache on the GPU"
     gpu_bytes: int = 0  # of memory_bytes, on a GPU
+    kv_cache: str = ""  # llama.cpp's: "8 x 8192 cells, q8_0" (replies at once x each one's window, the cells' type)
 
 
 @dataclass(frozen=True)
@@ -132,7 +133,8 @@ class Engine:
         self._limits = SchedulerLimits.from_settings(settings)
         budget = self._budget()
         options = LoadOptions(self.plan, settings.torch_threads, settings.context_window, self._limits,
-                              self.metrics, settings.llama_kv_cache_mb, budget.memory_bytes, settings.gpu_layers)
+                              self.metrics, settings.llama_kv_cache_mb, budget.memory_bytes, settings.gpu_layers,
+                              settings.llama_kv_type)
         self._registry = ModelRegistry(self._library, options, settings.engine, settings.model_engines, budget)
         self._remote = RemoteClient(settings.remote_timeout_s)
         # Models that are not in the library: remote servers' and those given in code. Fixed at start.
@@ -360,7 +362,8 @@ class Engine:
     def status(self) -> EngineStatus:
         loaded = [LoadedInfo(m.name, m.engine, m.memory_bytes, m.load_seconds, m.context_window,
                              self._registry.in_use(m.name), m.device or self.plan.device,
-                             m.gpu_bytes if m.device else (m.memory_bytes if self.plan.device_type != "cpu" else 0))
+                             m.gpu_bytes if m.device else (m.memory_bytes if self.plan.device_type != "cpu" else 0),
+                             m.kv_cache)
                   for m in self._registry.loaded().values()]
         budget = self._registry.budget
         return EngineStatus(
