@@ -10,10 +10,13 @@ Pure functions: nothing here loads a model (`llama_offload` says where the layer
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import MappingProxyType
+from typing import get_args
 
 from serge.engine.llama_offload import Offload, offload_for
 from serge.engine.local import LoadOptions
 from serge.engine.models.facts import ModelFacts
+from serge.settings import Settings
 
 MAX_SLICES = 256  # llama.cpp's own limit on sequences in one context
 RUNNING = 8  # replies at once when SERGE_MAX_RUNNING is not set: a CPU's throughput has levelled off by then
@@ -21,7 +24,7 @@ RUNNING = 8  # replies at once when SERGE_MAX_RUNNING is not set: a CPU's throug
 # default tools are ~13,000 tokens) and its reply; SERGE_CONTEXT_WINDOW asks for more or less.
 WINDOW_CAP = 16384
 _GGML_F16, _GGML_Q8_0 = 1, 8  # enum ggml_type
-_BYTES_PER_32 = {_GGML_F16: 64, _GGML_Q8_0: 34}  # bytes of 32 values: q8_0 is 32 int8 and one f16 scale
+_BYTES_PER_32 = MappingProxyType({_GGML_F16: 64, _GGML_Q8_0: 34})  # bytes of 32 values: q8_0 is 32 int8 and one f16 scale
 
 
 @dataclass(frozen=True)
@@ -39,7 +42,7 @@ class KvType:
         return values * (_BYTES_PER_32[self.type_k] + _BYTES_PER_32[self.type_v]) // 32
 
 
-KV_TYPES = ("q8_0-keys", "q8_0", "f16")  # SERGE_LLAMA_KV_TYPE's choices, the default first
+KV_TYPES: tuple[str, ...] = get_args(Settings.model_fields["llama_kv_type"].annotation)  # the default first
 
 
 def kv_type(name: str) -> KvType:
