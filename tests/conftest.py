@@ -129,7 +129,8 @@ def load_options(engine: Engine, **limits) -> LoadOptions:
     s = engine.settings
     return LoadOptions(engine.plan, s.torch_threads, s.context_window,
                        SchedulerLimits.from_settings(s).__class__(**{**vars(SchedulerLimits.from_settings(s)), **limits}),
-                       engine.metrics, s.llama_kv_cache_mb, engine._budget().memory_bytes)
+                       engine.metrics, s.llama_kv_cache_mb, engine._budget().memory_bytes, s.gpu_layers,
+                       s.llama_kv_type)
 
 
 def registry_for(engine: Engine, kind: str | None = None, **limits) -> ModelRegistry:

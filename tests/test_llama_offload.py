@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from serge.engine import llama_offload, llamacpp
+from serge.engine import llama_memory, llama_offload
 from serge.engine.devices import DevicePlan
 from serge.engine.engine import Engine
 from serge.engine.generation.scheduler import SchedulerLimits
@@ -119,18 +119,18 @@ FACTS = ModelFacts("gguf", "llama", 7 * 10**9, "Q4_K_M", 31 * LAYER, 8192, True,
 
 
 def test_the_estimate_counts_gpu_memory_apart_from_host_memory(cuda_build):
-    on_gpu = llamacpp.placement(FACTS, _options(device="cuda:0"))
+    on_gpu = llama_memory.placement(FACTS, _options(device="cuda:0"))
     assert on_gpu.offload.n_gpu_layers == 31 and on_gpu.gpu_bytes > FACTS.weights_bytes, "weights and KV there"
     assert on_gpu.host_bytes == on_gpu.total - on_gpu.gpu_bytes > 0, "parked conversations stay in host memory"
-    assert llamacpp.estimate(FACTS, _options(device="cuda:0")) == on_gpu.total
-    half = llamacpp.placement(FACTS, _options(gpu_layers=16, device="cuda:0"))
+    assert llama_memory.estimate(FACTS, _options(device="cuda:0")) == on_gpu.total
+    half = llama_memory.placement(FACTS, _options(gpu_layers=16, device="cuda:0"))
     assert 0 < half.gpu_bytes < on_gpu.gpu_bytes and half.total == on_gpu.total, "the same memory, split otherwise"
 
 
 def test_without_a_gpu_the_estimate_is_all_host_memory():
-    placed = llamacpp.placement(FACTS, _options())
+    placed = llama_memory.placement(FACTS, _options())
     assert placed.gpu_bytes == 0 and placed.offload.describe() == "CPU"
-    assert placed.host_bytes == llamacpp.estimate(FACTS, _options()) > FACTS.weights_bytes
+    assert placed.host_bytes == llama_memory.estimate(FACTS, _options()) > FACTS.weights_bytes
 
 
 # --- which engine: GGUF on llama.cpp wherever its build runs ---------------------------------

@@ -8,10 +8,8 @@ import time
 import httpx
 import pytest
 
-from serge.engine import ChatRequest, FinishReason, Message, SamplingParams
-from serge.engine.llamacpp import kv_layout
-from serge.engine.local import LoadOptions
-from serge.engine.generation.scheduler import SchedulerLimits
+from serge.engine import ChatRequest, FinishReason, Message, ModelLibrary, SamplingParams
+from serge.engine.llama_memory import planned_layout
 
 from conftest import MODEL, registry_for
 
@@ -120,19 +118,60 @@ def test_a_kv_cache_too_small_for_every_reply_means_fewer_at_once_and_the_rest_w
         registry.close()
 
 
-def test_the_default_kv_cache_is_a_window_per_reply_within_the_memory_budget(llama):
-    """8 slices of the window (at most 4096), fewer when memory is short, then shorter ones."""
-    per_token, window, weights = 23_040, 8192, 100 * 2**20
-    roomy = LoadOptions(llama.plan, 1, None, SchedulerLimits(), llama.metrics, memory_bytes=16 * 2**30)
-    assert kv_layout(roomy, per_token, window, weights) == (8, 4096)
-    tight = LoadOptions(**{**vars(roomy), "memory_bytes": weights + 2 * 3 * 4096 * per_token})
-    assert kv_layout(tight, per_token, window, weights) == (3, 4096), "fewer replies at once, each a whole window"
-    tiny = LoadOptions(**{**vars(roomy), "memory_bytes": weights + 2 * 1000 * per_token})
-    assert kv_layout(tiny, per_token, window, weights) == (1, 1000), "then a shorter window"
-    asked = LoadOptions(**{**vars(roomy), "context_cap": 8192})
-    assert kv_layout(asked, per_token, window, weights) == (8, 8192), "SERGE_CONTEXT_WINDOW can ask for more"
-    short = LoadOptions(**{**vars(roomy), "context_cap": 128})
-    assert kv_layout(short, per_token, window, weights) == (8, 128), "or for less, under the 256-cell floor"
+def _bytes_per_parked_token(forward) -> float:
+    """What one more token of a sequence takes in llama.cpp's own copy of it: the cells' real type. (Called
+    while no reply runs: the worker thread is waiting, so these passes do not race its own.)"""
+    kv = forward.new_kv()
+    try:
+        forward.prefill(kv, list(range(1000, 1100)))
+        short = len(forward.park(kv))
+        forward.prefill(kv, list(range(1100, 1200)))
+        return (len(forward.park(kv)) - short) / 100
+    finally:
+        kv.release()
+
+
+def test_the_loaded_kv_cache_has_the_layout_and_type_the_estimate_counted(llama, server):
+    """By default every reply gets the bundled model's whole trained window, its keys in q8_0."""
+    import llama_cpp as lc
+
+    llama.chat(MODEL, ChatRequest(QUESTION, GREEDY)).text()  # the worker thread has made the context
+    forward = llama.model(MODEL).scheduler.forward
+    facts = ModelLibrary(llama.settings.models_path).find(MODEL).facts
+    assert (forward.slices, forward.cells, forward.bytes_per_token) == planned_layout(facts, registry_for(llama).options)
+    assert (forward.slices, forward.cells, forward.kv.name) == (8, 8192, "q8_0-keys")
+    assert (lc.llama_n_ctx(forward._ctx), lc.llama_n_seq_max(forward._ctx)) == (8 * 8192, 8)
+    assert abs(_bytes_per_parked_token(forward) - forward.bytes_per_token) <= 16, "17,640 bytes a token"
+    health = next(m for m in httpx.get(f"{server}/api/health").json()["models_loaded"] if m["name"] == MODEL)
+    assert health["kv_cache"] == "8 x 8192 cells, q8_0-keys" and health["context_window"] == 8192
+
+
+@pytest.mark.parametrize("kv, cells, per_token", [("f16", 728, 23_040), ("q8_0", 1370, 12_240)])
+def test_each_kv_type_is_made_in_that_type_within_its_megabytes(llama, kv, cells, per_token):
+    registry = registry_for(llama, "llama.cpp")
+    registry.options = registry.options.__class__(**{**vars(registry.options), "kv_type": kv, "kv_cache_mb": 16})
+    try:
+        model = registry.get(MODEL)
+        assert model.submit(ChatRequest(QUESTION, SamplingParams(temperature=0, max_new_tokens=12, ignore_eos=True))).text()
+        forward = model.scheduler.forward
+        assert (forward.slices, forward.cells, forward.kv.name, forward.bytes_per_token) == (1, cells, kv, per_token)
+        assert abs(_bytes_per_parked_token(forward) - per_token) <= 16
+        planned = planned_layout(registry.library.find(MODEL).facts, registry.options)
+        assert planned == (forward.slices, forward.cells, forward.bytes_per_token), "the estimate's layout is made"
+    finally:
+        registry.close()
+
+
+def test_a_request_of_7000_tokens_fits_the_bundled_model_and_gets_its_reply(llama):
+    """Open WebUI's 36 tools are ~6,600 tokens with every chat; a 4,096-token window refused them all."""
+    tokenizer = llama.model(MODEL).tokenizer
+    words = " ".join(f"tool{i}: looks up item {i} and returns its name, price and stock." for i in range(345))
+    assert 7000 < len(tokenizer(words)["input_ids"]) < 7400
+    stream = llama.chat(MODEL, ChatRequest([Message("system", words), Message("user", "Which tool looks up item 7?")],
+                                    SamplingParams(temperature=0, max_new_tokens=3, ignore_eos=True)))
+    stream.text()
+    assert stream.record.error is None and stream.record.completion_tokens == 3
+    assert stream.prompt_tokens > 7000
 
 
 def test_many_streams_at_once_leave_no_thread_behind(llama):

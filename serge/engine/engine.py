@@ -57,7 +57,8 @@ class Engine:
         self._limits = SchedulerLimits.from_settings(settings)
         budget = self._budget()
         options = LoadOptions(self.plan, settings.torch_threads, settings.context_window, self._limits,
-                              self.metrics, settings.llama_kv_cache_mb, budget.memory_bytes, settings.gpu_layers)
+                              self.metrics, settings.llama_kv_cache_mb, budget.memory_bytes, settings.gpu_layers,
+                              settings.llama_kv_type)
         self._registry = ModelRegistry(self._library, options, settings.engine, settings.model_engines, budget)
         self._remote = RemoteClient(settings.remote_timeout_s)
         # Models that are not in the library: remote servers' and those given in code. Fixed at start.
@@ -276,7 +277,8 @@ class Engine:
     def status(self) -> EngineStatus:
         loaded = [LoadedInfo(m.name, m.engine, m.memory_bytes, m.load_seconds, m.context_window,
                              self._registry.in_use(m.name), m.device or self.plan.device,
-                             m.gpu_bytes if m.device else (m.memory_bytes if self.plan.device_type != "cpu" else 0))
+                             m.gpu_bytes if m.device else (m.memory_bytes if self.plan.device_type != "cpu" else 0),
+                             m.kv_cache)
                   for m in self._registry.loaded().values()]
         budget = self._registry.budget
         return EngineStatus(

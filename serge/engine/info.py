@@ -46,6 +46,7 @@ class LoadedInfo:
     busy: bool
     device: str = ""  # cuda:0, mps, cpu; on llama.cpp its layer split: "CUDA0: 25/25 layers, KV cache on the GPU"
     gpu_bytes: int = 0  # of memory_bytes, on a GPU
+    kv_cache: str = ""  # llama.cpp's: "8 x 8192 cells, q8_0" (replies at once x each one's window, the cells' type)
 
 
 @dataclass(frozen=True)

@@ -7,10 +7,11 @@ a prompt chunk per call. So continuous batching, prefix reuse, sampling, stop
 strings and metrics are Serge's own, the same as for transformers.
 
 The KV cache is cut into slices, one per running reply (llama.cpp's
-per-sequence streams, as `llama-server --parallel` has), each the model's whole
-context window. One pool shared by every reply would hold more replies in the same
-memory, but llama.cpp attends over every used cell of a pool, masked or not: 8
-streams decoded ~20% slower from one pool here. In its own slice a reply's cells also
+per-sequence streams, as `llama-server --parallel` has), each the reply's whole
+context window, in the type `SERGE_LLAMA_KV_TYPE` names (`llama_memory` plans both).
+One pool shared by every reply would hold more replies in the same memory, but
+llama.cpp attends over every used cell of a pool, masked or not: 8 streams decoded
+~20% slower from one pool here. In its own slice a reply's cells also
 stay in position order whatever the others do, so a greedy reply is the same text
 alone or batched. A finished conversation kept for prefix reuse leaves its slice for
 host memory (`llama_state_seq_get_data`) and is copied into a free slice when its
@@ -31,7 +32,6 @@ import dataclasses
 import logging
 import mmap
 import time
-from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -40,20 +40,11 @@ from serge.engine.models.library import InstalledModel
 from serge.engine.generation.sampling import SamplingParams
 from serge.engine.generation.scheduler import Scheduler
 from serge.engine.llama_batch import LlamaBatch
-from serge.engine.llama_offload import Offload, offload_for, plan_offload
+from serge.engine.llama_memory import KvType, footprint, kv_layout, kv_type, placement
+from serge.engine.llama_offload import plan_offload
 from serge.engine.local import LoadOptions, LocalModel, check_chat_template, eos_ids, load_tokenizer
-from serge.engine.models.facts import ModelFacts
 
 log = logging.getLogger(__name__)
-
-_MAX_SLICES = 256  # llama.cpp's own limit on sequences in one context
-_KV_BYTES = 2  # float16 keys and values, llama.cpp's default
-_RUNNING = 8  # replies at once when SERGE_MAX_RUNNING is not set: a CPU's throughput has levelled off by then
-_WINDOW_CAP = 4096  # default cells per slice (a reply's context window), as Ollama's default context
-# Off: llama.cpp's CPU flash attention walks the cache one query row at a time, so a chat's
-# next turn (26 new tokens over a 1,400-token history) took 0.28-0.38 s with it and 0.16-0.23 s
-# without (matrix products); with a slice per reply, decoding 8 streams cost the same either way.
-_FLASH_ATTENTION = 0
 
 
 class LlamaKV:
@@ -101,7 +92,8 @@ class LlamaForward:
 
     device = torch.device("cpu")  # the logits come back to the host; sampling runs there
 
-    def __init__(self, path: str, threads: int, max_batch: int, gpu_layers: int = 0) -> None:
+    def __init__(self, path: str, threads: int, max_batch: int, gpu_layers: int = 0,
+                 kv: KvType = kv_type("f16")) -> None:
         import llama_cpp as lc
 
         self._lc = lc
@@ -123,7 +115,8 @@ class LlamaForward:
         heads = lc.llama_model_n_head(self._model)
         head_dim = lc.llama_model_n_embd(self._model) // max(1, heads)
         kv_heads = lc.llama_model_n_head_kv(self._model)
-        self.bytes_per_token = 2 * lc.llama_model_n_layer(self._model) * kv_heads * head_dim * _KV_BYTES
+        self.kv = kv
+        self.bytes_per_token = kv.bytes_per_token(2 * self.n_layer * kv_heads * head_dim * 2)
         self.slices = 1  # `size` sets these before `prepare`
         self.cells = 0  # per slice
         self.max_batch = max_batch
@@ -162,7 +155,8 @@ class LlamaForward:
         params.kv_unified = False  # a slice of the cache per sequence id
         params.no_perf = True
         params.offload_kqv = True  # a layer's keys and values where the layer is (llama.cpp's default, said here)
-        params.flash_attn_type = _FLASH_ATTENTION
+        params.type_k, params.type_v = self.kv.type_k, self.kv.type_v
+        params.flash_attn_type = int(self.kv.flash_attention)  # enabled or disabled, never llama.cpp's auto
         self._ctx = lc.llama_init_from_model(self._model, params)
         if not self._ctx:
             raise RuntimeError(f"llama.cpp could not make a context of {self.slices} x {self.cells} cells")
@@ -251,64 +245,6 @@ class LlamaForward:
         return torch.from_numpy(np.ctypeslib.as_array(pointer, shape=(rows, self.n_vocab)))
 
 
-def kv_layout(options: LoadOptions, bytes_per_token: int, trained: int, weights_bytes: int) -> tuple[int, int]:
-    """Slices of the KV cache (replies at once) and cells per slice (their context window),
-    for a model trained on `trained` tokens of context.
-
-    `SERGE_MAX_RUNNING` (default 8) slices of the model's window (at most 4096 cells unless
-    `SERGE_CONTEXT_WINDOW` says otherwise), within `SERGE_LLAMA_KV_CACHE_MB`, by default within
-    half of what the models' memory budget leaves beside the weights: fewer slices first,
-    then shorter ones, so a big model on a small machine still loads.
-    """
-    cells = min(trained, options.context_cap or _WINDOW_CAP)
-    running = min(options.limits.max_running or _RUNNING, _MAX_SLICES)
-    room = running * cells * bytes_per_token
-    if options.kv_cache_mb:
-        room = options.kv_cache_mb * 2**20
-    elif options.memory_bytes is not None:
-        room = min(room, max(0, options.memory_bytes - weights_bytes) // 2)
-    room //= bytes_per_token  # cells in all
-    slices = max(1, min(running, room // cells))
-    return slices, min(cells, max(256, room // slices))
-
-
-@dataclass(frozen=True)
-class Footprint:
-    """Memory a loaded model takes, the GPU's apart from the host's; the models' budget counts both (`total`)."""
-
-    host_bytes: int
-    gpu_bytes: int
-    offload: Offload | None = None
-
-    @property
-    def total(self) -> int:
-        return self.host_bytes + self.gpu_bytes
-
-
-def placement(facts: ModelFacts, options: LoadOptions) -> Footprint:
-    """Where the model would go and what it would take, from its facts (before it is loaded): the loader's own
-    layout, on the GPUs llama.cpp sees now."""
-    per_token = max(1, facts.kv_bytes_per_token or 0)
-    slices, cells = kv_layout(options, per_token, facts.context_length or 2048, facts.weights_bytes)
-    kv_bytes = slices * cells * (facts.kv_bytes_per_token or 0)
-    offload = offload_for(facts.layers or 1, facts.weights_bytes, kv_bytes, options.memory_bytes, options.gpu_layers)
-    return footprint(facts.weights_bytes, kv_bytes, options, offload)
-
-
-def estimate(facts: ModelFacts, options: LoadOptions) -> int:
-    """Memory the model takes once loaded, host and GPU together (see `placement` for the two apart)."""
-    return placement(facts, options).total
-
-
-def footprint(weights_bytes: int, kv_bytes: int, options: LoadOptions, offload: Offload | None = None) -> Footprint:
-    """Memory a loaded model takes: weights, its KV cache, and the conversations parked beside it (in host
-    memory, always); what `offload` puts on the GPU is counted there and not on the host. (llama.cpp keeps
-    no host copy of an offloaded layer; its compute buffers are left out of both, `GPU_RESERVE` aside.)"""
-    gpu = min(offload.gpu_bytes, weights_bytes + kv_bytes) if offload else 0
-    parked = min(kv_bytes, options.limits.prefix_cache_mb * 2**20)
-    return Footprint(weights_bytes + kv_bytes + parked - gpu, gpu, offload)
-
-
 def load_llamacpp(installed: InstalledModel, options: LoadOptions) -> LocalModel:
     """Load a GGUF model on llama.cpp, on the GPU as far as it fits, with its Hugging Face tokenizer."""
     if installed.gguf_path is None:
@@ -320,7 +256,7 @@ def load_llamacpp(installed: InstalledModel, options: LoadOptions) -> LocalModel
     tokenizer = load_tokenizer(installed)
     check_chat_template(installed.name, tokenizer)
     forward = LlamaForward(str(installed.gguf_path), options.threads, max_batch=options.limits.prefill_chunk,
-                           gpu_layers=planned.n_gpu_layers)
+                           gpu_layers=planned.n_gpu_layers, kv=kv_type(options.kv_type))
     forward.size(*kv_layout(options, forward.bytes_per_token, forward.n_ctx_train or 2048, forward.weights_bytes))
     kv_bytes = forward.kv_bytes
     offload = planned  # the same split, counted again on the model's own numbers and its KV cache as made
@@ -334,9 +270,10 @@ def load_llamacpp(installed: InstalledModel, options: LoadOptions) -> LocalModel
     scheduler = Scheduler(forward, tokenizer, frozenset(eos), options.threads, installed.name, limits,
                           options.metrics, prefix_cache_bytes=kv_bytes)  # parked in host memory
     seconds = time.monotonic() - started
-    log.info("Loaded %s in %.1f s on %s (%d replies at once, %d tokens each; KV cache %.0f MB; %.0f MB on the GPU, "
-             "%.0f MB in host memory)", installed.name, seconds, offload.describe(), forward.slices, forward.cells,
-             kv_bytes / 2**20, memory.gpu_bytes / 2**20, memory.host_bytes / 2**20)
+    log.info("Loaded %s in %.1f s on %s (%d replies at once, %d tokens each; KV cache %d x %d cells of %s, %.0f MB; "
+             "%.0f MB on the GPU, %.0f MB in host memory)", installed.name, seconds, offload.describe(), forward.slices,
+             forward.cells, forward.slices, forward.cells, forward.kv.name, kv_bytes / 2**20, memory.gpu_bytes / 2**20,
+             memory.host_bytes / 2**20)
     return LocalModel(
         name=installed.name,
         engine="llama.cpp",
@@ -349,4 +286,5 @@ def load_llamacpp(installed: InstalledModel, options: LoadOptions) -> LocalModel
         memory_bytes=memory.total,
         device=offload.describe(),
         gpu_bytes=memory.gpu_bytes,
+        kv_cache=f"{forward.slices} x {forward.cells} cells, {forward.kv.name}",
     )

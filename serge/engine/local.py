@@ -47,6 +47,7 @@ class LoadOptions:
     kv_cache_mb: int | None = None  # llama.cpp's fixed KV cache (the transformers engine grows its own)
     memory_bytes: int | None = None  # the models' memory budget: llama.cpp sizes its default KV cache within it
     gpu_layers: int | None = None  # SERGE_GPU_LAYERS: llama.cpp's n_gpu_layers, over its own choice
+    kv_type: str = "q8_0-keys"  # SERGE_LLAMA_KV_TYPE: how llama.cpp stores keys and values (llama_memory.kv_type)
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,7 @@ class LocalModel:
     kind: str = "chat"
     device: str = ""  # where it runs, when the engine says more than the device plan (llama.cpp's layer split)
     gpu_bytes: int = 0  # of memory_bytes, what is on the GPU (llama.cpp; transformers on CUDA has it all there)
+    kv_cache: str = ""  # llama.cpp's KV cache: slices x cells, and their type
     _mid_system: bool = field(init=False, default=True)  # its template renders a system message after turn one
     _fim: tuple[int, int, int] | None = field(init=False, default=None)  # fill-in-the-middle token ids
     thinks: bool = field(init=False, default=False)  # its template knows <think>: its thoughts are split out

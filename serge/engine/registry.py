@@ -168,9 +168,9 @@ class ModelRegistry:
         if installed.facts.kind == "embedding":  # float32 weights as they are, nothing packed beside them
             return installed.facts.weights_bytes + 64 * 2**20
         if engine == "llama.cpp":
-            from serge.engine import llamacpp
+            from serge.engine import llama_memory
 
-            return llamacpp.estimate(installed.facts, self.options)
+            return llama_memory.estimate(installed.facts, self.options)
         from serge.engine import transformers
 
         return transformers.estimate(installed.facts, self.options.plan)
@@ -178,7 +178,7 @@ class ModelRegistry:
     def device(self, installed: InstalledModel, engine: EngineKind) -> tuple[str, int]:
         """Where `installed` would run on `engine`, and the bytes it would put on a GPU (before it is loaded)."""
         if engine == "llama.cpp" and installed.facts.kind == "chat":
-            from serge.engine.llamacpp import placement
+            from serge.engine.llama_memory import placement
 
             planned = placement(installed.facts, self.options)
             return planned.offload.describe(), planned.gpu_bytes
@@ -190,10 +190,9 @@ class ModelRegistry:
         """Tokens of prompt and reply a reply gets once `installed` is loaded on `engine` (before it is)."""
         facts = installed.facts
         if engine == "llama.cpp" and facts.kind == "chat":
-            from serge.engine.llamacpp import kv_layout
+            from serge.engine.llama_memory import planned_layout
 
-            return kv_layout(self.options, max(1, facts.kv_bytes_per_token or 0), facts.context_length or 2048,
-                             facts.weights_bytes)[1]
+            return planned_layout(facts, self.options)[1]
         trained, cap = facts.context_length, self.options.context_cap
         return min(trained, cap) if trained and cap and installed.facts.kind == "chat" else trained or cap
 
