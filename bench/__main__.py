@@ -68,6 +68,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="GGUF for every llama.cpp-based system (default: the installed bundled model's Q4_1 GGUF)")
     ap.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1),
                     help="torch/OMP threads for every system (default 2)")
+    ap.add_argument("--slot-window", type=int, default=8192,
+                    help="context tokens per llama-server slot (-c is this x --parallel); Serge gives a reply the "
+                         "model's trained window, 8192 for the bundled model, so the same by default")
     ap.add_argument("--ready-timeout", type=float, default=300.0, help="seconds to wait for a server to be ready")
     ap.add_argument("--request-timeout", type=float, default=None,
                     help="seconds per request (default: 120 + 0.3 s x streams x max tokens)")
@@ -249,7 +252,8 @@ def main(argv: list[str] | None = None) -> int:
     log_dir = Path(tempfile.mkdtemp(prefix=f"serge-bench-{stamp}-"))
     cfg = Config(model_dir=args.model_dir.resolve(), threads=args.threads, max_tokens=args.max_tokens,
                  gguf=args.gguf, log_dir=log_dir, ready_timeout=args.ready_timeout,
-                 serge_models_dir=args.serge_models_dir, model_name=args.model_name)
+                 serge_models_dir=args.serge_models_dir, model_name=args.model_name,
+                 slot_window=args.slot_window)
     run: dict[str, Any] = {
         "meta": {
             "started": datetime.now().isoformat(timespec="seconds"),

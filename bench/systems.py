@@ -72,6 +72,7 @@ class Config:
     ready_timeout: float = 300.0
     serge_models_dir: Path | None = None  # where Serge finds the model installed (its GGUF and its conversion)
     model_name: str = MODEL_NAME  # what every server calls it
+    slot_window: int = 8192  # tokens of context each llama-server slot gets: Serge's per reply (the bundled model's trained window)
 
 
 def _ignore_eos_body(model: str, messages, max_tokens: int, ignore_eos: bool) -> dict[str, Any]:
@@ -421,7 +422,8 @@ class LlamaServer(System):
         t = str(self.cfg.threads)
         cmd = [str(self._exe()), "-m", str(self.cfg.gguf), "--alias", self.cfg.model_name, "--host", "127.0.0.1",
                "--port", str(port), "-t", t, "-tb", t, "--parallel", str(self.parallel),
-               "-c", str(2048 * self.parallel), "--no-webui"]
+               "-c", str(self.cfg.slot_window * self.parallel), "--no-webui"]
+        self.info["ctx_per_slot"] = self.cfg.slot_window
         return self._server(cmd, thread_env(self.cfg.threads), "/health", port)
 
     def body(self, messages, max_tokens, ignore_eos):
