@@ -109,6 +109,9 @@ def test_a_fact_only_on_page_three_reaches_the_prompt_and_the_sources_name_page_
     assert saved[0]["attachments"] == [doc["id"]] and saved[1]["sources"] == reply["sources"]
     exported = client.get(f"/api/chats/{chat}/export").json()["messages"]
     assert exported[1]["sources"] == reply["sources"]
+    listed = re.findall(r'<li class="source" title="[^"]*">([^<]*)</li>', client.get(f"/c/{chat}/conversation").text)
+    places = list(dict.fromkeys(f"{s['file']}, page {s['page']}" for s in reply["sources"]))
+    assert listed == places, "the page lists each file and page once, in the order first used"
 
     # a follow-up in the same chat still reads the file attached before
     send(client, f"/api/chats/{chat}/messages", {"content": "And who keeps the lighthouse on Skerry Island?"})

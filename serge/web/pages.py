@@ -116,6 +116,17 @@ def thought_text(m: MessageRecord) -> str:
     return text
 
 
+def cited(sources: list[dict]) -> list[dict]:
+    """A reply's sources as the page lists them: one per file and page, in the order first used, its passages
+    together on hover (the stored sources, and the API, keep each passage with its score)."""
+    places: dict[tuple, dict] = {}
+    for s in sources:
+        key = (s.get("file"), s.get("page"), s.get("collection"))
+        place = places.setdefault(key, {"file": key[0], "page": key[1], "collection": key[2], "passages": []})
+        place["passages"].append(s.get("passage") or "the whole file")
+    return list(places.values())
+
+
 def _stats(m: MessageRecord) -> str:
     if m.role != "assistant" or m.completion_tokens is None:
         return ""
@@ -128,7 +139,7 @@ def _stats(m: MessageRecord) -> str:
 def build_pages() -> APIRouter:
     router = APIRouter(include_in_schema=False)
     templates = Jinja2Templates(directory=str(TEMPLATES))
-    templates.env.filters.update(size=size_text, params=params_text)
+    templates.env.filters.update(size=size_text, params=params_text, cited=cited)
     render = MarkdownRenderer()
     pygments_css = render.stylesheet()
 
