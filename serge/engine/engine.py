@@ -29,6 +29,7 @@ from serge.engine.models.facts import ModelFacts
 from serge.engine.models.hub import PullProgress
 from serge.engine.models.errors import ModelNotFound
 from serge.engine.models.library import InstalledModel, ModelLibrary
+from serge.engine.llama_vision import mtmd_available
 from serge.engine.local import EngineKind, LoadOptions
 from serge.engine.metrics import EngineMetrics, ModelSnapshot
 from serge.engine.generation.images import MAX_IMAGES, ImageTooLarge
@@ -117,8 +118,12 @@ class EngineStatus:
 
 def sees_images(facts: ModelFacts, engine: EngineKind | None) -> bool:
     """Its files carry a vision tower and its engine runs it: transformers with its own checkpoint (a GGUF
-    converted for transformers keeps no projector; this llama.cpp build has no multimodal library)."""
-    return facts.vision and facts.format == "transformers" and engine == "transformers"
+    converted for transformers keeps no projector), llama.cpp with the GGUF's mmproj where its build has mtmd."""
+    if not facts.vision:
+        return False
+    if facts.format == "transformers":
+        return engine == "transformers"
+    return engine == "llama.cpp" and mtmd_available()
 
 
 class Engine:

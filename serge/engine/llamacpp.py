@@ -20,6 +20,8 @@ Layers go to the GPU where this llama.cpp build has one (CUDA, Metal), as many a
 (`llama_offload.plan_offload`); each layer's slice of the KV cache lives with its layer,
 and the logits always come back to the host, where sampling runs.
 
+A model with an mmproj GGUF beside it sees images where this build has mtmd (`llama_vision`).
+
 Every call happens on the scheduler's worker thread. It knows nothing of prompts,
 streams or HTTP.
 """
@@ -40,6 +42,7 @@ from serge.engine.models.library import InstalledModel
 from serge.engine.generation.sampling import SamplingParams
 from serge.engine.generation.scheduler import Scheduler
 from serge.engine.llama_offload import Offload, offload_for, plan_offload
+from serge.engine.llama_vision import LlamaVision, load_vision
 from serge.engine.local import LoadOptions, LocalModel, check_chat_template, eos_ids, load_tokenizer
 from serge.engine.models.facts import ModelFacts
 
@@ -130,6 +133,7 @@ class LlamaForward:
         self._ctx = None
         self._batch = None
         self._free_ids: list[int] = []
+        self.vision: LlamaVision | None = None  # a model with an mmproj: its images' chunks go through it
 
     @property
     def weights_bytes(self) -> int:
@@ -171,6 +175,8 @@ class LlamaForward:
 
     def close(self) -> None:
         lc = self._lc
+        if self.vision is not None:
+            self.vision.close()
         if self._batch is not None:
             lc.llama_batch_free(self._batch)
             self._batch = None
@@ -221,8 +227,11 @@ class LlamaForward:
         self._run([(kvs[i], [tokens[i]], True) for i in order])
         return self._logits(len(kvs))[torch.tensor(order).argsort()]  # back in the callers' order
 
-    def prefill(self, kv: LlamaKV, tokens: list[int]) -> torch.Tensor:
-        """Feed a chunk of one sequence's prompt; the logits after its last token."""
+    def prefill(self, kv: LlamaKV, tokens: list[int], images: dict | None = None) -> torch.Tensor:
+        """Feed a chunk of one sequence's prompt (with images: all of it, through `vision`); the logits after
+        its last token."""
+        if images is not None:
+            return self.vision.prefill(self, kv, tokens, images)
         self._run([(kv, tokens, True)])
         return self._logits(1)[0]
 
@@ -326,13 +335,15 @@ def load_llamacpp(installed: InstalledModel, options: LoadOptions) -> LocalModel
     forward = LlamaForward(str(installed.gguf_path), options.threads, max_batch=options.limits.prefill_chunk,
                            gpu_layers=planned.n_gpu_layers)
     forward.size(*kv_layout(options, forward.bytes_per_token, forward.n_ctx_train or 2048, forward.weights_bytes))
+    forward.vision = load_vision(installed, forward._model, options.threads, planned.n_gpu_layers > 0, tokenizer)
     kv_bytes = forward.kv_bytes
     offload = planned  # the same split, counted again on the model's own numbers and its KV cache as made
     if planned.n_gpu_layers:
         offload = dataclasses.replace(plan_offload(forward.n_layer, forward.weights_bytes // (forward.n_layer + 1),
                                                    kv_bytes, 0, None, planned.n_gpu_layers, planned.device),
                                       why=planned.why)
-    memory = footprint(forward.weights_bytes, kv_bytes, options, offload)
+    memory = footprint(forward.weights_bytes + (forward.vision.nbytes if forward.vision else 0), kv_bytes, options,
+                       offload)
     eos = eos_ids(tokenizer) | forward.eog_ids()
     limits = dataclasses.replace(options.limits, max_running=forward.slices)
     scheduler = Scheduler(forward, tokenizer, frozenset(eos), options.threads, installed.name, limits,
@@ -353,4 +364,5 @@ def load_llamacpp(installed: InstalledModel, options: LoadOptions) -> LocalModel
         memory_bytes=memory.total,
         device=offload.describe(),
         gpu_bytes=memory.gpu_bytes,
+        vision=forward.vision,
     )
