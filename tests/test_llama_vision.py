@@ -8,20 +8,17 @@ Where the installed llama_cpp was built without mtmd (LLAVA_BUILD=OFF), the test
 
 from __future__ import annotations
 
-import httpx
 import pytest
 
-from conftest import free_port, own_server
-from standin import NAME as TEXT_ONLY, standin_model
+from standin import NAME as TEXT_ONLY
+from test_vision import ASK, two_images, vision_fixtures
 from tiny_gguf_vlm import IMAGE_TOKENS, write_pair
 from tiny_vlm import b64, data_url, png
-from serge.engine import Engine, Message, ModelLibrary, SamplingParams, read_image
+from serge.engine import InvalidRequest, Message, ModelLibrary, SamplingParams, read_image
 from serge.engine.llama_vision import mtmd_available
 from serge.engine.models.hub import HubSource, _choose, choose_mmproj
-from serge.settings import Settings
 
 NAME = "tiny-gguf-vlm"
-ASK = "What is in the picture?"
 needs_mtmd = pytest.mark.skipif(not mtmd_available(), reason="this llama-cpp-python was built without mtmd "
                                                              "(LLAVA_BUILD=OFF); `rm .venv/.llama && make run` "
                                                              "rebuilds it with mtmd")
@@ -33,32 +30,7 @@ def pair(tmp_path_factory):
     return write_pair(tmp_path_factory.mktemp("tiny-gguf-vlm"))
 
 
-@pytest.fixture(scope="module")
-def engine(pair, tmp_path_factory):
-    root = tmp_path_factory.mktemp("llama-vision")
-    settings = Settings(data_dir=root / "data", models_dir=root / "models", engine="llama.cpp",
-                        default_model=NAME, port=free_port(), torch_threads=1)
-    text_only = standin_model()
-    with Engine(settings, backends={TEXT_ONLY: text_only}) as engine:
-        engine.import_model(pair, NAME, log=lambda line: None)
-        yield engine
-    text_only.close()
-
-
-@pytest.fixture(scope="module")
-def client(engine, tmp_path_factory):
-    with own_server(engine.settings, engine, tmp_path_factory.mktemp("llama-vision-server")) as url, \
-            httpx.Client(base_url=url, timeout=120) as http:
-        yield http
-
-
-def first_token_scores(engine, images: tuple = ()) -> tuple[int, list]:
-    """The prompt's length and the first reply token's top alternatives, greedy."""
-    stream = engine.chat(NAME, [Message("user", ASK, images=images)],
-                         SamplingParams(max_new_tokens=1, temperature=0, logprobs=5))
-    tokens = [t for delta in stream.deltas() for t in delta.tokens]
-    assert stream.record.error is None, stream.record.error
-    return stream.prompt_tokens, [(t.token, t.logprob) for t in tokens[0].top]
+engine, client = vision_fixtures("pair", NAME, "llama.cpp")
 
 
 def test_an_imported_gguf_brings_its_mmproj_and_is_listed_as_seeing_where_llama_cpp_has_mtmd(engine, client):
@@ -84,11 +56,7 @@ def test_an_import_beside_several_projectors_takes_none(pair, tmp_path):
 
 @needs_mtmd
 def test_an_image_reaches_the_llama_cpp_model_and_two_images_give_different_logits(engine):
-    red, blue = read_image(png("red")), read_image(png("blue"))
-    plain_length, plain = first_token_scores(engine)
-    length, with_red = first_token_scores(engine, (red,))
-    _, with_blue = first_token_scores(engine, (blue,))
-    _, red_again = first_token_scores(engine, (red,))  # after blue: no KV of another image is reused
+    plain_length, length, plain, with_red, with_blue, red_again = two_images(engine, NAME)
     assert length >= plain_length + IMAGE_TOKENS  # the marker became the image's run of positions
     assert with_red != with_blue and with_red != plain
     assert red_again == with_red
@@ -133,12 +101,9 @@ def test_each_dialect_image_part_reaches_the_llama_cpp_model(client):
 
 
 @needs_mtmd
-def test_a_text_only_model_asked_about_an_image_names_the_llama_cpp_model_that_sees(client):
-    reply = client.post("/v1/chat/completions", json={"model": TEXT_ONLY, "max_tokens": 2, "messages": [
-        {"role": "user", "content": [{"type": "image_url", "image_url": {"url": data_url(png("red"))}}]}]})
-    assert reply.status_code == 400
-    message = reply.json()["error"]["message"]
-    assert "cannot see images" in message and NAME in message
+def test_a_text_only_model_asked_about_an_image_names_the_llama_cpp_model_that_sees(engine):
+    with pytest.raises(InvalidRequest, match=f"cannot see images.*{NAME}"):
+        engine.chat(TEXT_ONLY, [Message("user", ASK, images=(read_image(png("red")),))])
 
 
 @needs_mtmd

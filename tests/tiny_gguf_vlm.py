@@ -15,6 +15,8 @@ from pathlib import Path
 import gguf
 import numpy as np
 
+from standin import _bytes_to_unicode
+
 SIDE = 28
 PATCH = 14
 IMAGE_TOKENS = (SIDE // PATCH) ** 2
@@ -41,23 +43,10 @@ TEMPLATE = ("{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ 
             "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
 
-def _byte_chars() -> list[str]:
-    """GPT-2's byte-level alphabet: each byte as the printable character byte-level BPE spells it with."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    chars, extra = {}, 0
-    for b in range(256):
-        if b in printable:
-            chars[b] = chr(b)
-        else:
-            chars[b] = chr(256 + extra)
-            extra += 1
-    return [chars[b] for b in range(256)]
-
-
 def write_text_model(out: Path, seed: int = 0) -> Path:
     """A 2-layer Llama of width 64 at `out`, with a byte-level BPE vocabulary of its own (ChatML's control tokens,
     the 256 bytes and a few merges) and a ChatML template: small enough for transformers to read back in a blink."""
-    tokens = [*SPECIALS, *_byte_chars(), *(m.replace(" ", "") for m in MERGES)]
+    tokens = [*SPECIALS, *_bytes_to_unicode().values(), *(m.replace(" ", "") for m in MERGES)]
     writer = gguf.GGUFWriter(str(out), "llama")
     writer.add_name("tiny-gguf-vlm")
     writer.add_context_length(2048)
