@@ -67,10 +67,9 @@ def test_a_prompt_with_an_image_is_never_taken_from_the_prefix_cache(engine):
     """Images are not in the token ids: a second turn after an image runs the whole prompt again."""
     red, blue = read_image(png("red")), read_image(png("blue"))
     params = SamplingParams(max_new_tokens=3, temperature=0)
-    first = engine.chat(NAME, [Message("user", ASK, images=(red,))], params)
-    first.text()
+    first = engine.chat(NAME, [Message("user", ASK, images=(red,))], params).text()
     before = engine.metrics.snapshot()[NAME].reused_tokens
-    turn = [Message("user", ASK, images=(blue,)), Message("assistant", first.text()), Message("user", "And now?")]
+    turn = [Message("user", ASK, images=(blue,)), Message("assistant", first), Message("user", "And now?")]
     engine.chat(NAME, turn, params).text()
     assert engine.metrics.snapshot()[NAME].reused_tokens == before
 
