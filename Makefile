@@ -43,11 +43,11 @@ $(VENV)/.torch:
 
 # llama-cpp-python compiles llama.cpp from source the first time (~5 min on 2 idle cores; longer
 # with CUDA). scripts/llama_build.py chooses the build and says why: CUDA where a CUDA toolkit is,
-# Metal on Apple Silicon, else the CPU; your own CMAKE_ARGS win. Its multimodal library (mtmd,
-# ~10% of the C++) is left out: Serge serves text models only. pip keeps each build's wheel in its
-# cache (the plain CPU build in pip's own, any other in a folder named for its flags, since pip
-# keys a wheel by its URL alone), so later installs take seconds. The stamp holds the build's
-# name: when the choice changes (a toolkit installed since, other CMAKE_ARGS), it is built again.
+# Metal on Apple Silicon, else the CPU; your own CMAKE_ARGS win. Its multimodal library (mtmd) is
+# built in, so a vision GGUF's mmproj runs too. pip keeps each build's wheel in its cache, in a
+# folder named for its flags (pip keys a wheel by its URL alone), so later installs take seconds.
+# The stamp holds the build's name: when the choice changes (a toolkit installed since, other
+# CMAKE_ARGS, mtmd added to a venv built without it), it is built again.
 $(VENV)/.llama: $(VENV)/.torch FORCE
 	@build=$$($(BIN)/python scripts/llama_build.py --shell) || exit 1; eval "$$build"; \
 	if [ -f $@ ] && [ "$$(cat $@)" = "$$LLAMA_BUILD" ]; then exit 0; fi; \

@@ -77,16 +77,17 @@ def test_one_quantization_is_picked_out_of_a_repo_of_many_by_its_name_in_any_cas
     assert model.facts.chat_template and model.facts.context_length == 8192
 
 
-@pytest.mark.parametrize("files, spec, chosen", [
-    (["a-Q4_K_M.gguf", "a-Q8_0.gguf"], "org/a-GGUF", "a-Q4_K_M.gguf"),  # several, none named: Q4_K_M
-    (["model.gguf"], "org/a-GGUF", "model.gguf"),  # just one: that one
-    (["a.Q4_K_M.gguf", "a.Q4_K_S.gguf", "mmproj-a-Q4_K_M.gguf"], "org/a:q4_k_s", "a.Q4_K_S.gguf"),
-    (["a-IQ4_XS.gguf", "a-Q4_K_M.gguf"], "org/a:iq4_xs", "a-IQ4_XS.gguf"),
+@pytest.mark.parametrize("files, spec, chosen, projector", [
+    (["a-Q4_K_M.gguf", "a-Q8_0.gguf"], "org/a-GGUF", "a-Q4_K_M.gguf", []),  # several, none named: Q4_K_M
+    (["model.gguf"], "org/a-GGUF", "model.gguf", []),  # just one: that one
+    (["a.Q4_K_M.gguf", "a.Q4_K_S.gguf", "mmproj-a-Q4_K_M.gguf"], "org/a:q4_k_s", "a.Q4_K_S.gguf",
+     ["mmproj-a-Q4_K_M.gguf"]),  # a vision repo: its projector comes too
+    (["a-IQ4_XS.gguf", "a-Q4_K_M.gguf"], "org/a:iq4_xs", "a-IQ4_XS.gguf", []),
 ])
-def test_a_gguf_is_chosen_as_ollama_and_llama_cpp_choose(files, spec, chosen):
+def test_a_gguf_is_chosen_as_ollama_and_llama_cpp_choose(files, spec, chosen, projector):
     from serge.engine.models.hub import HubSource, _choose
 
-    assert _choose(HubSource.parse(spec), {f: 1 for f in ["README.md", *files]}) == ([chosen], chosen)
+    assert _choose(HubSource.parse(spec), {f: 1 for f in ["README.md", *files]}) == ([chosen, *projector], chosen)
 
 
 def test_an_unknown_quantization_names_the_ones_there(library, hub):

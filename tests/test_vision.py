@@ -32,30 +32,40 @@ def vlm_folder(tmp_path_factory):
     return tiny_vlm.build(tmp_path_factory.mktemp("tiny-vlm"), ModelLibrary(models_dir()).find(MODEL).folder)
 
 
-@pytest.fixture(scope="module")
-def engine(vlm_folder, tmp_path_factory):
-    root = tmp_path_factory.mktemp("vision")
-    settings = Settings(data_dir=root / "data", models_dir=root / "models", engine="transformers",
-                        default_model=NAME, port=free_port())
-    text_only = standin_model()
-    with Engine(settings, backends={TEXT_ONLY: text_only}) as engine:
-        engine.import_model(vlm_folder, NAME, log=lambda line: None)
-        yield engine
-    text_only.close()
+def vision_fixtures(model: str, name: str, kind: str):
+    """Module fixtures `engine` (the vision model that fixture `model` makes, imported as `name` and served on
+    engine `kind`, beside the stand-in as a text-only model) and `client` (a real server over it):
+    `engine, client = vision_fixtures(...)` at module top."""
+
+    @pytest.fixture(scope="module", name="engine")
+    def engine_fixture(request, tmp_path_factory):
+        root = tmp_path_factory.mktemp(f"vision-{kind}")
+        settings = Settings(data_dir=root / "data", models_dir=root / "models", engine=kind, default_model=name,
+                            port=free_port())
+        text_only = standin_model()
+        with Engine(settings, backends={TEXT_ONLY: text_only}) as engine:
+            engine.import_model(request.getfixturevalue(model), name, log=lambda line: None)
+            yield engine
+        text_only.close()
+
+    @pytest.fixture(scope="module", name="client")
+    def client_fixture(engine, tmp_path_factory):
+        with own_server(engine.settings, engine, tmp_path_factory.mktemp("vision-server")) as url, \
+                httpx.Client(base_url=url, timeout=120) as http:
+            yield http
+
+    return engine_fixture, client_fixture
 
 
-@pytest.fixture(scope="module")
-def client(engine, tmp_path_factory):
-    with own_server(engine.settings, engine, tmp_path_factory.mktemp("vision-server")) as url, \
-            httpx.Client(base_url=url, timeout=120) as http:
-        yield http
+engine, client = vision_fixtures("vlm_folder", NAME, "transformers")
 
 
-def first_token_scores(engine, images: tuple = ()) -> tuple[int, list]:
+def first_token_scores(engine, images: tuple = (), name: str = NAME) -> tuple[int, list]:
     """The prompt's length and the first reply token's top alternatives, greedy."""
-    stream = engine.chat(NAME, ChatRequest([Message("user", ASK, images=images)],
+    stream = engine.chat(name, ChatRequest([Message("user", ASK, images=images)],
                                            SamplingParams(max_new_tokens=1, temperature=0, logprobs=5)))
     tokens = [t for delta in stream.deltas() for t in delta.tokens]
+    assert stream.record.error is None, stream.record.error
     return stream.prompt_tokens, [(t.token, t.logprob) for t in tokens[0].top]
 
 
@@ -67,12 +77,18 @@ def test_the_library_says_which_model_sees_images(engine, vlm_folder, client):
     assert "sees images" in client.get("/models").text
 
 
-def test_an_image_reaches_the_model_and_two_images_give_different_logits(engine):
+def two_images(engine, name: str = NAME) -> tuple[int, int, list, list, list, list]:
+    """Prompt lengths without and with an image, and the first token's scores: no image, red, blue, then red
+    again after blue (so no KV of another image may be reused)."""
     red, blue = read_image(png("red")), read_image(png("blue"))
-    plain_length, plain = first_token_scores(engine)
-    length, with_red = first_token_scores(engine, (red,))
-    _, with_blue = first_token_scores(engine, (blue,))
-    _, red_again = first_token_scores(engine, (red,))  # after blue: no KV of another image is reused
+    plain_length, plain = first_token_scores(engine, (), name)
+    length, with_red = first_token_scores(engine, (red,), name)
+    return (plain_length, length, plain, with_red, first_token_scores(engine, (blue,), name)[1],
+            first_token_scores(engine, (red,), name)[1])
+
+
+def test_an_image_reaches_the_model_and_two_images_give_different_logits(engine):
+    plain_length, length, plain, with_red, with_blue, red_again = two_images(engine)
     assert length == plain_length + IMAGE_TOKENS  # the template's <image> became the processor's run of tokens
     assert with_red != with_blue and with_red != plain
     assert red_again == with_red
@@ -207,12 +223,14 @@ def _tiny_gguf(path) -> None:
     writer.close()
 
 
-def test_a_gguf_sees_images_by_its_mmproj_file_but_not_on_this_llama_cpp(tmp_path):
+def test_a_gguf_sees_images_by_its_mmproj_file_where_llama_cpp_has_mtmd(tmp_path):
     from serge.engine.info import sees_images
+    from serge.engine.llama_vision import mtmd_available
 
     _tiny_gguf(tmp_path / "model-Q4_K_M.gguf")
     assert not read_facts(tmp_path, "model-Q4_K_M.gguf").vision
     _tiny_gguf(tmp_path / "mmproj-model-f16.gguf")
     facts = read_facts(tmp_path, "model-Q4_K_M.gguf")
     assert facts.vision and not read_facts(tmp_path, "mmproj-model-f16.gguf").vision
-    assert not sees_images(facts, "llama.cpp")  # this build has no mtmd: the Models page says "vision: not here"
+    assert sees_images(facts, "llama.cpp") is mtmd_available()  # without mtmd the Models page says "vision: not here"
+    assert not sees_images(facts, "transformers")  # a GGUF converted for transformers keeps no projector

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from serge.engine.generation.sampling import SamplingParams
+from serge.engine.llama_vision import mtmd_available
 from serge.engine.local import EngineKind
 from serge.engine.metrics import ModelSnapshot
 from serge.engine.models.facts import ModelFacts
@@ -66,8 +67,12 @@ class EngineStatus:
 
 def sees_images(facts: ModelFacts, engine: EngineKind | None) -> bool:
     """Its files carry a vision tower and its engine runs it: transformers with its own checkpoint (a GGUF
-    converted for transformers keeps no projector; this llama.cpp build has no multimodal library)."""
-    return facts.vision and facts.format == "transformers" and engine == "transformers"
+    converted for transformers keeps no projector), llama.cpp with the GGUF's mmproj where its build has mtmd."""
+    if not facts.vision:
+        return False
+    if facts.format == "transformers":
+        return engine == "transformers"
+    return engine == "llama.cpp" and mtmd_available()
 
 
 def size_text(n: int | None) -> str:

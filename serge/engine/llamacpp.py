@@ -21,6 +21,8 @@ Layers go to the GPU where this llama.cpp build has one (CUDA, Metal), as many a
 (`llama_offload.plan_offload`); each layer's slice of the KV cache lives with its layer,
 and the logits always come back to the host, where sampling runs.
 
+A model with an mmproj GGUF beside it sees images where this build has mtmd (`llama_vision`).
+
 Every call happens on the scheduler's worker thread. It knows nothing of prompts,
 streams or HTTP.
 """
@@ -42,6 +44,7 @@ from serge.engine.generation.scheduler import Scheduler
 from serge.engine.llama_batch import LlamaBatch
 from serge.engine.llama_memory import KvType, footprint, kv_layout, kv_type, placement
 from serge.engine.llama_offload import plan_offload
+from serge.engine.llama_vision import LlamaVision, load_vision
 from serge.engine.local import LoadOptions, LocalModel, check_chat_template, eos_ids, load_tokenizer
 
 log = logging.getLogger(__name__)
@@ -124,6 +127,7 @@ class LlamaForward:
         self._ctx = None
         self._batch = None
         self._free_ids: list[int] = []
+        self.vision: LlamaVision | None = None  # a model with an mmproj: its images' chunks go through it
 
     @property
     def weights_bytes(self) -> int:
@@ -166,6 +170,8 @@ class LlamaForward:
 
     def close(self) -> None:
         lc = self._lc
+        if self.vision is not None:
+            self.vision.close()
         self._batch = None  # numpy's arrays: nothing of llama.cpp's to free
         if self._ctx is not None:
             lc.llama_free(self._ctx)
@@ -218,8 +224,11 @@ class LlamaForward:
             return logits
         return logits[torch.tensor(order).argsort()]  # back in the callers' order (a copy)
 
-    def prefill(self, kv: LlamaKV, tokens: list[int]) -> torch.Tensor:
-        """Feed a chunk of one sequence's prompt; the logits after its last token (a copy: they are kept)."""
+    def prefill(self, kv: LlamaKV, tokens: list[int], images: dict | None = None) -> torch.Tensor:
+        """Feed a chunk of one sequence's prompt (with images: all of it, through `vision`); the logits after
+        its last token (a copy: they are kept)."""
+        if images is not None:
+            return self.vision.prefill(self, kv, tokens, images)
         self._run([(kv, tokens, True)])
         return self._logits(1)[0].clone()
 
@@ -258,13 +267,15 @@ def load_llamacpp(installed: InstalledModel, options: LoadOptions) -> LocalModel
     forward = LlamaForward(str(installed.gguf_path), options.threads, max_batch=options.limits.prefill_chunk,
                            gpu_layers=planned.n_gpu_layers, kv=kv_type(options.kv_type))
     forward.size(*kv_layout(options, forward.bytes_per_token, forward.n_ctx_train or 2048, forward.weights_bytes))
+    forward.vision = load_vision(installed, forward._model, options.threads, planned.n_gpu_layers > 0, tokenizer)
     kv_bytes = forward.kv_bytes
     offload = planned  # the same split, counted again on the model's own numbers and its KV cache as made
     if planned.n_gpu_layers:
         offload = dataclasses.replace(plan_offload(forward.n_layer, forward.weights_bytes // (forward.n_layer + 1),
                                                    kv_bytes, 0, None, planned.n_gpu_layers, planned.device),
                                       why=planned.why)
-    memory = footprint(forward.weights_bytes, kv_bytes, options, offload)
+    memory = footprint(forward.weights_bytes + (forward.vision.nbytes if forward.vision else 0), kv_bytes, options,
+                       offload)
     eos = eos_ids(tokenizer) | forward.eog_ids()
     limits = dataclasses.replace(options.limits, max_running=forward.slices)
     scheduler = Scheduler(forward, tokenizer, frozenset(eos), options.threads, installed.name, limits,
@@ -287,4 +298,5 @@ def load_llamacpp(installed: InstalledModel, options: LoadOptions) -> LocalModel
         device=offload.describe(),
         gpu_bytes=memory.gpu_bytes,
         kv_cache=f"{forward.slices} x {forward.cells} cells, {forward.kv.name}",
+        vision=forward.vision,
     )

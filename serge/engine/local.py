@@ -62,6 +62,7 @@ class LocalModel:
     memory_bytes: int  # weights (and for llama.cpp its KV cache) as loaded
     model: object | None = None  # the transformers model (never written to after load); None on llama.cpp
     processor: object | None = None  # a vision model's: turns a request's images into its pixel inputs
+    vision: object | None = None  # on llama.cpp, its `llama_vision.LlamaVision`: the same job, through mtmd
     tool_format: ToolFormat = field(default=None)  # how its template offers tools; found at load
     source: str = ""  # where it came from, as the library says
     kind: str = "chat"
@@ -115,11 +116,14 @@ class LocalModel:
         images = [image for m in messages for image in m.images]
         if not images:
             return prompt.ids, None, prompt.room
-        if self.processor is None:  # the engine refuses this first, naming the models that can
+        if self.processor is None and self.vision is None:  # the engine refuses this first, naming those that can
             raise InvalidRequest(f"{self.name} cannot see images; send text only", "messages")
-        from serge.engine.vision import image_inputs
+        if self.vision is not None:
+            ids, pixels = self.vision.image_inputs(prompt.ids, images)
+        else:
+            from serge.engine.vision import image_inputs
 
-        ids, pixels = image_inputs(self.processor, prompt.ids, images)
+            ids, pixels = image_inputs(self.processor, prompt.ids, images)
         room = prompt.room - (len(ids) - len(prompt.ids))
         if room <= 0:
             raise ContextTooLong(f"the conversation with its images needs {len(ids)} tokens, but the model's "

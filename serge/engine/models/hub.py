@@ -35,6 +35,8 @@ _REPO = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,95}/[A-Za-z0-9][A-Za-z0-9_.-]{0
 _QUANT = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,31}")
 _SMALL_FILES = ("*.json", "*.jinja", "tokenizer*", "*.txt", "*.model")
 _SPLIT = re.compile(r"-\d{5}-of-\d{5}$")
+# A projector in float16 is what llama.cpp's own repos ship; bfloat16 and q8_0 are as good for it; float32 twice f16.
+_MMPROJ_PRECISIONS = ("f16", "bf16", "q8_0", "f32")
 DEFAULT_QUANT = "q4_k_m"  # Ollama's and llama.cpp's choice when a repo of GGUFs is named without one
 
 
@@ -169,7 +171,19 @@ def _choose(source: HubSource, sizes: dict[str, int]) -> tuple[list[str], str | 
                             f"name the quantization more exactly")
     if _SPLIT.search(Path(matches[0]).stem):
         raise InvalidSource(f"{matches[0]} is one part of a split GGUF; Serge installs single-file GGUFs only")
-    return matches, matches[0]
+    return matches + choose_mmproj(top, sizes), matches[0]
+
+
+def choose_mmproj(files: list[str], sizes: dict[str, int]) -> list[str]:
+    """A vision GGUF repo's projector for llama.cpp's multimodal library (`mmproj*.gguf`), in the first precision
+    of `_MMPROJ_PRECISIONS` it has, else its smallest; [] for a repo without one."""
+    found = sorted((f for f in files if f.lower().startswith("mmproj") and f.lower().endswith(".gguf")),
+                   key=lambda f: (sizes.get(f, 0), f))
+    for precision in _MMPROJ_PRECISIONS:
+        named = [f for f in found if re.search(rf"(^|[-._]){precision}([-._]|$)", Path(f).stem.lower())]
+        if named:
+            return named[:1]
+    return found[:1]
 
 
 def _quant_of(file: str) -> str:

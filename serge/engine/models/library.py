@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from serge.engine.models.catalog import CATALOG, CatalogEntry, from_pypi
-from serge.engine.models.facts import ModelFacts, has_chat_template, is_embedding_folder, read_facts
+from serge.engine.models.facts import ModelFacts, has_chat_template, is_embedding_folder, mmproj_files, read_facts
 from serge.engine.models.conversions import convert_gguf, save_gguf_tokenizer
 from serge.engine.models.errors import InvalidModelName, InvalidSource, ModelNotFound, PullCancelled, PullFailed
 from serge.engine.models.files import link_or_copy, size_of, write_json
@@ -91,6 +91,12 @@ class InstalledModel:
     def gguf_path(self) -> Path | None:
         return self.path if self.path.suffix == ".gguf" else None
 
+    @property
+    def mmproj_path(self) -> Path | None:
+        """A GGUF's vision projector beside it (`mmproj*.gguf`), which llama.cpp's multimodal library reads."""
+        found = mmproj_files(self.folder) if self.gguf_path is not None and self.facts.vision else []
+        return found[0] if found else None
+
     def transformers_folder(self, log: Log = print) -> Path:
         """A folder transformers can load: the checkpoint itself, or the GGUF converted once."""
         if self.gguf_path is None:
@@ -109,6 +115,18 @@ class InstalledModel:
             finally:
                 shutil.rmtree(staging, ignore_errors=True)
         return converted
+
+
+def _projector_beside(gguf: Path, log: Log) -> list[Path]:
+    """The one `mmproj*.gguf` beside an imported GGUF (its vision projector), to come with it; none when there
+    are several (which is whose cannot be told) or the file is a projector itself."""
+    if gguf.name.lower().startswith("mmproj"):
+        return []
+    found = [p for p in mmproj_files(gguf.parent) if p.is_file()]
+    if len(found) > 1:
+        log(f"{len(found)} mmproj files beside {gguf.name} ({', '.join(p.name for p in found)}): none taken; "
+            f"import from a folder holding only this model's, to see images")
+    return found if len(found) == 1 else []
 
 
 def _inside(folder: Path, relative) -> Path:
@@ -224,6 +242,7 @@ class ModelLibrary:
                 if f.read(4) != b"GGUF":
                     raise PullFailed(f"{path} is not a GGUF file (it does not start with 'GGUF')")
             files, gguf = [path], path.name if path.suffix == ".gguf" else f"{path.name}.gguf"
+            files += _projector_beside(path, log)
         else:
             if not (path / "config.json").is_file() or not any(path.glob("*.safetensors")):
                 raise PullFailed(f"{path} is not a transformers checkpoint: it needs config.json and .safetensors "
@@ -233,7 +252,8 @@ class ModelLibrary:
             files, gguf = sorted({f for pattern in _IMPORT_FILES for f in path.glob(pattern) if f.is_file()}), None
             files += sorted(f for f in path.glob("1_Pooling/*.json") if f.is_file())  # an embedding model's pooling
         with self._staging(name, f"local:{path}") as (staging, manifest):
-            linked = sum(link_or_copy(f, _inside(staging, gguf or f.relative_to(path))) for f in files)
+            linked = sum(link_or_copy(f, _inside(staging, (f.name if i else gguf) if gguf else f.relative_to(path)))
+                         for i, f in enumerate(files))
             if gguf:
                 manifest["file"] = gguf
                 save_gguf_tokenizer(staging, gguf)
