@@ -102,7 +102,7 @@ def test_each_dialect_image_part_reaches_the_llama_cpp_model(client):
 @needs_mtmd
 def test_a_text_only_model_asked_about_an_image_names_the_llama_cpp_model_that_sees(engine):
     with pytest.raises(InvalidRequest, match=f"cannot see images.*{NAME}"):
-        engine.chat(TEXT_ONLY, [Message("user", ASK, images=(read_image(png("red")),))])
+        engine.chat(TEXT_ONLY, ChatRequest([Message("user", ASK, images=(read_image(png("red")),))]))
 
 
 @needs_mtmd
