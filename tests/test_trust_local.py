@@ -8,11 +8,11 @@ warns once when others can read them; a new password revokes the user's API keys
 
 from __future__ import annotations
 
+import io
 import logging
 import os
 import stat
 import subprocess
-import sys
 
 import pytest
 from starlette.datastructures import Headers
@@ -72,12 +72,26 @@ def test_serve_warns_once_when_others_can_read_the_chats(tmp_path, open_umask, m
     assert warn_if_exposed(Settings(data_dir=data)) == []
 
 
-def serge(*args: str, stdin: str = "") -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "serge", *args], input=stdin, capture_output=True, text=True,
-                          timeout=120)
+@pytest.fixture
+def serge(monkeypatch, capsys):
+    """serge(*args, stdin=...) -> its exit status and output: the CLI's `main` in this process, as the command
+    line runs it (a process each cost seconds of imports; tests/test_accounts_cli.py runs the real command)."""
+
+    def run(*args: str, stdin: str = "") -> subprocess.CompletedProcess:
+        monkeypatch.setattr("sys.stdin", io.StringIO(stdin))
+        capsys.readouterr()
+        try:
+            main(list(args))
+            status = 0
+        except SystemExit as exc:
+            status = exc.code if isinstance(exc.code, int) else 1
+        out, err = capsys.readouterr()
+        return subprocess.CompletedProcess(args, status, out, err)
+
+    return run
 
 
-def test_a_new_password_revokes_the_users_keys_unless_kept(tmp_path):
+def test_a_new_password_revokes_the_users_keys_unless_kept(tmp_path, serge):
     d = ("--data-dir", str(tmp_path))
     assert serge("users", "add", "bob", "--password-stdin", *d, stdin="battery staple\n").returncode == 0
     first = serge("keys", "create", "bob", *d).stdout.strip()
