@@ -69,6 +69,29 @@ def cheap_password_hashes():
         yield
 
 
+@pytest.fixture
+def cli(monkeypatch, capsys):
+    """cli(*args, stdin="") -> the exit status and output of `serge *args`, run through the CLI's `main` in this
+    process: each `python -m serge` costs a second or two of imports (a few tests still start the real one)."""
+    import io
+    import subprocess
+
+    from serge.cli import main
+
+    def run(*args: str, stdin: str = "") -> subprocess.CompletedProcess:
+        monkeypatch.setattr("sys.stdin", io.StringIO(stdin))
+        capsys.readouterr()
+        try:
+            main(list(args))
+            status = 0
+        except SystemExit as exc:
+            status = exc.code if isinstance(exc.code, int) else 1
+        out, err = capsys.readouterr()
+        return subprocess.CompletedProcess(["serge", *args], status, out, err)
+
+    return run
+
+
 def models_dir() -> Path:
     return Path(os.environ.get("SERGE_TEST_MODELS_DIR") or Settings().models_path)
 

@@ -8,11 +8,9 @@ warns once when others can read them; a new password revokes the user's API keys
 
 from __future__ import annotations
 
-import io
 import logging
 import os
 import stat
-import subprocess
 
 import pytest
 from starlette.datastructures import Headers
@@ -72,38 +70,19 @@ def test_serve_warns_once_when_others_can_read_the_chats(tmp_path, open_umask, m
     assert warn_if_exposed(Settings(data_dir=data)) == []
 
 
-@pytest.fixture
-def serge(monkeypatch, capsys):
-    """serge(*args, stdin=...) -> its exit status and output: the CLI's `main` in this process, as the command
-    line runs it (a process each cost seconds of imports; tests/test_accounts_cli.py runs the real command)."""
-
-    def run(*args: str, stdin: str = "") -> subprocess.CompletedProcess:
-        monkeypatch.setattr("sys.stdin", io.StringIO(stdin))
-        capsys.readouterr()
-        try:
-            main(list(args))
-            status = 0
-        except SystemExit as exc:
-            status = exc.code if isinstance(exc.code, int) else 1
-        out, err = capsys.readouterr()
-        return subprocess.CompletedProcess(args, status, out, err)
-
-    return run
-
-
-def test_a_new_password_revokes_the_users_keys_unless_kept(tmp_path, serge):
+def test_a_new_password_revokes_the_users_keys_unless_kept(tmp_path, cli):
     d = ("--data-dir", str(tmp_path))
-    assert serge("users", "add", "bob", "--password-stdin", *d, stdin="battery staple\n").returncode == 0
-    first = serge("keys", "create", "bob", *d).stdout.strip()
-    changed = serge("users", "passwd", "bob", "--password-stdin", *d, stdin="a new password\n")
+    assert cli("users", "add", "bob", "--password-stdin", *d, stdin="battery staple\n").returncode == 0
+    first = cli("keys", "create", "bob", *d).stdout.strip()
+    changed = cli("users", "passwd", "bob", "--password-stdin", *d, stdin="a new password\n")
     assert changed.returncode == 0 and "1 API key(s) of theirs were revoked" in changed.stdout, changed.stdout
-    listed = serge("keys", "list", "bob", *d).stdout
+    listed = cli("keys", "list", "bob", *d).stdout
     assert first[:17] in listed and "revoked" in listed and "active" not in listed
 
-    second = serge("keys", "create", "bob", *d).stdout.strip()
-    kept = serge("users", "passwd", "bob", "--keep-keys", "--password-stdin", *d, stdin="another password\n")
+    second = cli("keys", "create", "bob", *d).stdout.strip()
+    kept = cli("users", "passwd", "bob", "--keep-keys", "--password-stdin", *d, stdin="another password\n")
     assert kept.returncode == 0 and "kept" in kept.stdout
-    assert "active" in [line for line in serge("keys", "list", "bob", *d).stdout.splitlines()
+    assert "active" in [line for line in cli("keys", "list", "bob", *d).stdout.splitlines()
                         if second[:17] in line][0]
 
 
