@@ -17,6 +17,20 @@ is checked on each.
 from __future__ import annotations
 
 import os
+
+
+def _threads_per_worker() -> None:
+    """Under pytest-xdist (`make test` runs `-n`), the workers share the cores: each one's torch, OpenMP and
+    engine threads get its share, set before torch loads (2 workers on 2 cores with 2 threads each decoded
+    several times slower than one worker alone). A value the caller set wins."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 0)
+    if workers:
+        share = str(max(1, len(os.sched_getaffinity(0)) // workers))
+        for name in ("OMP_NUM_THREADS", "SERGE_TORCH_THREADS"):
+            os.environ.setdefault(name, share)
+
+
+_threads_per_worker()
 import socket
 import threading
 from collections.abc import Iterator
@@ -38,6 +52,7 @@ MODEL = "smollm2-135m-instruct"
 REAL_FIXTURES = {"engines", "small_engine", "fake_hub"}  # the fixtures that load or read the real model
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(config, items):
     """A test that reaches the real model through one of these fixtures must say so (`real_model`), so that
     `-m "not real_model"` never loads it. A module's own fixture of the same name (a stand-in) is not one."""
@@ -45,6 +60,12 @@ def pytest_collection_modifyitems(config, items):
                 and any(_from_here(item, name) for name in REAL_FIXTURES)]
     if unmarked:
         raise pytest.UsageError("these tests use the real model without the real_model mark: " + ", ".join(unmarked))
+    # Under `--dist loadgroup` (make test) a module runs on one worker, its module fixtures made once, unless it
+    # splits itself with xdist_group marks (as test_fuzz_api does).
+    if config.getoption("loadgroup", False):
+        for item in items:
+            if item.get_closest_marker("xdist_group") is None:
+                item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
 
 
 def _from_here(item, name: str) -> bool:
@@ -320,7 +341,28 @@ def fake_hub(tmp_path_factory):
 
 
 # --- databases: SQLite, and PostgreSQL when CI names one ------------------------------------------------
-POSTGRES_URL = os.environ.get("SERGE_TEST_POSTGRES_URL")
+def _schema_of_this_worker(url: str | None) -> str | None:
+    """Under pytest-xdist each worker uses a schema of its own in the one database (tests drop and migrate
+    tables), named for the worker and put first on the search path; the URL is rewritten in the environment
+    too, for the tests and servers that read it there."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if not url or not worker:
+        return url
+    from sqlalchemy import create_engine, text
+
+    schema = f"serge_test_{worker}"
+    maker = create_engine(url)
+    try:
+        with maker.begin() as connection:
+            connection.execute(text(f'CREATE SCHEMA IF NOT EXISTS "{schema}"'))
+    finally:
+        maker.dispose()
+    own = f"{url}{'&' if '?' in url else '?'}options=-csearch_path%3D{schema}"
+    os.environ["SERGE_TEST_POSTGRES_URL"] = own
+    return own
+
+
+POSTGRES_URL = _schema_of_this_worker(os.environ.get("SERGE_TEST_POSTGRES_URL"))
 DATABASES = ["sqlite", pytest.param("postgres", marks=[
     pytest.mark.postgres,
     pytest.mark.skipif(not POSTGRES_URL, reason="SERGE_TEST_POSTGRES_URL is not set (CI starts PostgreSQL)")])]
