@@ -439,13 +439,18 @@ def set_setting(page, label: str, value: str) -> None:
     field.dispatch_event("input")
 
 
-def start_chat(page, url: str, question: str, max_tokens: int) -> None:
-    """Open the chat page, ask for greedy replies of at most `max_tokens` in the settings panel, send `question`."""
+def open_chat(page, url: str, max_tokens: int) -> None:
+    """Open the chat page and ask for greedy replies of at most `max_tokens` in the settings panel."""
     page.goto(url + "/")
     page.get_by_role("button", name="Settings").click()
     set_setting(page, "Max tokens", str(max_tokens))
     set_setting(page, "Temperature", "0")
     page.get_by_role("button", name="Close").click()
+
+
+def start_chat(page, url: str, question: str, max_tokens: int) -> None:
+    """`open_chat`, then send `question`."""
+    open_chat(page, url, max_tokens)
     box = page.get_by_label("Message")
     box.fill(question)
     box.press("Enter")
