@@ -52,7 +52,6 @@ MODEL = "smollm2-135m-instruct"
 REAL_FIXTURES = {"engines", "small_engine", "fake_hub"}  # the fixtures that load or read the real model
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(config, items):
     """A test that reaches the real model through one of these fixtures must say so (`real_model`), so that
     `-m "not real_model"` never loads it. A module's own fixture of the same name (a stand-in) is not one."""
@@ -60,12 +59,6 @@ def pytest_collection_modifyitems(config, items):
                 and any(_from_here(item, name) for name in REAL_FIXTURES)]
     if unmarked:
         raise pytest.UsageError("these tests use the real model without the real_model mark: " + ", ".join(unmarked))
-    # Under `--dist loadgroup` (make test) a module runs on one worker, its module fixtures made once, unless it
-    # splits itself with xdist_group marks (as test_fuzz_api does).
-    if config.getoption("loadgroup", False):
-        for item in items:
-            if item.get_closest_marker("xdist_group") is None:
-                item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
 
 
 def _from_here(item, name: str) -> bool:
