@@ -406,6 +406,9 @@ BROWSER = [pytest.mark.browser,
 @pytest.fixture(scope="module")
 def browser():
     playwright_sync = pytest.importorskip("playwright.sync_api")
+    # Playwright's `expect` gives up after 5 s: a wait for the page, not a check of speed, which a loaded
+    # machine (or two xdist workers on two cores) passed in a browser test that then failed.
+    playwright_sync.expect.set_options(timeout=60_000)
     with playwright_sync.sync_playwright() as p:
         launched = p.chromium.launch(executable_path=str(CHROMIUM),
                                      args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"])
