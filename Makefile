@@ -11,8 +11,13 @@ BIN := $(VENV)/bin
 run: install model
 	$(BIN)/serge serve
 
+# The suite on every core, at most 4 (pytest-xdist): a test module stays on one worker (its module fixtures made
+# once), and each worker's torch and engine threads are its share of the cores (tests/conftest.py).
+# TEST_WORKERS=0 runs it in one process.
+TEST_WORKERS ?= $(shell n=$$(getconf _NPROCESSORS_ONLN 2>/dev/null || nproc); echo $$(( n < 4 ? n : 4 )))
+
 test: install-dev model
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 bench: install-dev model
 	$(BIN)/python -m pip install --quiet -e ".[dev,bench]"

@@ -17,6 +17,20 @@ is checked on each.
 from __future__ import annotations
 
 import os
+
+
+def _threads_per_worker() -> None:
+    """Under pytest-xdist (`make test` runs `-n`), the workers share the cores: each one's torch, OpenMP and
+    engine threads get its share, set before torch loads (2 workers on 2 cores with 2 threads each decoded
+    several times slower than one worker alone). A value the caller set wins."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 0)
+    if workers:
+        share = str(max(1, len(os.sched_getaffinity(0)) // workers))
+        for name in ("OMP_NUM_THREADS", "SERGE_TORCH_THREADS"):
+            os.environ.setdefault(name, share)
+
+
+_threads_per_worker()
 import socket
 import threading
 from collections.abc import Iterator
@@ -67,6 +81,29 @@ def cheap_password_hashes():
         patch.setattr("serge.accounts.service.PasswordHasher",
                       partial(PasswordHasher, time_cost=1, memory_cost=8, parallelism=1))
         yield
+
+
+@pytest.fixture
+def cli(monkeypatch, capsys):
+    """cli(*args, stdin="") -> the exit status and output of `serge *args`, run through the CLI's `main` in this
+    process: each `python -m serge` costs a second or two of imports (a few tests still start the real one)."""
+    import io
+    import subprocess
+
+    from serge.cli import main
+
+    def run(*args: str, stdin: str = "") -> subprocess.CompletedProcess:
+        monkeypatch.setattr("sys.stdin", io.StringIO(stdin))
+        capsys.readouterr()
+        try:
+            main(list(args))
+            status = 0
+        except SystemExit as exc:
+            status = exc.code if isinstance(exc.code, int) else 1
+        out, err = capsys.readouterr()
+        return subprocess.CompletedProcess(["serge", *args], status, out, err)
+
+    return run
 
 
 def models_dir() -> Path:
@@ -298,7 +335,28 @@ def fake_hub(tmp_path_factory):
 
 
 # --- databases: SQLite, and PostgreSQL when CI names one ------------------------------------------------
-POSTGRES_URL = os.environ.get("SERGE_TEST_POSTGRES_URL")
+def _schema_of_this_worker(url: str | None) -> str | None:
+    """Under pytest-xdist each worker uses a schema of its own in the one database (tests drop and migrate
+    tables), named for the worker and put first on the search path; the URL is rewritten in the environment
+    too, for the tests and servers that read it there."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if not url or not worker:
+        return url
+    from sqlalchemy import create_engine, text
+
+    schema = f"serge_test_{worker}"
+    maker = create_engine(url)
+    try:
+        with maker.begin() as connection:
+            connection.execute(text(f'CREATE SCHEMA IF NOT EXISTS "{schema}"'))
+    finally:
+        maker.dispose()
+    own = f"{url}{'&' if '?' in url else '?'}options=-csearch_path%3D{schema}"
+    os.environ["SERGE_TEST_POSTGRES_URL"] = own
+    return own
+
+
+POSTGRES_URL = _schema_of_this_worker(os.environ.get("SERGE_TEST_POSTGRES_URL"))
 DATABASES = ["sqlite", pytest.param("postgres", marks=[
     pytest.mark.postgres,
     pytest.mark.skipif(not POSTGRES_URL, reason="SERGE_TEST_POSTGRES_URL is not set (CI starts PostgreSQL)")])]
@@ -360,6 +418,9 @@ BROWSER = [pytest.mark.browser,
 @pytest.fixture(scope="module")
 def browser():
     playwright_sync = pytest.importorskip("playwright.sync_api")
+    # Playwright's `expect` gives up after 5 s: a wait for the page, not a check of speed, which a loaded
+    # machine (or two xdist workers on two cores) passed in a browser test that then failed.
+    playwright_sync.expect.set_options(timeout=60_000)
     with playwright_sync.sync_playwright() as p:
         launched = p.chromium.launch(executable_path=str(CHROMIUM),
                                      args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"])
@@ -386,13 +447,18 @@ def set_setting(page, label: str, value: str) -> None:
     field.dispatch_event("input")
 
 
-def start_chat(page, url: str, question: str, max_tokens: int) -> None:
-    """Open the chat page, ask for greedy replies of at most `max_tokens` in the settings panel, send `question`."""
+def open_chat(page, url: str, max_tokens: int) -> None:
+    """Open the chat page and ask for greedy replies of at most `max_tokens` in the settings panel."""
     page.goto(url + "/")
     page.get_by_role("button", name="Settings").click()
     set_setting(page, "Max tokens", str(max_tokens))
     set_setting(page, "Temperature", "0")
     page.get_by_role("button", name="Close").click()
+
+
+def start_chat(page, url: str, question: str, max_tokens: int) -> None:
+    """`open_chat`, then send `question`."""
+    open_chat(page, url, max_tokens)
     box = page.get_by_label("Message")
     box.fill(question)
     box.press("Enter")

@@ -1,9 +1,11 @@
-"""Files made in the tests: PDFs (reportlab), DOCX (python-docx), HTML and Markdown, and hostile ones."""
+"""Files made in the tests: PDFs (reportlab), DOCX (python-docx), HTML and Markdown, and hostile ones; the fixed
+ones are made once per process (`cache`: bytes never change; a hostile one costs about a second)."""
 
 from __future__ import annotations
 
 import io
 import zipfile
+from functools import cache
 
 TEMPLATE = "http://schemas.openxmlformats.org/officeDocument/2006/relationships/attachedTemplate"
 PAGE_THREE_FACT = "The lighthouse keeper on Skerry Island is named Ottoline Vance."
@@ -32,6 +34,7 @@ def pdf(pages: list[str]) -> bytes:
     return out.getvalue()
 
 
+@cache
 def report_pdf() -> bytes:
     """Five pages on a harbour; the keeper's name is only on page 3."""
     filler = ("The harbour authority publishes tide tables every spring. Ferries run twice a day in summer and "
@@ -47,6 +50,7 @@ TOPICS = ["ferry timetables and winter crossings", "tide tables and spring tides
           "broadband cables under the sound", "the lifeboat crew's training", "sheep grazing on the common"]
 
 
+@cache
 def long_report_pdf() -> bytes:
     """Twelve pages, each about its own topic at length; the keeper's name is only on page 3 (too long to go whole
     into an 8,192-token window)."""
@@ -58,6 +62,7 @@ def long_report_pdf() -> bytes:
     return pdf(pages)
 
 
+@cache
 def encrypted_pdf() -> bytes:
     from pypdf import PdfReader, PdfWriter
 
@@ -68,6 +73,7 @@ def encrypted_pdf() -> bytes:
     return out.getvalue()
 
 
+@cache
 def empty_pages_pdf(count: int = 10_000) -> bytes:
     from pypdf import PdfWriter
 
@@ -95,6 +101,7 @@ def docx(paragraphs: list[str], external_url: str | None = None) -> bytes:
     return out.getvalue()
 
 
+@cache
 def zip_bomb_docx(unpacked_mb: int = 300) -> bytes:
     """A real DOCX with one more part that unpacks to `unpacked_mb` MB of zeros (a few hundred KB packed)."""
     out = io.BytesIO(docx(["an innocent paragraph"]))
@@ -115,6 +122,7 @@ def html(body: str, external_url: str | None = None) -> bytes:
             f"<script>var hidden = 'script text';</script><h1>Notes</h1><p>{body}</p></body></html>").encode()
 
 
+@cache
 def zip_bomb_pdf(unpacked_mb: int = 300) -> bytes:
     """A one-page PDF whose content stream inflates to `unpacked_mb` MB (a few hundred KB packed)."""
     import zlib

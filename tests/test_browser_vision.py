@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import BROWSER, own_server
+from conftest import BROWSER, open_chat, own_server
 from test_browser_documents import drop
 from test_vision import engine, vlm_folder  # noqa: F401  (fixtures: the tiny vision model's engine)
 from tiny_vlm import png
@@ -23,7 +23,7 @@ def server(engine, tmp_path_factory):  # noqa: F811
 
 
 def test_an_image_sent_to_a_vision_model_shows_as_a_thumbnail_in_the_message(page, server):
-    page.goto(server + "/")
+    open_chat(page, server, max_tokens=4)  # the random model's reply of up to 1,024 tokens is not the point
     drop(page, "photo.png", png("purple", (64, 48)), "image/png")
     chip = page.locator("#attachments .attachment img")
     expect(chip).to_have_count(1)

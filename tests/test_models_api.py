@@ -196,10 +196,10 @@ def test_a_path_or_a_second_spelling_never_loads_a_model_and_memory_stays_flat(s
 
 def test_the_api_docs_describe_the_library_endpoints(library_server):
     base, _ = library_server
-    paths = httpx.get(f"{base}/openapi.json").json()["paths"]
+    paths = httpx.get(f"{base}/openapi.json", timeout=60).json()["paths"]
     for path, method in [("/api/models", "get"), ("/api/models/{name}", "get"), ("/api/models/{name}", "delete"),
                          ("/api/models/pulls", "post"), ("/api/models/pulls/{pull_id}", "get"),
                          ("/api/models/pulls/{pull_id}/events", "get"), ("/api/models/pulls/{pull_id}", "delete"),
                          ("/v1/models/{model_id}", "get")]:
         assert paths[path][method]["summary"], (path, method)
-    assert "source" in httpx.get(f"{base}/openapi.json").json()["components"]["schemas"]["PullIn"]["properties"]
+    assert "source" in httpx.get(f"{base}/openapi.json", timeout=60).json()["components"]["schemas"]["PullIn"]["properties"]

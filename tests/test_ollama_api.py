@@ -241,7 +241,7 @@ def test_errors_come_in_ollamas_shape(client, server):
 
 
 def test_the_api_docs_list_the_ollama_routes(server):
-    paths = httpx.get(f"{server}/openapi.json").json()["paths"]
+    paths = httpx.get(f"{server}/openapi.json", timeout=60).json()["paths"]
     assert {"/api/chat", "/api/generate", "/api/tags", "/api/show", "/api/ps", "/api/version", "/api/pull",
             "/api/delete", "/api/chats"} <= set(paths)
 

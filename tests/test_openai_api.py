@@ -154,8 +154,8 @@ def test_metrics_are_exposed_for_prometheus(server):
 
 
 def test_the_api_docs_describe_the_endpoints(server):
-    spec = httpx.get(f"{server}/openapi.json").json()
+    spec = httpx.get(f"{server}/openapi.json", timeout=60).json()
     assert {"/v1/chat/completions", "/v1/models", "/api/health"} <= set(spec["paths"])
     fields = spec["components"]["schemas"]["ChatCompletionRequest"]["properties"]
     assert {"top_k", "min_p", "repetition_penalty", "seed", "stop"} <= set(fields)
-    assert httpx.get(f"{server}/docs").status_code == 200
+    assert httpx.get(f"{server}/docs", timeout=60).status_code == 200

@@ -11,8 +11,6 @@ from __future__ import annotations
 import logging
 import os
 import stat
-import subprocess
-import sys
 
 import pytest
 from starlette.datastructures import Headers
@@ -72,24 +70,19 @@ def test_serve_warns_once_when_others_can_read_the_chats(tmp_path, open_umask, m
     assert warn_if_exposed(Settings(data_dir=data)) == []
 
 
-def serge(*args: str, stdin: str = "") -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "serge", *args], input=stdin, capture_output=True, text=True,
-                          timeout=120)
-
-
-def test_a_new_password_revokes_the_users_keys_unless_kept(tmp_path):
+def test_a_new_password_revokes_the_users_keys_unless_kept(tmp_path, cli):
     d = ("--data-dir", str(tmp_path))
-    assert serge("users", "add", "bob", "--password-stdin", *d, stdin="battery staple\n").returncode == 0
-    first = serge("keys", "create", "bob", *d).stdout.strip()
-    changed = serge("users", "passwd", "bob", "--password-stdin", *d, stdin="a new password\n")
+    assert cli("users", "add", "bob", "--password-stdin", *d, stdin="battery staple\n").returncode == 0
+    first = cli("keys", "create", "bob", *d).stdout.strip()
+    changed = cli("users", "passwd", "bob", "--password-stdin", *d, stdin="a new password\n")
     assert changed.returncode == 0 and "1 API key(s) of theirs were revoked" in changed.stdout, changed.stdout
-    listed = serge("keys", "list", "bob", *d).stdout
+    listed = cli("keys", "list", "bob", *d).stdout
     assert first[:17] in listed and "revoked" in listed and "active" not in listed
 
-    second = serge("keys", "create", "bob", *d).stdout.strip()
-    kept = serge("users", "passwd", "bob", "--keep-keys", "--password-stdin", *d, stdin="another password\n")
+    second = cli("keys", "create", "bob", *d).stdout.strip()
+    kept = cli("users", "passwd", "bob", "--keep-keys", "--password-stdin", *d, stdin="another password\n")
     assert kept.returncode == 0 and "kept" in kept.stdout
-    assert "active" in [line for line in serge("keys", "list", "bob", *d).stdout.splitlines()
+    assert "active" in [line for line in cli("keys", "list", "bob", *d).stdout.splitlines()
                         if second[:17] in line][0]
 
 
