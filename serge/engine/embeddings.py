@@ -115,6 +115,8 @@ class EmbeddingModel:
     Which engine runs it is its `encoder`'s business (transformers here, llama.cpp in
     `llama_embeddings`); the checks, the batching and the bookkeeping are this class's."""
 
+    kv_cache = ""  # an encoder keeps no KV cache (a chat model on llama.cpp tells its layout here)
+
     kind = "embedding"
 
     def __init__(self, name: str, encoder: Encoder, context_window: int, dimensions: int, load_seconds: float,

@@ -127,10 +127,7 @@ def _load_sqlite_vec(dbapi_connection) -> tuple[str | None, str]:
 def _sqlite_pragmas(busy_timeout_s: float, loaded: dict, load_sqlite_vec: bool):
     def apply(dbapi_connection, _record) -> None:
         version, why = _load_sqlite_vec(dbapi_connection) if load_sqlite_vec else (None, "not asked to")
-        if "version" not in loaded:  # the first connection says it, once
-            log.info("sqlite-vec %s loaded: passages' vectors are scored in SQLite" if version else
-                     "sqlite-vec did not load (%s): passages' vectors are scored by Serge", version or why)
-        loaded["version"] = version
+        loaded.update(version=version, why=why)
         cursor = dbapi_connection.cursor()
         cursor.execute("PRAGMA journal_mode=WAL")
         cursor.execute("PRAGMA foreign_keys=ON")
@@ -178,6 +175,11 @@ class Database:
             return None
         if "version" not in self._loaded:
             self.engine.connect().close()
+        if not self._loaded.get("said"):  # said once, when a search first asks (not by every CLI command)
+            self._loaded["said"] = True
+            log.info("sqlite-vec %s loaded: passages' vectors are scored in SQLite" if self._loaded["version"] else
+                     "sqlite-vec did not load (%s): passages' vectors are scored by Serge",
+                     self._loaded["version"] or self._loaded["why"])
         return self._loaded["version"]
 
     def session(self) -> Session:
