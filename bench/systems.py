@@ -84,6 +84,13 @@ def _ignore_eos_body(model: str, messages, max_tokens: int, ignore_eos: bool) ->
     return b
 
 
+def _has_amx() -> bool:
+    try:
+        return " amx_int8" in Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+
+
 class Unavailable(Exception):
     """The system is not installed or cannot run here: skip it."""
 
@@ -424,6 +431,9 @@ class LlamaServer(System):
                "--port", str(port), "-t", t, "-tb", t, "--parallel", str(self.parallel),
                "-c", str(self.cfg.slot_window * self.parallel), "--no-webui"]
         self.info["ctx_per_slot"] = self.cfg.slot_window
+        if _has_amx():  # as Serge's LlamaForward: llama.cpp's AMX repacked kernels crash on Q4_1 there
+            cmd.append("--no-repack")
+            self.info["repack"] = False
         return self._server(cmd, thread_env(self.cfg.threads), "/health", port)
 
     def body(self, messages, max_tokens, ignore_eos):
