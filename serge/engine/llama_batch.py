@@ -3,8 +3,8 @@
 llama-cpp-python's `llama_batch_init` gives ctypes arrays that Python fills one element (one
 foreign call) at a time, five per token, and a separate allocation per token for its sequence
 ids. Here each field is one numpy array that the struct points into, every token has one
-sequence id (a slot of `seq_id`), and a decode pass (one token per sequence) is four slice
-assignments. It knows nothing of contexts, KV cache or logits: that is `llamacpp.LlamaForward`'s.
+sequence id (a slot of `seq_id`), and each sequence of a pass is a few slice assignments (no
+foreign call per token). It knows nothing of contexts, KV cache or logits: that is `llamacpp.LlamaForward`'s.
 """
 
 from __future__ import annotations
@@ -38,20 +38,13 @@ class LlamaBatch:
 
     def fill(self, work: list[tuple[Cells, list[int], bool]]) -> None:
         """Each sequence's tokens at its next positions; an output row after its last token where it wants one."""
-        if all(len(tokens) == 1 for _, tokens, _ in work):  # a decode pass
-            n = len(work)
-            self.token[:n] = [tokens[0] for _, tokens, _ in work]
-            self.pos[:n] = [kv.length for kv, _, _ in work]
-            self.seq_id[:n] = [kv.seq for kv, _, _ in work]
-            self.logits[:n] = [want for _, _, want in work]
-        else:
-            n = 0
-            for kv, tokens, want_last in work:
-                end = n + len(tokens)
-                self.token[n:end] = tokens
-                self.pos[n:end] = np.arange(kv.length, kv.length + len(tokens))
-                self.seq_id[n:end] = kv.seq
-                self.logits[n:end] = 0
-                self.logits[end - 1] = want_last
-                n = end
+        n = 0
+        for kv, tokens, want_last in work:
+            end = n + len(tokens)
+            self.token[n:end] = tokens
+            self.pos[n:end] = np.arange(kv.length, kv.length + len(tokens))
+            self.seq_id[n:end] = kv.seq
+            self.logits[n:end] = 0
+            self.logits[end - 1] = want_last
+            n = end
         self.struct.n_tokens = n
