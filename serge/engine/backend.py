@@ -14,7 +14,7 @@ from serge.engine.generation.request import ChatRequest
 from serge.engine.generation.sampling import SamplingParams
 from serge.engine.generation.stream import Stream
 from serge.engine.generation.tools import Tools
-from serge.engine.local import EngineKind
+from serge.engine.info import EngineKind
 
 
 class Backend(Protocol):
