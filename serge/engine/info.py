@@ -56,8 +56,7 @@ class LoadedInfo:
     kv_cache: str = ""  # llama.cpp's: "8 x 8192 cells, q8_0" (replies at once x each one's window, the cells' type)
 
 
-def where_loaded(device: str | None, gpu_bytes: int, memory_bytes: int,
-                 plan: DevicePlan) -> tuple[str, int]:
+def where_loaded(device: str | None, gpu_bytes: int, memory_bytes: int, plan: DevicePlan) -> tuple[str, int]:
     """Where a loaded model runs and how much of it is on a GPU: its engine's own word (llama.cpp's layer split),
     else the device plan's, all of it on the GPU unless that is the CPU (a transformers load)."""
     if device:

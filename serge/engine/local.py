@@ -32,6 +32,7 @@ from serge.engine.generation.tools import Tools, plan_reply
 
 log = logging.getLogger(__name__)
 
+
 @dataclass(frozen=True)
 class LoadOptions:
     """What every local load needs besides the model itself."""
