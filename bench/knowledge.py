@@ -12,10 +12,10 @@
   costs), by words, and both fused as a reply does (its question's embedding not
   included). p50 and p95 in milliseconds; the issue's target is under 50 ms at
   10,000 passages.
-On SQLite with vectors scored by Serge (`sqlite`), on SQLite with sqlite-vec where a driver
-can load it (`sqlite-vec`: the standard library's sqlite3, else sqlean.py), and on PostgreSQL
-too when SERGE_TEST_POSTGRES_URL names one (in a schema of its own, dropped after). Prints a
-table and writes bench/results/knowledge-*.json.
+On SQLite with vectors scored by Serge (`sqlite`: the fallback where no driver loads sqlite-vec),
+on SQLite as Serge opens it, with sqlite-vec (`sqlite-vec`: the standard library's sqlite3, else
+sqlean.py), and on PostgreSQL too when SERGE_TEST_POSTGRES_URL names one (in a schema of its own,
+dropped after). Prints a table and writes bench/results/knowledge-*.json.
 """
 
 from __future__ import annotations
@@ -67,19 +67,13 @@ def _postgres_schema(url: str):
 
 
 def _sqlite_drivers() -> dict:
-    """name -> (the DB-API driver, whether sqlite-vec may load): Serge's scoring, and sqlite-vec's where it can."""
+    """name -> (the DB-API driver, whether sqlite-vec may load): the standard library's sqlite3 with Serge's
+    scoring (the fallback), and the driver Serge opens SQLite with, with sqlite-vec."""
     import sqlite3
 
-    drivers = {"sqlite": (sqlite3, False)}
-    if hasattr(sqlite3.Connection, "enable_load_extension"):
-        drivers["sqlite-vec"] = (sqlite3, True)
-    else:
-        try:
-            import sqlean
-            drivers["sqlite-vec"] = (sqlean, True)
-        except ImportError:
-            pass
-    return drivers
+    from serge.store.db import sqlite_driver
+
+    return {"sqlite": (sqlite3, False), "sqlite-vec": (sqlite_driver(), True)}
 
 
 def search_latency(url: str, passages: int, queries: int, seed: int = 0, driver=None) -> dict:

@@ -6,10 +6,10 @@
 Starts `serge serve` on a free port with a data dir of its own (a temporary one: never
 your chats), then, in Debian's Chromium through Playwright (never a browser Playwright
 downloads): asks a question and keeps the page with its real reply and this machine's
-tokens/s (docs/screenshot.png); attaches a 16-page PDF made here whose one fact is on
-page 3, asks about it and keeps the reply with its sources listed under it
-(docs/screenshot-sources.png); and builds a collection from the same PDF on the Knowledge
-page (docs/screenshot-knowledge.png). Needs the dev extra (playwright, reportlab), the
+tokens/s (docs/screenshot.png); attaches a 32-page PDF made here, longer than the model's
+window, whose one fact is on page 3, asks about it and keeps the reply with its sources (file
+and pages) listed under it (docs/screenshot-sources.png); and builds a collection from the
+same PDF on the Knowledge page (docs/screenshot-knowledge.png). Needs the dev extra (playwright, reportlab), the
 bundled chat and embedding models installed (`make model`), and /usr/bin/chromium.
 Stops the server and removes its data dir at the end, also on failure.
 """
@@ -38,12 +38,17 @@ FACT = ("The lighthouse keeper on Skerry Island is Ottoline Vance. Ottoline Vanc
 TOPICS = ["the harbour budget", "the ferry timetable", "the island's lighthouse", "road repairs",
           "the spring festival", "the school roof", "waste collection", "the museum's opening hours",
           "winter storm damage", "the library's new wing", "parking by the quay", "the fishing quotas",
-          "the footpath to the north beach", "street lighting", "the market square", "next year's plans"]
+          "the footpath to the north beach", "street lighting", "the market square", "the bus shelter",
+          "the sea wall", "the allotments", "the swimming pool", "dog fouling", "the war memorial",
+          "the bowling green", "broadband", "the lifeboat station", "the village hall", "the tourist office",
+          "the cemetery", "the harbour dredging", "the youth club", "the post office", "the wind farm",
+          "next year's plans"]
 
 
 def minutes_pdf() -> bytes:
-    """Council minutes of 16 pages of about 2,400 characters each, too long to go whole into the model's
-    window; the one fact asked about is on page 3 alone."""
+    """Council minutes of 32 pages of about 2,400 characters each (some 12,000 tokens): more than the model's
+    window, so they go in as the passages best for the question and the reply lists their pages; the one fact
+    asked about is on page 3 alone."""
     from reportlab.lib.pagesizes import A4
     from reportlab.lib.styles import getSampleStyleSheet
     from reportlab.platypus import PageBreak, Paragraph, SimpleDocTemplate

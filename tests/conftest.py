@@ -362,17 +362,6 @@ DATABASES = ["sqlite", pytest.param("postgres", marks=[
     pytest.mark.skipif(not POSTGRES_URL, reason="SERGE_TEST_POSTGRES_URL is not set (CI starts PostgreSQL)")])]
 
 
-def loadable_sqlite():
-    """A SQLite driver whose connections can load extensions (sqlite-vec): the standard library's where it was
-    built so, else sqlean.py (of the dev extra); the test is skipped where there is neither."""
-    import sqlite3
-
-    if hasattr(sqlite3.Connection, "enable_load_extension"):
-        return sqlite3
-    return pytest.importorskip("sqlean", reason="this Python's sqlite3 cannot load extensions and sqlean.py "
-                                                "is not installed (pip install -e '.[dev]')")
-
-
 def migrate_to(connection, revision: str, down: bool = False) -> None:
     """Run the migrations up (or down) to `revision` on an open connection: for tests of one step."""
     from alembic import command

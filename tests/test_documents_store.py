@@ -1,33 +1,66 @@
-"""The documents store on SQLite (vectors scored by Serge, and by sqlite-vec where a driver can load it), and on
-PostgreSQL when SERGE_TEST_POSTGRES_URL names one (CI): files kept once by their hash, owned by their account, gone
-with their chat; passages ranked by meaning and by words, in the same order whoever scores the vectors."""
+"""The documents store on SQLite (opened as Serge opens it, vectors scored by sqlite-vec; and through the standard
+library's sqlite3 without it, vectors scored by Serge), and on PostgreSQL when SERGE_TEST_POSTGRES_URL names one (CI):
+files kept once by their hash, owned by their account, gone with their chat; passages ranked by meaning and by words,
+in the same order whoever scores the vectors."""
 
 from __future__ import annotations
 
 import logging
+import sqlite3
 
 import numpy as np
 import pytest
 
-from conftest import DATABASES, POSTGRES_URL, fresh_database, loadable_sqlite
+from conftest import DATABASES, POSTGRES_URL, fresh_database, own_server
+from standin import stand_in
 from serge.store import ChatStore, Database, DocumentNotFound, DocumentStore, FileStore, NewChunk
-from serge.store import db as store_db
+from serge.store.db import sqlite_driver
+
+settings, engine = stand_in("settings", "engine")  # for the server's start; nothing here generates
+
+def _serge_scores(url: str) -> Database:
+    """The fallback where no driver can load sqlite-vec: the standard library's sqlite3, vectors scored by Serge."""
+    return Database(url, sqlite_module=sqlite3, load_sqlite_vec=False)
 
 
-@pytest.fixture(params=["sqlite-vec", *DATABASES])
-def database(request, tmp_path, monkeypatch):
-    """The conftest's databases, the SQLite one without sqlite-vec (Serge scores), and one with it."""
-    url = f"sqlite:///{tmp_path / 'serge.db'}" if request.param != "postgres" else POSTGRES_URL
-    if request.param == "sqlite-vec":
-        db = Database(url, sqlite_module=loadable_sqlite())
-        db.migrate()
-        assert db.sqlite_vec
+@pytest.fixture(params=["sqlite-without-vec", *DATABASES])
+def database(request, tmp_path):
+    """The conftest's databases (SQLite as Serge opens it, with sqlite-vec), and the SQLite one without it."""
+    if request.param != "sqlite-without-vec":
+        db = fresh_database(f"sqlite:///{tmp_path / 'serge.db'}" if request.param == "sqlite" else POSTGRES_URL)
+        assert bool(db.sqlite_vec) == (request.param == "sqlite")
     else:
-        monkeypatch.setattr(store_db, "sqlite_vec", None)  # as where the package is missing
-        db = fresh_database(url)
+        db = _serge_scores(f"sqlite:///{tmp_path / 'serge.db'}")
+        db.migrate()
         assert db.sqlite_vec is None
     yield db
     db.close()
+
+
+def test_every_install_opens_sqlite_with_a_driver_that_loads_sqlite_vec(tmp_path):
+    """The standard library's sqlite3 where it can load extensions, else sqlean.py (a runtime dependency), with WAL
+    and the migrations (FTS5's tables among them) as on any other driver; the line serve logs at start says so."""
+    can_load = hasattr(sqlite3.Connection, "enable_load_extension")
+    assert sqlite_driver().__name__ == ("sqlite3" if can_load else "sqlean")
+    db = Database(f"sqlite:///{tmp_path / 'serge.db'}")
+    db.migrate()
+    with db.engine.connect() as connection:
+        assert connection.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+        assert connection.exec_driver_sql("SELECT count(*) FROM document_chunks_fts").scalar() == 0
+    assert db.sqlite_vec and db.describe() == (
+        f"SQLite {sqlite_driver().sqlite_version} through {sqlite_driver().__name__}, sqlite-vec {db.sqlite_vec} "
+        "loaded: passages' vectors are scored in SQLite")
+    db.close()
+
+
+def test_the_server_says_once_at_start_which_driver_opened_the_database_and_who_scores_vectors(
+        settings, engine, tmp_path, caplog):
+    with caplog.at_level(logging.INFO, logger="serge.web.app"), own_server(settings, engine, tmp_path / "data"):
+        pass
+    said = [r.getMessage() for r in caplog.records if "passages' vectors are scored" in r.getMessage()]
+    assert len(said) == 1, said
+    assert said[0].startswith(f"SQLite {sqlite_driver().sqlite_version} through {sqlite_driver().__name__}, "
+                              "sqlite-vec v") and said[0].endswith(" loaded: passages' vectors are scored in SQLite")
 
 
 @pytest.fixture
@@ -104,14 +137,10 @@ def _corpus(rng: np.random.Generator) -> list[list[NewChunk]]:
     return files
 
 
-def test_sqlite_vec_ranks_the_passages_as_serge_does_over_vectors_written_without_it(tmp_path, monkeypatch, caplog):
+def test_sqlite_vec_ranks_the_passages_as_serge_does_over_vectors_written_without_it(tmp_path):
     url, rng = f"sqlite:///{tmp_path / 'serge.db'}", np.random.default_rng(0)
-    with monkeypatch.context() as patched:
-        patched.setattr(store_db, "sqlite_vec", None)
-        with caplog.at_level(logging.INFO, logger="serge.store"):
-            plain = Database(url)
-            assert plain.sqlite_vec is None  # the first connection loads it, or says why not
-        assert caplog.text.count("scored by Serge") == 1
+    plain = _serge_scores(url)
+    assert plain.describe().endswith("sqlite-vec not loaded (not asked to): passages' vectors are scored by Serge")
     plain.migrate()
     chat = ChatStore(plain).create_chat("me", title="t")
     served = DocumentStore(plain, FileStore(tmp_path / "files"))
@@ -120,11 +149,9 @@ def test_sqlite_vec_ranks_the_passages_as_serge_does_over_vectors_written_withou
     queries = [rng.standard_normal(16).astype(np.float32) for _ in range(10)] + [
         np.zeros(16, dtype=np.float32), _corpus(np.random.default_rng(0))[1][7].vector]
     expected = [served.by_meaning("me", ids, q, 12) for q in queries]
-    caplog.clear()
-    with caplog.at_level(logging.INFO, logger="serge.store"):
-        vec = Database(url, sqlite_module=loadable_sqlite())  # the same file: its vectors as they were
-        assert vec.sqlite_vec
-    assert caplog.text.count("scored in SQLite") == 1
+    plain.close()  # a second SQLite library in this process would not see the first one's locks
+    vec = Database(url)  # the same file, opened as Serge opens it: its vectors as they were
+    assert vec.sqlite_vec
     scored = DocumentStore(vec, served.files)
     in_sqlite = [scored.by_meaning("me", ids, q, 12) for q in queries]  # nothing kept yet: sqlite-vec scores
     scored.vectors.settle()
@@ -136,7 +163,6 @@ def test_sqlite_vec_ranks_the_passages_as_serge_does_over_vectors_written_withou
             assert np.allclose([h.score for h in hits], [h.score for h in want], atol=1e-5)
     assert scored.by_meaning("me", ids, np.ones(8, dtype=np.float32), 5) == []  # another model's size: no match
     vec.close()
-    plain.close()
 
 
 def test_kept_and_unkept_documents_are_ranked_together(stores):

@@ -112,6 +112,16 @@ def test_the_model_list_says_which_kind_each_model_is(server):
     assert EMBEDDER in {m["id"] for m in httpx.get(f"{server}/v1/models", timeout=30).json()["data"]}
 
 
+@real_model
+def test_health_describes_a_loaded_embedding_model_as_it_describes_itself(server, client):
+    """Each loaded model makes its own row: an encoder has no KV cache to tell (a chat model on llama.cpp has)."""
+    client.embeddings.create(model=EMBEDDER, input="warm")
+    loaded = {m["name"]: m for m in httpx.get(f"{server}/api/health", timeout=30).json()["models_loaded"]}
+    embedder = loaded[EMBEDDER]
+    assert embedder["engine"] == "transformers" and embedder["kv_cache"] == "" and embedder["device"] == "cpu"
+    assert embedder["memory_bytes"] > 0 and embedder["gpu_bytes"] == 0
+
+
 def test_a_hostile_page_gets_no_embedding(standin_server):
     server = standin_server
     cross = httpx.post(f"{server}/v1/embeddings", json={"input": "x"}, timeout=30,

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import shutil
 import socket
-import sqlite3
 import threading
 import time
 from pathlib import Path
@@ -28,6 +27,7 @@ from test_chats_api import read_events, wait_for
 from serge.engine import ModelLibrary
 from serge.engine.models.library import MANIFEST, folder_name
 from serge.settings import RemoteModel, Settings
+from serge.store.db import sqlite_driver
 from serge.web.app import build_app
 
 BROKEN = "broken-model"
@@ -200,10 +200,11 @@ def test_the_chat_page_says_the_model_would_not_load_not_that_it_is_busy(faulty)
 # --- the database locked or full ----------------------------------------------------------------------------
 
 class HeldLock:
-    """Another program writing to the database: it holds SQLite's write lock until released."""
+    """Another program writing to the database: it holds SQLite's write lock until released. Through Serge's own
+    driver: a second SQLite library in one process does not see the first one's locks (POSIX locks are per process)."""
 
     def __init__(self, path: Path) -> None:
-        self.db = sqlite3.connect(path, isolation_level=None)
+        self.db = sqlite_driver().connect(path, isolation_level=None)
 
     def take(self) -> None:
         self.db.execute("BEGIN EXCLUSIVE")

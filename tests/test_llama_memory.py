@@ -88,6 +88,16 @@ def test_the_estimate_counts_the_bytes_of_the_layout_the_loader_makes(kv):
     assert llama_memory.estimate(facts, options) == WEIGHTS + kv_bytes + parked
 
 
+def test_a_vision_models_projector_is_counted_with_its_weights_on_the_host_or_the_gpu():
+    """The mmproj file llama.cpp loads beside a vision GGUF's weights: in the estimate as the loader counts it."""
+    facts = ModelFacts("gguf", "llama", 135 * 10**6, "Q4_1", WEIGHTS, 8192, True, kv_bytes_per_token=BUNDLED_F16,
+                       layers=30, vision=True)
+    projector = 7 * MB
+    assert llama_memory.estimate(facts, _options(), projector) == llama_memory.estimate(facts, _options()) + projector
+    on_cpu = llama_memory.placement(facts, _options(), projector)
+    assert on_cpu.host_bytes == llama_memory.placement(facts, _options()).host_bytes + projector
+
+
 def test_serge_llama_kv_type_reaches_the_setting_and_only_known_types_do(monkeypatch):
     assert Settings().llama_kv_type == "q8_0-keys" == KV_TYPES[0]
     monkeypatch.setenv("SERGE_LLAMA_KV_TYPE", "f16")

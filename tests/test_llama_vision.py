@@ -14,8 +14,13 @@ from standin import NAME as TEXT_ONLY
 from test_vision import ASK, two_images, vision_fixtures
 from tiny_gguf_vlm import IMAGE_TOKENS, write_pair
 from tiny_vlm import b64, data_url, png
-from serge.engine import ChatRequest, InvalidRequest, Message, ModelLibrary, SamplingParams, read_image
+from serge.engine import (ChatRequest, EngineMetrics, InvalidRequest, Message, ModelLibrary, SamplingParams,
+                          llama_memory, read_image)
+from serge.engine.devices import resolve_device
+from serge.engine.generation.admission import SchedulerLimits
 from serge.engine.llama_vision import mtmd_available
+from serge.engine.local import LoadOptions
+from serge.engine.registry import ModelRegistry
 from serge.engine.models.hub import HubSource, _choose, choose_mmproj
 
 NAME = "tiny-gguf-vlm"
@@ -41,6 +46,16 @@ def test_an_imported_gguf_brings_its_mmproj_and_is_listed_as_seeing_where_llama_
     assert engine.info(NAME).vision is mtmd_available()
     listed = {m["name"]: m["vision"] for m in client.get("/api/models").json()["data"]}
     assert listed[NAME] is mtmd_available() and listed[TEXT_ONLY] is False
+
+
+def test_the_memory_estimate_before_a_load_counts_the_mmproj_llama_cpp_loads_beside_the_weights(engine):
+    library = ModelLibrary(engine.settings.models_path)
+    installed = library.find(NAME)
+    options = LoadOptions(resolve_device("cpu", "float32"), 1, 512, SchedulerLimits(), EngineMetrics())
+    registry = ModelRegistry(library, options, "llama.cpp")
+    projector = installed.mmproj_path.stat().st_size if mtmd_available() else 0  # without mtmd it is never loaded
+    assert projector or not mtmd_available()
+    assert registry.estimate(installed) == llama_memory.estimate(installed.facts, options) + projector
 
 
 def test_an_import_beside_several_projectors_takes_none(pair, tmp_path):

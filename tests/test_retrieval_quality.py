@@ -5,15 +5,15 @@ order whether Serge or sqlite-vec scores the vectors."""
 from __future__ import annotations
 
 import itertools
+import sqlite3
 
 import pytest
 
-from conftest import loadable_sqlite, models_dir
+from conftest import models_dir
 from serge.chats.documents import ChatDocuments
 from serge.engine import Engine
 from serge.settings import Settings
 from serge.store import ChatStore, Database, DocumentStore, FileStore, NewChunk
-from serge.store import db as store_db
 
 pytestmark = pytest.mark.real_model  # the real embedding model
 
@@ -62,9 +62,7 @@ def distractors(count: int) -> list[str]:
 def documents(tmp_path_factory):
     data = tmp_path_factory.mktemp("retrieval")
     settings = Settings(data_dir=data, models_dir=models_dir(), torch_threads=1)
-    with pytest.MonkeyPatch.context() as patched:
-        patched.setattr(store_db, "sqlite_vec", None)  # Serge scores the vectors here; sqlite-vec in the test
-        database = Database(f"sqlite:///{data / 'serge.db'}")
+    database = Database(f"sqlite:///{data / 'serge.db'}")  # as Serge opens it: sqlite-vec scores a first search
     database.migrate()
     with Engine(settings) as engine:
         yield ChatDocuments(DocumentStore(database, FileStore(data / "files")), engine), ChatStore(database)
@@ -82,9 +80,9 @@ def test_the_answering_passage_ranks_first_for_nine_of_ten_paraphrased_questions
     ranked = [service.rank("me", [doc.id], question) for _, question in ANSWERS]
     firsts = [r[0].hit.text == answer for r, (answer, _) in zip(ranked, ANSWERS)]
     assert sum(firsts) >= 9, [q for (_, q), first in zip(ANSWERS, firsts) if not first]
-    vec = Database(str(service.store.db.engine.url), sqlite_module=loadable_sqlite())
-    assert vec.sqlite_vec
-    in_sqlite = ChatDocuments(DocumentStore(vec, service.store.files), service.engine)
-    assert [[r.hit.chunk_id for r in in_sqlite.rank("me", [doc.id], question)] for _, question in ANSWERS] == [
+    plain = Database(str(service.store.db.engine.url), sqlite_module=sqlite3, load_sqlite_vec=False)
+    assert plain.sqlite_vec is None
+    by_serge = ChatDocuments(DocumentStore(plain, service.store.files), service.engine)
+    assert [[r.hit.chunk_id for r in by_serge.rank("me", [doc.id], question)] for _, question in ANSWERS] == [
         [r.hit.chunk_id for r in rank] for rank in ranked]
-    vec.close()
+    plain.close()

@@ -225,12 +225,12 @@ def _tiny_gguf(path) -> None:
 
 def test_a_gguf_sees_images_by_its_mmproj_file_where_llama_cpp_has_mtmd(tmp_path):
     from serge.engine.info import sees_images
-    from serge.engine.llama_vision import mtmd_available
 
     _tiny_gguf(tmp_path / "model-Q4_K_M.gguf")
     assert not read_facts(tmp_path, "model-Q4_K_M.gguf").vision
     _tiny_gguf(tmp_path / "mmproj-model-f16.gguf")
     facts = read_facts(tmp_path, "model-Q4_K_M.gguf")
     assert facts.vision and not read_facts(tmp_path, "mmproj-model-f16.gguf").vision
-    assert sees_images(facts, "llama.cpp") is mtmd_available()  # without mtmd the Models page says "vision: not here"
-    assert not sees_images(facts, "transformers")  # a GGUF converted for transformers keeps no projector
+    assert sees_images(facts, "llama.cpp", mtmd=True)
+    assert not sees_images(facts, "llama.cpp", mtmd=False)  # without mtmd the Models page says "vision: not here"
+    assert not sees_images(facts, "transformers", mtmd=True)  # a GGUF converted for transformers keeps no projector

@@ -1,7 +1,9 @@
 """The one seam under the engine's door: what the engine asks of every kind of model (`Backend`).
 
 Transformers, llama.cpp, a remote OpenAI-compatible server and the tests' stand-in
-each implement it; `Engine` turns a request's model name into one and calls it.
+each implement it; `Engine` turns a request's model name into one and calls it. A model
+the registry holds (a local chat or embedding model) also describes itself for /api/health
+(`loaded_info(busy, plan)`, an `info.LoadedInfo`): only llama.cpp's has a KV cache to tell.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from serge.engine.generation.request import ChatRequest
 from serge.engine.generation.sampling import SamplingParams
 from serge.engine.generation.stream import Stream
 from serge.engine.generation.tools import Tools
-from serge.engine.local import EngineKind
+from serge.engine.info import EngineKind
 
 
 class Backend(Protocol):

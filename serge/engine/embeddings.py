@@ -25,9 +25,11 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
+from serge.engine.devices import DevicePlan
 from serge.engine.generation.schemas import InvalidRequest
 from serge.engine.generation.sampling import SamplingParams
-from serge.engine.local import EngineKind, LoadOptions
+from serge.engine.info import EngineKind, LoadedInfo, where_loaded
+from serge.engine.local import LoadOptions
 from serge.engine.models.library import InstalledModel
 
 log = logging.getLogger(__name__)
@@ -115,8 +117,6 @@ class EmbeddingModel:
     Which engine runs it is its `encoder`'s business (transformers here, llama.cpp in
     `llama_embeddings`); the checks, the batching and the bookkeeping are this class's."""
 
-    kv_cache = ""  # an encoder keeps no KV cache (a chat model on llama.cpp tells its layout here)
-
     kind = "embedding"
 
     def __init__(self, name: str, encoder: Encoder, context_window: int, dimensions: int, load_seconds: float,
@@ -132,6 +132,12 @@ class EmbeddingModel:
         self._lock = threading.Lock()  # one job at a time on the model
         self._count = threading.Lock()
         self._pending = 0
+
+    def loaded_info(self, busy: bool, plan: DevicePlan) -> LoadedInfo:
+        """Its row in /api/health: an encoder keeps no KV cache to tell."""
+        device, gpu_bytes = where_loaded(self.device, self.gpu_bytes, self.memory_bytes, plan)
+        return LoadedInfo(self.name, self.engine, self.memory_bytes, self.load_seconds, self.context_window, busy,
+                          device, gpu_bytes)
 
     @property
     def pending(self) -> int:

@@ -24,7 +24,7 @@ from prometheus_client import generate_latest
 
 from serge.engine.backend import Backend
 from serge.engine.devices import DevicePlan, resolve_device
-from serge.engine.info import EngineStatus, LoadedInfo, ModelInfo, sees_images
+from serge.engine.info import EngineStatus, ModelInfo, sees_images
 from serge.engine.models.hub import PullProgress
 from serge.engine.models.errors import ModelNotFound
 from serge.engine.models.library import InstalledModel, ModelLibrary
@@ -35,7 +35,7 @@ from serge.engine.generation.prompts import Message
 from serge.engine.generation.request import ChatRequest
 from serge.engine.models.pulls import Pulls, PullStatus
 from serge.engine.registry import (Budget, ModelInUse, ModelRegistry, auto_engine, llama_cpp_available,
-                                   llama_cpp_offloads, machine_memory_bytes, resident_bytes)
+                                   llama_cpp_offloads, llama_cpp_sees_images, machine_memory_bytes, resident_bytes)
 from serge.engine.remote import RemoteClient
 from serge.engine.embeddings import Embeddings
 from serge.engine.generation.schemas import InvalidRequest
@@ -134,7 +134,7 @@ class Engine:
                          loaded is not None, remote=False, facts=m.facts, memory_bytes=memory,
                          busy=self._registry.in_use(m.name), defaults=loaded.defaults if loaded else m.defaults,
                          context_window=window, kind=m.facts.kind, device=device, gpu_bytes=gpu_bytes,
-                         vision=sees_images(m.facts, engine))
+                         vision=sees_images(m.facts, engine, llama_cpp_sees_images()))
 
     def _fixed_info(self, name: str) -> ModelInfo:
         backend = self._fixed[name]
@@ -275,11 +275,7 @@ class Engine:
         self._warm = True
 
     def status(self) -> EngineStatus:
-        loaded = [LoadedInfo(m.name, m.engine, m.memory_bytes, m.load_seconds, m.context_window,
-                             self._registry.in_use(m.name), m.device or self.plan.device,
-                             m.gpu_bytes if m.device else (m.memory_bytes if self.plan.device_type != "cpu" else 0),
-                             m.kv_cache)
-                  for m in self._registry.loaded().values()]
+        loaded = [m.loaded_info(self._registry.in_use(m.name), self.plan) for m in self._registry.loaded().values()]
         budget = self._registry.budget
         return EngineStatus(
             device=self.plan.device, dtype=self.plan.dtype_name, default_model=self.default_model, ready=self.ready,

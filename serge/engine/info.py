@@ -6,12 +6,16 @@ counts as people read them, one spelling for the CLI, the pages and the dialects
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
 
 from serge.engine.generation.sampling import SamplingParams
-from serge.engine.llama_vision import mtmd_available
-from serge.engine.local import EngineKind
 from serge.engine.metrics import ModelSnapshot
 from serge.engine.models.facts import ModelFacts
+
+if TYPE_CHECKING:
+    from serge.engine.devices import DevicePlan
+
+EngineKind = Literal["transformers", "llama.cpp", "remote"]
 
 
 @dataclass(frozen=True)
@@ -39,6 +43,8 @@ class ModelInfo:
 
 @dataclass(frozen=True)
 class LoadedInfo:
+    """A loaded model's row in /api/health; each loaded model describes itself (`loaded_info`)."""
+
     name: str
     engine: EngineKind
     memory_bytes: int
@@ -48,6 +54,14 @@ class LoadedInfo:
     device: str = ""  # cuda:0, mps, cpu; on llama.cpp its layer split: "CUDA0: 25/25 layers, KV cache on the GPU"
     gpu_bytes: int = 0  # of memory_bytes, on a GPU
     kv_cache: str = ""  # llama.cpp's: "8 x 8192 cells, q8_0" (replies at once x each one's window, the cells' type)
+
+
+def where_loaded(device: str | None, gpu_bytes: int, memory_bytes: int, plan: DevicePlan) -> tuple[str, int]:
+    """Where a loaded model runs and how much of it is on a GPU: its engine's own word (llama.cpp's layer split),
+    else the device plan's, all of it on the GPU unless that is the CPU (a transformers load)."""
+    if device:
+        return device, gpu_bytes
+    return plan.device, memory_bytes if plan.device_type != "cpu" else 0
 
 
 @dataclass(frozen=True)
@@ -65,14 +79,15 @@ class EngineStatus:
     resident_bytes: int | None  # this process, all of it
 
 
-def sees_images(facts: ModelFacts, engine: EngineKind | None) -> bool:
+def sees_images(facts: ModelFacts, engine: EngineKind | None, mtmd: bool) -> bool:
     """Its files carry a vision tower and its engine runs it: transformers with its own checkpoint (a GGUF
-    converted for transformers keeps no projector), llama.cpp with the GGUF's mmproj where its build has mtmd."""
+    converted for transformers keeps no projector), llama.cpp with the GGUF's mmproj where its build has mtmd
+    (`mtmd`: the registry's `llama_cpp_sees_images()`)."""
     if not facts.vision:
         return False
     if facts.format == "transformers":
         return engine == "transformers"
-    return engine == "llama.cpp" and mtmd_available()
+    return engine == "llama.cpp" and mtmd
 
 
 def size_text(n: int | None) -> str:

@@ -97,18 +97,19 @@ def planned_layout(facts: ModelFacts, options: LoadOptions) -> tuple[int, int, i
     return slices, cells, per_token
 
 
-def placement(facts: ModelFacts, options: LoadOptions) -> Footprint:
+def placement(facts: ModelFacts, options: LoadOptions, projector_bytes: int = 0) -> Footprint:
     """Where the model would go and what it would take, from its facts (before it is loaded): the loader's own
-    layout, on the GPUs llama.cpp sees now."""
+    layout, on the GPUs llama.cpp sees now, and a vision model's projector (its mmproj file, `projector_bytes`)
+    counted with the weights, as the loader counts it."""
     slices, cells, per_token = planned_layout(facts, options)
     kv_bytes = slices * cells * per_token
     offload = offload_for(facts.layers or 1, facts.weights_bytes, kv_bytes, options.memory_bytes, options.gpu_layers)
-    return footprint(facts.weights_bytes, kv_bytes, options, offload)
+    return footprint(facts.weights_bytes + projector_bytes, kv_bytes, options, offload)
 
 
-def estimate(facts: ModelFacts, options: LoadOptions) -> int:
+def estimate(facts: ModelFacts, options: LoadOptions, projector_bytes: int = 0) -> int:
     """Memory the model takes once loaded, host and GPU together (see `placement` for the two apart)."""
-    return placement(facts, options).total
+    return placement(facts, options, projector_bytes).total
 
 
 def footprint(weights_bytes: int, kv_bytes: int, options: LoadOptions, offload: Offload | None = None) -> Footprint:

@@ -13,10 +13,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal
 
 from serge.engine.models.library import InstalledModel
 from serge.engine.devices import DevicePlan
+from serge.engine.info import EngineKind, LoadedInfo, where_loaded
 from serge.engine.generation.request import ChatRequest
 from serge.engine.generation.schemas import InvalidRequest
 from serge.engine.metrics import EngineMetrics
@@ -31,8 +31,6 @@ from serge.engine.generation.tool_calls import ToolFormat, find_tool_format
 from serge.engine.generation.tools import Tools, plan_reply
 
 log = logging.getLogger(__name__)
-
-EngineKind = Literal["transformers", "llama.cpp", "remote"]
 
 
 @dataclass(frozen=True)
@@ -79,6 +77,12 @@ class LocalModel:
         object.__setattr__(self, "_mid_system", template_takes_mid_system(self.tokenizer))
         object.__setattr__(self, "_fim", fim_tokens(self.tokenizer))
         object.__setattr__(self, "thinks", template_thinks(self.tokenizer))
+
+    def loaded_info(self, busy: bool, plan: DevicePlan) -> LoadedInfo:
+        """Its row in /api/health, with llama.cpp's KV cache layout (transformers grows its own: none to tell)."""
+        device, gpu_bytes = where_loaded(self.device, self.gpu_bytes, self.memory_bytes, plan)
+        return LoadedInfo(self.name, self.engine, self.memory_bytes, self.load_seconds, self.context_window, busy,
+                          device, gpu_bytes, self.kv_cache)
 
     def _checked(self, params: SamplingParams | None) -> SamplingParams:
         params = (params or SamplingParams()).over(self.defaults)

@@ -27,7 +27,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from serge.engine.models.library import InstalledModel, ModelLibrary
-from serge.engine.local import EngineKind, LoadOptions, LocalModel, ModelLoadFailed
+from serge.engine.info import EngineKind
+from serge.engine.local import LoadOptions, LocalModel, ModelLoadFailed
 from serge.engine.generation.admission import EngineBusy
 
 log = logging.getLogger(__name__)
@@ -46,6 +47,13 @@ def llama_cpp_offloads() -> bool:
     from serge.engine.llama_offload import can_offload
 
     return can_offload()
+
+
+def llama_cpp_sees_images() -> bool:
+    """Whether the installed llama.cpp build has its multimodal library (mtmd), which runs a GGUF's mmproj."""
+    from serge.engine.llama_vision import mtmd_available
+
+    return mtmd_available()
 
 
 def auto_engine(gguf: bool, device_type: str, llama_installed: bool, llama_offloads: bool) -> tuple[EngineKind, str]:
@@ -170,17 +178,23 @@ class ModelRegistry:
         if engine == "llama.cpp":
             from serge.engine import llama_memory
 
-            return llama_memory.estimate(installed.facts, self.options)
+            return llama_memory.estimate(installed.facts, self.options, self._projector_bytes(installed))
         from serge.engine import transformers
 
         return transformers.estimate(installed.facts, self.options.plan)
+
+    @staticmethod
+    def _projector_bytes(installed: InstalledModel) -> int:
+        """A vision GGUF's mmproj file, which llama.cpp loads beside the weights where its build has mtmd."""
+        projector = installed.mmproj_path
+        return projector.stat().st_size if projector is not None and llama_cpp_sees_images() else 0
 
     def device(self, installed: InstalledModel, engine: EngineKind) -> tuple[str, int]:
         """Where `installed` would run on `engine`, and the bytes it would put on a GPU (before it is loaded)."""
         if engine == "llama.cpp" and installed.facts.kind == "chat":
             from serge.engine.llama_memory import placement
 
-            planned = placement(installed.facts, self.options)
+            planned = placement(installed.facts, self.options, self._projector_bytes(installed))
             return planned.offload.describe(), planned.gpu_bytes
         plan = self.options.plan
         on_gpu = plan.device_type != "cpu" and (engine != "llama.cpp" or llama_cpp_offloads())

@@ -13,14 +13,16 @@ and the SQLite file is made 0600 before SQLite opens it (its -wal and -shm files
 the database's mode), whatever the umask; one left more open by an older Serge is
 tightened when opened. `exposed()` says what others on the machine can still read.
 
-A SQLite connection loads the sqlite-vec extension where its driver can (`Database.sqlite_vec`
-names the version, None where it could not: many Pythons' sqlite3 are built without loadable
-extensions), and the documents store then scores passages' vectors inside SQLite.
+SQLite is opened through the standard library's sqlite3 where it can load extensions, else through
+sqlean.py (`sqlite_driver`: the same DB-API over its own SQLite, FTS5 and WAL included, built with
+loadable extensions; many Pythons' sqlite3 are built without them), so every install loads the
+sqlite-vec extension into its connections (`Database.sqlite_vec` names the version, None where it
+could not) and the documents store scores passages' vectors inside SQLite. One driver per process:
+two SQLite libraries in one process do not see each other's locks.
 """
 
 from __future__ import annotations
 
-import logging
 import os
 import sqlite3
 import stat
@@ -38,8 +40,10 @@ try:
     import sqlite_vec
 except ImportError:  # the chat database works without it: vectors are then scored by Serge
     sqlite_vec = None
-
-log = logging.getLogger("serge.store")
+try:
+    import sqlean
+except ImportError:  # not installed where its wheels do not reach (Windows, whose sqlite3 loads extensions)
+    sqlean = None
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 _REASONS = {  # words in the driver's message -> what the user is told
@@ -108,6 +112,14 @@ class DatabaseUnavailable(RuntimeError):
         self.reason = reason
 
 
+def sqlite_driver() -> ModuleType:
+    """The DB-API driver a SQLite database is opened with: the standard library's where its connections can load
+    extensions, else sqlean.py's (where it is installed), else the standard library's without sqlite-vec."""
+    if hasattr(sqlite3.Connection, "enable_load_extension") or sqlean is None:
+        return sqlite3
+    return sqlean
+
+
 def _load_sqlite_vec(dbapi_connection) -> tuple[str | None, str]:
     """(sqlite-vec's version once loaded into this connection, or None; why it did not load)."""
     if sqlite_vec is None:
@@ -150,15 +162,16 @@ def _unavailable(context: ExceptionContext) -> None:
 
 
 class Database:
-    def __init__(self, url: str, busy_timeout_s: float = 10.0, sqlite_module: ModuleType = sqlite3,
+    def __init__(self, url: str, busy_timeout_s: float = 10.0, sqlite_module: ModuleType | None = None,
                  load_sqlite_vec: bool = True) -> None:
-        """`sqlite_module`: the DB-API driver of a SQLite URL (the standard library's, or one such as
-        sqlean.py whose connections can load extensions); `load_sqlite_vec=False` keeps the scoring in Serge."""
+        """`sqlite_module`: the DB-API driver of a SQLite URL over `sqlite_driver()`'s choice (the benchmark's
+        comparison); `load_sqlite_vec=False` keeps the scoring in Serge."""
         parsed = make_url(url)
         kwargs: dict = {"pool_pre_ping": True}
         sqlite = parsed.get_backend_name() == "sqlite"
         if sqlite:
-            kwargs = {"connect_args": {"check_same_thread": False, "timeout": busy_timeout_s}, "module": sqlite_module}
+            kwargs = {"connect_args": {"check_same_thread": False, "timeout": busy_timeout_s},
+                      "module": sqlite_module or sqlite_driver()}
             if (path := sqlite_path(url)) is not None:
                 _private_sqlite(path)
         self.engine: Engine = create_engine(parsed, **kwargs)
@@ -175,12 +188,18 @@ class Database:
             return None
         if "version" not in self._loaded:
             self.engine.connect().close()
-        if not self._loaded.get("said"):  # said once, when a search first asks (not by every CLI command)
-            self._loaded["said"] = True
-            log.info("sqlite-vec %s loaded: passages' vectors are scored in SQLite" if self._loaded["version"] else
-                     "sqlite-vec did not load (%s): passages' vectors are scored by Serge",
-                     self._loaded["version"] or self._loaded["why"])
         return self._loaded["version"]
+
+    def describe(self) -> str:
+        """The line serve's start logs: the driver, and whether sqlite-vec scores passages' vectors (the CLI's
+        other commands, a refused serve among them, say nothing of it)."""
+        dbapi = self.engine.dialect.dbapi
+        if self.engine.dialect.name != "sqlite":
+            return f"{self.engine.dialect.name} through {dbapi.__name__}: passages' vectors are scored by Serge"
+        opened = f"SQLite {dbapi.sqlite_version} through {dbapi.__name__}"
+        if self.sqlite_vec:
+            return f"{opened}, sqlite-vec {self.sqlite_vec} loaded: passages' vectors are scored in SQLite"
+        return f"{opened}, sqlite-vec not loaded ({self._loaded['why']}): passages' vectors are scored by Serge"
 
     def session(self) -> Session:
         return self.sessions()

@@ -63,6 +63,7 @@ def build_app(settings: Settings, engine: Engine) -> FastAPI:
         app.state.load_error = None
         database = Database(settings.database, settings.database_busy_timeout_s)
         database.migrate()  # schema changes are applied at start, before any request
+        log.info("%s", database.describe())
         accounts = AccountStore(database)
         app.state.accounts = Accounts(accounts)
         app.state.sessions = LoginSessions(accounts, load_secret(settings.data_dir),
