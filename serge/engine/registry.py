@@ -30,30 +30,9 @@ from serge.engine.models.library import InstalledModel, ModelLibrary
 from serge.engine.info import EngineKind
 from serge.engine.local import LoadOptions, LocalModel, ModelLoadFailed
 from serge.engine.generation.admission import EngineBusy
+from serge.engine.llama_features import llama_cpp_available, llama_cpp_offloads, llama_cpp_sees_images
 
 log = logging.getLogger(__name__)
-
-
-def llama_cpp_available() -> bool:
-    try:
-        import llama_cpp  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-def llama_cpp_offloads() -> bool:
-    """Whether the installed llama.cpp build can put layers on a GPU (CUDA, Metal, ...)."""
-    from serge.engine.llama_offload import can_offload
-
-    return can_offload()
-
-
-def llama_cpp_sees_images() -> bool:
-    """Whether the installed llama.cpp build has its multimodal library (mtmd), which runs a GGUF's mmproj."""
-    from serge.engine.llama_vision import mtmd_available
-
-    return mtmd_available()
 
 
 def auto_engine(gguf: bool, device_type: str, llama_installed: bool, llama_offloads: bool) -> tuple[EngineKind, str]:
