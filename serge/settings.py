@@ -127,6 +127,11 @@ class Settings(BaseSettings):
         ge=1,
         description="Threads per model worker (torch and llama.cpp); default half the CPUs. More than the free cores is much slower.",
     )
+    adapt_threads: bool = Field(
+        True,
+        description="Run a model's passes on fewer threads while the machine is busy, and go back up when it is "
+        "not (each change measured faster first); false keeps torch_threads fixed.",
+    )
     context_window: int | None = Field(
         None, ge=64, description="Cap on prompt + reply tokens; defaults to the model's own window."
     )

@@ -46,6 +46,7 @@ from serge.engine import Engine
 from serge.engine.generation.forward import Forward, OutOfKV
 from serge.engine.generation.sampling import SamplingParams
 from serge.engine.generation.scheduler import Scheduler, SchedulerLimits
+from serge.engine.generation.threads import ladder
 from serge.engine.local import LocalModel, eos_ids
 from serge.engine.metrics import EngineMetrics
 
@@ -277,9 +278,16 @@ class StandInForward:
         self.worker: threading.Thread | None = None  # the thread `prepare` ran on
         self.closed = False
         self.passes = 0
+        self.threads: list[int] = []  # the counts set, in order
 
     def prepare(self) -> None:
         self.worker = threading.current_thread()
+
+    def thread_counts(self, most: int) -> list[int]:
+        return ladder(most)
+
+    def set_threads(self, n: int) -> None:
+        self.threads.append(n)
 
     def new_kv(self) -> StandInKV:
         return StandInKV(self.room)

@@ -99,3 +99,37 @@ def test_a_rows_logits_have_the_same_bits_whatever_runs_beside_it(engine):
         some = forward.decode([kv.copy(kv.length) for kv in kvs[:n]], [42] * n)
         assert all(torch.equal(some[i], alone[i]) for i in range(n))
     assert all(torch.equal(together[i], alone[i]) for i in range(len(kvs)))
+
+
+def test_a_rows_logits_have_the_same_bits_at_every_thread_count_a_busy_machine_may_drop_to(engine, tmp_path_factory):
+    """`generation.threads` changes the count between passes only among `thread_counts`: a reply is
+    the same text whichever count ran which step, prompt chunks and decodes alike."""
+    from serge.engine.transformers import BatchForward
+    from serge.engine.llamacpp import LlamaForward
+    from conftest import bundled_gguf
+
+    loaded = engine.model()
+    if loaded.engine == "transformers":
+        forward = BatchForward(loaded.model, max_rows=16)
+    else:
+        forward = LlamaForward(str(bundled_gguf(tmp_path_factory)), threads=2, max_batch=256)
+        forward.size(3, 512)
+    torch.set_num_threads(2)
+    forward.prepare()
+    counts = forward.thread_counts(2)
+    assert counts == [2, 1]
+    prompts = [_prompt(engine, [Message("user", q)]) for q in QUESTIONS[:3]]
+    seen = {}
+    try:
+        for count in counts:
+            forward.set_threads(count)
+            kvs = [forward.new_kv() for _ in prompts]
+            first = [forward.prefill(kv, ids) for kv, ids in zip(kvs, prompts)]
+            seen[count] = first, forward.decode(kvs, [42] * len(kvs)).clone()
+            for kv in kvs:
+                kv.release()
+    finally:
+        forward.close()
+    (prefills, decodes), (prefills_1, decodes_1) = seen[2], seen[1]
+    assert all(torch.equal(a, b) for a, b in zip(prefills, prefills_1))
+    assert torch.equal(decodes, decodes_1)

@@ -58,7 +58,7 @@ class Engine:
         budget = self._budget()
         options = LoadOptions(self.plan, settings.torch_threads, settings.context_window, self._limits,
                               self.metrics, settings.llama_kv_cache_mb, budget.memory_bytes, settings.gpu_layers,
-                              settings.llama_kv_type)
+                              settings.llama_kv_type, settings.adapt_threads)
         self._registry = ModelRegistry(self._library, options, settings.engine, settings.model_engines, budget)
         self._remote = RemoteClient(settings.remote_timeout_s)
         # Models that are not in the library: remote servers' and those given in code. Fixed at start.

@@ -41,6 +41,7 @@ import torch
 from serge.engine.models.library import InstalledModel
 from serge.engine.generation.sampling import SamplingParams
 from serge.engine.generation.scheduler import Scheduler
+from serge.engine.generation.threads import ladder
 from serge.engine.llama_batch import LlamaBatch
 from serge.engine.llama_memory import KvType, footprint, kv_layout, kv_type, placement
 from serge.engine.llama_offload import plan_offload
@@ -168,6 +169,15 @@ class LlamaForward:
         self._batch = LlamaBatch(lc, self.max_batch)
         self._free_ids = list(range(self.slices - 1, -1, -1))  # lowest first: a pass's slices stay together
 
+    def thread_counts(self, most: int) -> list[int]:
+        """Every halving: ggml computes each dot product on one thread, whatever their number
+        (`tests/test_llamacpp.py` checks the logits at 1 and 2 threads)."""
+        return ladder(most)
+
+    def set_threads(self, n: int) -> None:
+        self._lc.llama_set_n_threads(self._ctx, n, n)
+        torch.set_num_threads(n)  # sampling's few tensor operations
+
     def close(self) -> None:
         lc = self._lc
         if self.vision is not None:
@@ -279,7 +289,8 @@ def load_llamacpp(installed: InstalledModel, options: LoadOptions) -> LocalModel
     eos = eos_ids(tokenizer) | forward.eog_ids()
     limits = dataclasses.replace(options.limits, max_running=forward.slices)
     scheduler = Scheduler(forward, tokenizer, frozenset(eos), options.threads, installed.name, limits,
-                          options.metrics, prefix_cache_bytes=kv_bytes)  # parked in host memory
+                          options.metrics, prefix_cache_bytes=kv_bytes,  # parked in host memory
+                          adapt_threads=options.adapt_threads)
     seconds = time.monotonic() - started
     log.info("Loaded %s in %.1f s on %s (%d replies at once, %d tokens each; KV cache %d x %d cells of %s, %.0f MB; "
              "%.0f MB on the GPU, %.0f MB in host memory)", installed.name, seconds, offload.describe(), forward.slices,

@@ -46,6 +46,7 @@ class LoadOptions:
     memory_bytes: int | None = None  # the models' memory budget: llama.cpp sizes its default KV cache within it
     gpu_layers: int | None = None  # SERGE_GPU_LAYERS: llama.cpp's n_gpu_layers, over its own choice
     kv_type: str = "q8_0-keys"  # SERGE_LLAMA_KV_TYPE: how llama.cpp stores keys and values (llama_memory.kv_type)
+    adapt_threads: bool = True  # SERGE_ADAPT_THREADS: fewer threads while the machine is busy (generation.threads)
 
 
 @dataclass(frozen=True)

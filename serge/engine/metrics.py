@@ -51,6 +51,7 @@ class ModelMetrics:
         self.running = metrics.running.labels(name)
         self.prefix_cache_bytes = metrics.prefix_cache_bytes.labels(name)
         self.preempted = metrics.preempted.labels(name)
+        self.threads = metrics.threads.labels(name)
 
     def finished(self, reason: str) -> None:
         self._finished.labels(self._name, reason).inc()
@@ -90,6 +91,11 @@ class EngineMetrics:
         )
         self.preempted = Counter(
             "serge_preempted", "Replies made to wait, their KV given back: the KV pool was full.", ["model"], registry=r
+        )
+
+        self.threads = Gauge(
+            "serge_worker_threads", "Threads the model's passes run on now: fewer while the machine is busy.", ["model"],
+            registry=r,
         )
 
     def model(self, name: str) -> ModelMetrics:

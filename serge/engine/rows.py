@@ -17,6 +17,7 @@ import torch
 log = logging.getLogger(__name__)
 
 # (least rows, step): candidates for the row counts a batch is padded to, cheapest first
+_PROMPT_ROWS = 200  # a prompt chunk's rows, for `same_across_threads`
 _ROW_CANDIDATES = ((1, 1), (2, 1), (4, 1), (4, 4), (8, 8), (16, 16), (32, 32))
 
 
@@ -106,3 +107,32 @@ def _same_rows(module: torch.nn.Module, counts: list[int], generator: torch.Gene
     x = torch.randn(counts[-1], module.in_features, generator=generator).to(device=device, dtype=dtype)
     largest = module(x)
     return all(torch.equal(module(x[:n]), largest[:n]) for n in counts[:-1])
+
+
+@torch.inference_mode()
+def same_across_threads(model, counts: list[int], plan: RowPlan) -> list[int]:
+    """Those of `counts` (most first) under which every linear layer gives each of `plan`'s batch sizes
+    the bits it gets on `counts[0]` threads: the counts a busy machine may drop to."""
+    modules = _linear_shapes(model)
+    generator = torch.Generator(device="cpu").manual_seed(0)
+    before = torch.get_num_threads()
+    sizes = sorted({plan.rows_for(n) for n in (1, plan.least + plan.step, 16)} | {_PROMPT_ROWS})  # decodes, a chunk
+    inputs = [torch.randn(sizes[-1], m.in_features, generator=generator).to(model.device, model.dtype) for m in modules]
+    try:
+        torch.set_num_threads(counts[0])
+        reference = [[m(x[:n]) for n in sizes] for m, x in zip(modules, inputs)]
+        kept = [counts[0]]
+        for count in counts[1:]:
+            torch.set_num_threads(count)
+            if all(torch.equal(m(x[:n]), ref) for m, x, refs in zip(modules, inputs, reference)
+                   for n, ref in zip(sizes, refs)):
+                kept.append(count)
+    except Exception:  # as in measure_rows: a layer that cannot be run alone keeps the count fixed
+        log.exception("could not compare the linear layers across thread counts")
+        kept = counts[:1]
+    finally:
+        torch.set_num_threads(before)
+    if len(kept) < len(counts):
+        log.info("thread counts %s change the linear layers' bits here: passes stay on %s", 
+                 [c for c in counts if c not in kept], kept)
+    return kept

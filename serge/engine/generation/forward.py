@@ -65,6 +65,15 @@ class Forward(Protocol):
         """Before the first pass, on the worker thread (its thread pool, a measurement of its kernels)."""
         ...
 
+    def thread_counts(self, most: int) -> list[int]:
+        """After `prepare`: the counts of `threads.ladder(most)` whose passes give every row the bits it gets
+        at `most` (at least `[most]`), which `threads.Threads` may switch between while the machine is busy."""
+        ...
+
+    def set_threads(self, n: int) -> None:
+        """Run the coming passes on `n` threads, one of `thread_counts`."""
+        ...
+
     def new_kv(self) -> KV:
         """An empty sequence; may raise when no room is left for one (the reply then fails alone)."""
         ...

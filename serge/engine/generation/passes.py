@@ -18,6 +18,7 @@ import torch
 from serge.engine.generation.forward import Forward, OutOfKV
 from serge.engine.generation.sequence import Sequence, choose_all
 from serge.engine.generation.stream import FinishReason
+from serge.engine.generation.threads import Threads
 from serge.engine.metrics import ModelMetrics
 
 log = logging.getLogger(__name__)
@@ -34,6 +35,7 @@ class Passes:
     _running: list[Sequence]
     _chunk: int
     _m: ModelMetrics
+    _threads: Threads
 
     def _step(self) -> None:
         for seq in [s for s in self._running if s.stream.cancelled]:
@@ -41,7 +43,8 @@ class Passes:
         decoding = [s for s in self._running if s.feed is not None and s.prefilled >= s.context_length]
         while decoding:
             try:
-                rows = self.forward.decode([s.kv for s in decoding], [s.feed for s in decoding])
+                with self._threads.decode(len(decoding)):
+                    rows = self.forward.decode([s.kv for s in decoding], [s.feed for s in decoding])
             except OutOfKV as exc:
                 if not self._make_room(exc):
                     break

@@ -5,7 +5,8 @@ Each loaded model gets one `Scheduler` and so one worker thread, not a thread pe
 step the worker admits what fits in `max_running`, runs one forward pass over every sequence
 being decoded, prefills about `prefill_chunk` prompt tokens while others decode (every waiting
 prompt when none do), and samples every row at once, each with its own settings and generator
-(that step is `passes.Passes`; the worker holds its readers' wake-ups to one per event loop).
+(that step is `passes.Passes`; the worker holds its readers' wake-ups to one per event loop), on
+as many threads as the machine has free (`threads.Threads`).
 A sequence that finishes, stops, fails or is cancelled leaves the batch in the same step; its
 KV goes to the prefix cache, from which the chat's next turn takes what it shares. A request
 for n choices runs its prompt once: choice 0 prefills it and the others start from a copy of
@@ -39,6 +40,7 @@ from serge.engine.generation.schemas import InvalidRequest
 from serge.engine.generation.sequence import ReplyReader, Sequence
 from serge.engine.generation.stream import FinishReason, GenerationError, Stream
 from serge.engine.generation.thinking import Thinking
+from serge.engine.generation.threads import Threads
 from serge.engine.generation.wakeups import Wakeups
 from serge.engine.metrics import EngineMetrics
 
@@ -56,13 +58,18 @@ class Scheduler(Passes):
         limits: SchedulerLimits | None = None,
         metrics: EngineMetrics | None = None,
         prefix_cache_bytes: int | None = None,
+        adapt_threads: bool = True,
     ) -> None:
         limits = limits or SchedulerLimits()
         self.name = name
         self.forward = forward
         self._device = forward.device
         self._tokenizer = tokenizer
-        self._threads = threads
+        self._most_threads = threads
+        self._adapt_threads = adapt_threads
+        self.metrics = metrics if metrics is not None else EngineMetrics()
+        self._m = self.metrics.model(name)
+        self._threads = Threads([threads], forward.set_threads, self._m.threads.set)  # the worker's; counts once prepared
         self._eos = eos
         self.vocabulary = Vocabulary(tokenizer, eos)  # grammars compiled for this model, token bytes
         self.max_running = limits.running_for(self._device)
@@ -70,8 +77,6 @@ class Scheduler(Passes):
         self._chunk = limits.prefill_chunk
         budget = limits.prefix_cache_mb * 2**20
         self._prefixes = PrefixCache(budget if prefix_cache_bytes is None else min(budget, prefix_cache_bytes))
-        self.metrics = metrics if metrics is not None else EngineMetrics()
-        self._m = self.metrics.model(name)
         self._lock = threading.Condition()
         self._waiting = Waiting(limits.queue_timeout_s)  # under _lock
         self._active = 0  # sequences admitted and not finished; under _lock
@@ -145,8 +150,10 @@ class Scheduler(Passes):
 
     # --- the worker ---------------------------------------------------------
     def _run(self) -> None:
-        torch.set_num_threads(self._threads)  # per thread under OpenMP: set it where the work runs
+        torch.set_num_threads(self._most_threads)  # per thread under OpenMP: set it where the work runs
         self.forward.prepare()  # measured with this thread's kernels, before any request waits on it
+        if self._adapt_threads:
+            self._threads.counts = self.forward.thread_counts(self._most_threads)
         while True:
             with self._lock:
                 while not self._closing and not self._waiting and not self._running:
