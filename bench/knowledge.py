@@ -15,7 +15,7 @@
 On SQLite with vectors scored by Serge (`sqlite`: the fallback where no driver loads sqlite-vec),
 on SQLite as Serge opens it, with sqlite-vec (`sqlite-vec`: the standard library's sqlite3, else
 sqlean.py), and on PostgreSQL too when SERGE_TEST_POSTGRES_URL names one (in a schema of its own,
-dropped after). Prints a table and writes bench/results/knowledge-*.json.
+dropped after), vectors scored by Serge, and SERGE_TEST_PGVECTOR_URL one with pgvector, scoring them. Prints a table and writes bench/results/knowledge-*.json.
 """
 
 from __future__ import annotations
@@ -87,6 +87,7 @@ def search_latency(url: str, passages: int, queries: int, seed: int = 0, driver=
     db = Database(url, **({"sqlite_module": module, "load_sqlite_vec": with_vec} if module else {}))
     assert bool(db.sqlite_vec) == with_vec
     db.migrate()
+    print(db.describe())
     store = DocumentStore(db, FileStore(Path(tempfile.mkdtemp(prefix="serge-knowledge-bench-"))))
     collections = CollectionStore(store)
     box = collections.create("bench", f"bench-{uuid.uuid4().hex[:6]}")
@@ -200,6 +201,8 @@ def main(argv: list[str] | None = None) -> None:
     if os.environ.get("SERGE_TEST_POSTGRES_URL"):
         url, drop = _postgres_schema(os.environ["SERGE_TEST_POSTGRES_URL"])
         databases["postgresql"] = (url, None)
+    if os.environ.get("SERGE_TEST_PGVECTOR_URL"):  # a server with pgvector, used as it is (PGlite: no schemas of its own)
+        databases["pgvector"] = (os.environ["SERGE_TEST_PGVECTOR_URL"], None)
     try:
         search = {name: search_latency(url, args.passages, args.queries, driver=driver)
                   for name, (url, driver) in databases.items()}

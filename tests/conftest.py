@@ -357,6 +357,11 @@ def _schema_of_this_worker(url: str | None) -> str | None:
 
 
 POSTGRES_URL = _schema_of_this_worker(os.environ.get("SERGE_TEST_POSTGRES_URL"))
+# A PostgreSQL server with pgvector (Debian's has no package; PGlite with its pgvector extension served by
+# @electric-sql/pglite-socket is one): the documents store's tests run there too when it is named.
+PGVECTOR_URL = os.environ.get("SERGE_TEST_PGVECTOR_URL")
+PGVECTOR = pytest.param("pgvector", marks=[pytest.mark.postgres, pytest.mark.skipif(
+    not PGVECTOR_URL, reason="SERGE_TEST_PGVECTOR_URL is not set (no PostgreSQL with pgvector here)")])
 DATABASES = ["sqlite", pytest.param("postgres", marks=[
     pytest.mark.postgres,
     pytest.mark.skipif(not POSTGRES_URL, reason="SERGE_TEST_POSTGRES_URL is not set (CI starts PostgreSQL)")])]

@@ -11,7 +11,7 @@ import sqlite3
 import numpy as np
 import pytest
 
-from conftest import DATABASES, POSTGRES_URL, fresh_database, own_server
+from conftest import DATABASES, PGVECTOR, PGVECTOR_URL, POSTGRES_URL, fresh_database, migrate_to, own_server
 from standin import stand_in
 from serge.store import ChatStore, Database, DocumentNotFound, DocumentStore, FileStore, NewChunk
 from serge.store.db import sqlite_driver
@@ -23,12 +23,16 @@ def _serge_scores(url: str) -> Database:
     return Database(url, sqlite_module=sqlite3, load_sqlite_vec=False)
 
 
-@pytest.fixture(params=["sqlite-without-vec", *DATABASES])
+@pytest.fixture(params=["sqlite-without-vec", *DATABASES, PGVECTOR])
 def database(request, tmp_path):
-    """The conftest's databases (SQLite as Serge opens it, with sqlite-vec), and the SQLite one without it."""
-    if request.param != "sqlite-without-vec":
+    """The conftest's databases (SQLite as Serge opens it, with sqlite-vec), the SQLite one without it, and
+    PostgreSQL with pgvector where one is named."""
+    if request.param == "pgvector":
+        db = fresh_database(PGVECTOR_URL)
+        assert db.pgvector
+    elif request.param != "sqlite-without-vec":
         db = fresh_database(f"sqlite:///{tmp_path / 'serge.db'}" if request.param == "sqlite" else POSTGRES_URL)
-        assert bool(db.sqlite_vec) == (request.param == "sqlite")
+        assert bool(db.sqlite_vec) == (request.param == "sqlite") and db.pgvector is None
     else:
         db = _serge_scores(f"sqlite:///{tmp_path / 'serge.db'}")
         db.migrate()
@@ -163,6 +167,45 @@ def test_sqlite_vec_ranks_the_passages_as_serge_does_over_vectors_written_withou
             assert np.allclose([h.score for h in hits], [h.score for h in want], atol=1e-5)
     assert scored.by_meaning("me", ids, np.ones(8, dtype=np.float32), 5) == []  # another model's size: no match
     vec.close()
+
+
+@pytest.mark.postgres
+@pytest.mark.skipif(not PGVECTOR_URL, reason="SERGE_TEST_PGVECTOR_URL is not set (no PostgreSQL with pgvector here)")
+def test_pgvector_ranks_the_passages_as_serge_does_over_vectors_kept_before_its_column(tmp_path):
+    """Migration 0008 fills pgvector's column from the vectors already kept; a file added after writes both."""
+    from sqlalchemy import text
+
+    rng = np.random.default_rng(0)
+    db = fresh_database(PGVECTOR_URL)
+    with db.engine.begin() as connection:
+        migrate_to(connection, "0007", down=True)
+    db.close()
+    db = Database(PGVECTOR_URL)
+    assert db.pgvector is None  # before 0008: Serge scores
+    chat = ChatStore(db).create_chat("me", title="t")
+    served = DocumentStore(db, FileStore(tmp_path / "files"))
+    corpus = _corpus(rng)
+    ids = [served.add("me", chat.id, name=f"{n}.txt", media_type="text/plain", data=b"%d" % n, pages=["p"],
+                      chunks=chunks).id for n, chunks in enumerate(corpus[:2])]
+    db.migrate()
+    assert db.pgvector and db.describe().endswith(f"pgvector {db.pgvector}: passages' vectors are scored in PostgreSQL")
+    ids.append(served.add("me", chat.id, name="2.txt", media_type="text/plain", data=b"2", pages=["p"],
+                          chunks=corpus[2]).id)
+    with db.engine.connect() as connection:
+        assert connection.execute(text("SELECT count(*) FROM document_chunks WHERE embedding IS NOT NULL AND "
+                                       "embedding_vector IS NULL")).scalar() == 0
+    queries = [rng.standard_normal(16).astype(np.float32) for _ in range(10)] + [
+        np.zeros(16, dtype=np.float32), corpus[1][7].vector]
+    scored = DocumentStore(db, served.files)
+    in_postgres = [scored.by_meaning("me", ids, q, 12) for q in queries]  # nothing kept yet: pgvector scores
+    scored.vectors.settle()
+    kept = [scored.by_meaning("me", ids, q, 12) for q in queries]  # read into memory meanwhile: numpy scores
+    assert all(scored.vectors.kept(d, 0) is not None for d in ids)
+    for want, got in zip(kept, in_postgres):
+        assert [h.chunk_id for h in got] == [h.chunk_id for h in want]
+        assert np.allclose([h.score for h in got], [h.score for h in want], atol=1e-5)
+    assert scored.by_meaning("me", ids, np.ones(8, dtype=np.float32), 5) == []  # another model's size: no match
+    db.close()
 
 
 def test_kept_and_unkept_documents_are_ranked_together(stores):

@@ -26,7 +26,7 @@ def test_migrations_are_applied_once_and_again_do_nothing(store):
     tables = set(inspect(store.db.engine).get_table_names())
     assert {"chats", "messages", "alembic_version"} <= tables
     with store.db.engine.connect() as conn:
-        assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar() == "0007"
+        assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar() == "0008"
     for table in Base.metadata.sorted_tables:  # the migrations build what the tables say
         migrated = {c["name"] for c in inspect(store.db.engine).get_columns(table.name)} - {FULL_TEXT_COLUMN}
         assert migrated == set(table.columns.keys()), table.name

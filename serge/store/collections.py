@@ -17,13 +17,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-import numpy as np
 from sqlalchemy import and_, case, func, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from serge.store.chats import new_id
-from serge.store.documents import DocumentNotFound, DocumentRecord, DocumentStore, NewChunk
+from serge.store.documents import DocumentNotFound, DocumentRecord, DocumentStore, NewChunk, save_chunks
 from serge.store.tables import Collection, Document, DocumentChunk, now
 
 WAITING = ("queued", "indexing")
@@ -229,10 +228,7 @@ class CollectionStore:
                                     .values(revision=Document.revision + 1, claimed_at=now())).rowcount
             if not moved:
                 return False
-            session.add_all(DocumentChunk(document_id=document_id, seq=first_seq + i, page=c.page, text=c.text,
-                                          embedding=None if c.vector is None else
-                                          np.asarray(c.vector, dtype=np.float32).tobytes())
-                            for i, c in enumerate(chunks))
+            save_chunks(self.db, session, document_id, first_seq, chunks)
         return True
 
     def finish(self, document_id: str, error: str | None = None) -> None:

@@ -31,7 +31,7 @@ from types import ModuleType
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import create_engine, event
+from sqlalchemy import create_engine, event, text
 from sqlalchemy.engine import Engine, ExceptionContext, make_url
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
@@ -190,12 +190,29 @@ class Database:
             self.engine.connect().close()
         return self._loaded["version"]
 
+    @property
+    def pgvector(self) -> str | None:
+        """The version of pgvector whose column (migration 0008) this PostgreSQL database keeps passages'
+        vectors in; None elsewhere. Read once: only a migration changes it."""
+        if self.engine.dialect.name != "postgresql":
+            return None
+        if "pgvector" not in self._loaded:
+            with self.engine.connect() as connection:
+                self._loaded["pgvector"] = connection.execute(text(
+                    "SELECT e.extversion FROM pg_extension e WHERE e.extname = 'vector' AND EXISTS ("
+                    "SELECT 1 FROM information_schema.columns WHERE table_schema = current_schema() "
+                    "AND table_name = 'document_chunks' AND column_name = 'embedding_vector')")).scalar()
+        return self._loaded["pgvector"]
+
     def describe(self) -> str:
         """The line serve's start logs: the driver, and whether sqlite-vec scores passages' vectors (the CLI's
         other commands, a refused serve among them, say nothing of it)."""
         dbapi = self.engine.dialect.dbapi
         if self.engine.dialect.name != "sqlite":
-            return f"{self.engine.dialect.name} through {dbapi.__name__}: passages' vectors are scored by Serge"
+            opened = f"{self.engine.dialect.name} through {dbapi.__name__}"
+            if self.pgvector:
+                return f"{opened}, pgvector {self.pgvector}: passages' vectors are scored in PostgreSQL"
+            return f"{opened}: passages' vectors are scored by Serge"
         opened = f"SQLite {dbapi.sqlite_version} through {dbapi.__name__}"
         if self.sqlite_vec:
             return f"{opened}, sqlite-vec {self.sqlite_vec} loaded: passages' vectors are scored in SQLite"
@@ -211,6 +228,7 @@ class Database:
         with self.engine.begin() as connection:
             config.attributes["connection"] = connection
             command.upgrade(config, "head")
+        self._loaded.pop("pgvector", None)  # read again: 0008 may have made the column
 
     def close(self) -> None:
         self.engine.dispose()

@@ -11,7 +11,8 @@ Each document's vectors are kept in memory as one normalised matrix (`Vectors`) 
 its `revision` holds, scored with numpy, so a search reads two small columns from the
 database, not every vector. A document not kept yet is read into memory first; where
 the SQLite connection has sqlite-vec (`Database.sqlite_vec`), it is instead scored inside
-SQLite (vec_distance_cosine over the same column: a third to a half of the time of reading it out)
+SQLite (vec_distance_cosine over the same column: a third to a half of the time of reading it out),
+or inside PostgreSQL where its pgvector column exists (`Database.pgvector`, migration 0008),
 and read into memory by a thread of its own for the next search.
 """
 
@@ -83,6 +84,26 @@ class ChunkHit:
     page: int
     text: str
     score: float  # cosine similarity, or the word search's relevance (higher is better either way)
+
+
+def vector_text(vector: np.ndarray) -> str:
+    """A float32 vector in pgvector's text form, every float32 exact."""
+    return "[" + ",".join(map(str, np.asarray(vector, dtype=np.float32).tolist())) + "]"
+
+
+def save_chunks(db: Database, session: Session, document_id: str, first_seq: int, chunks: Sequence[NewChunk]) -> None:
+    """A document's passages, numbered from `first_seq`, their vectors as float32 bytes (and in pgvector's
+    column where the database has it)."""
+    rows = [DocumentChunk(document_id=document_id, seq=first_seq + i, page=c.page, text=c.text,
+                          embedding=None if c.vector is None else np.asarray(c.vector, dtype=np.float32).tobytes())
+            for i, c in enumerate(chunks)]
+    session.add_all(rows)
+    if db.pgvector:
+        session.flush()
+        vectors = [{"id": row.id, "v": vector_text(c.vector)} for row, c in zip(rows, chunks) if c.vector is not None]
+        if vectors:
+            session.execute(text("UPDATE document_chunks SET embedding_vector = CAST(:v AS vector) WHERE id = :id"),
+                            vectors)
 
 
 class FileStore:
@@ -197,10 +218,7 @@ class DocumentStore:
                            size_bytes=len(data), sha256=sha256, pages=list(pages), created_at=now())
             session.add(row)
             session.flush()
-            session.add_all(DocumentChunk(document_id=row.id, seq=i, page=c.page, text=c.text,
-                                          embedding=None if c.vector is None else
-                                          np.asarray(c.vector, dtype=np.float32).tobytes())
-                            for i, c in enumerate(chunks))
+            save_chunks(self.db, session, row.id, 0, chunks)
         return DocumentRecord.of(row)
 
     def get(self, owner: str, document_id: str) -> DocumentRecord:
@@ -261,7 +279,7 @@ class DocumentStore:
             missed = []
             for document_id, revision in session.execute(stmt).all():
                 kept = self.vectors.kept(document_id, revision)
-                if kept is None and self.db.sqlite_vec:
+                if kept is None and (self.db.sqlite_vec or self.db.pgvector):
                     missed.append((document_id, revision))
                     continue
                 ids, matrix = kept if kept is not None else self.vectors.read(session, document_id, revision)
@@ -270,22 +288,29 @@ class DocumentStore:
                     top = np.argpartition(-scores, limit)[:limit] if len(scores) > limit else range(len(scores))
                     found.extend((float(scores[i]), document_id, int(ids[i])) for i in top)
             if missed:
-                found.extend(self._by_meaning_in_sqlite(session, [d for d, _ in missed], query, limit))
+                found.extend(self._by_meaning_in_database(session, [d for d, _ in missed], query, limit))
                 self.vectors.read_later(self.db, missed)
             # numpy's and sqlite-vec's float32 sums differ in the 7th digit: a tie is one to 6 digits,
             # so the order is the same whoever scored which document
             best = sorted(found, key=lambda f: (-round(f[0], 6), f[1], f[2]))[:limit]
             return self._hits(session, [(chunk_id, score) for score, _, chunk_id in best])
 
-    def _by_meaning_in_sqlite(self, session: Session, document_ids: list[str], query: np.ndarray,
-                              limit: int) -> list[tuple[float, str, int]]:
-        """sqlite-vec's best `limit` passages of these documents: (cosine, document id, chunk id)."""
-        rows = session.execute(text(
-            "SELECT 1 - coalesce(vec_distance_cosine(embedding, :query), 1) AS score, document_id, id "
-            "FROM document_chunks WHERE document_id IN :ids AND length(embedding) = :size "
-            "ORDER BY round(score, 6) DESC, document_id, id LIMIT :limit"
-        ).bindparams(bindparam("ids", document_ids, expanding=True)),
-            {"query": query.tobytes(), "size": query.nbytes, "limit": limit}).all()
+    def _by_meaning_in_database(self, session: Session, document_ids: list[str], query: np.ndarray,
+                                limit: int) -> list[tuple[float, str, int]]:
+        """sqlite-vec's or pgvector's best `limit` passages of these documents: (cosine, document id, chunk id)."""
+        if self.db.pgvector:
+            # pgvector's cosine distance of a zero vector is NaN, which PostgreSQL sorts above every number
+            sql = ("SELECT score, document_id, id FROM (SELECT 1 - coalesce(nullif(embedding_vector <=> "
+                   "CAST(:query AS vector), 'NaN'), 1) AS score, document_id, id FROM document_chunks "
+                   "WHERE document_id IN :ids AND vector_dims(embedding_vector) = :size) AS scored "
+                   "ORDER BY round(CAST(score AS numeric), 6) DESC, document_id, id LIMIT :limit")
+            values = {"query": vector_text(query), "size": len(query), "limit": limit}
+        else:
+            sql = ("SELECT 1 - coalesce(vec_distance_cosine(embedding, :query), 1) AS score, document_id, id "
+                   "FROM document_chunks WHERE document_id IN :ids AND length(embedding) = :size "
+                   "ORDER BY round(score, 6) DESC, document_id, id LIMIT :limit")
+            values = {"query": query.tobytes(), "size": query.nbytes, "limit": limit}
+        rows = session.execute(text(sql).bindparams(bindparam("ids", document_ids, expanding=True)), values).all()
         return [(float(score), document_id, int(chunk_id)) for score, document_id, chunk_id in rows]
 
     def by_words(self, owner: str, document_ids: Sequence[str], words: Sequence[str], limit: int) -> list[ChunkHit]:
