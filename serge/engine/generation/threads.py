@@ -12,8 +12,9 @@ second thread makes the same steps 1.4-1.5x faster. So the count is not fixed:
 - while busy, the next count down is tried for one pass; while not, and below the
   configured count, the next one up; the count tried is kept when its pass was clearly
   faster than the current count's recent passes of as many sequences, else dropped;
-- a failed try up waits twice as long before the next (one slow pass each time at
-  most, ever rarer while the machine stays busy).
+- a failed try waits twice as long before the next one that way (one slow pass each
+  time at most, ever rarer while nothing changes): a worker that is often off its CPU
+  on an idle machine (waiting at a barrier for its own helper threads) costs little.
 
 Counts halve from the configured one (8, 4, 2, 1), and only counts the forward has
 found to give every row the same bits are used (`Forward.thread_counts`), so a reply
@@ -60,7 +61,7 @@ class Threads:
         self._mean: dict[int, float] = {}  # sequences in a pass -> smoothed seconds of a pass at the count in use
         self._share = 1.0  # smoothed share of a pass's time the worker was on a CPU
         self._worked = 0.0  # seconds of passes since the last try
-        self._wait_up = EVERY_S  # seconds of passes before the next try up
+        self._wait = {True: EVERY_S, False: EVERY_S}  # up?: seconds of passes before the next try that way
 
     @property
     def current(self) -> int:
@@ -87,14 +88,14 @@ class Threads:
     def _try(self, sequences: int) -> int | None:
         if len(self.counts) == 1 or sequences not in self._mean:
             return None
-        if self._share < BUSY and self._at + 1 < len(self.counts) and self._worked >= EVERY_S:
+        if self._share < BUSY and self._at + 1 < len(self.counts) and self._worked >= self._wait[False]:
             return self._at + 1
-        if self._share > IDLE and self._at > 0 and self._worked >= self._wait_up:
+        if self._share > IDLE and self._at > 0 and self._worked >= self._wait[True]:
             return self._at - 1
         return None
 
     def _judge(self, trying: int, sequences: int, seconds: float | None) -> None:
-        """Keep the count tried if its pass was clearly faster; else go back (and, after a try up, wait longer)."""
+        """Keep the count tried if its pass was clearly faster; else go back, and wait longer to try that way."""
         self._worked = 0.0
         up = trying < self._at
         if seconds is not None and seconds < GAIN * self._mean[sequences]:
@@ -103,11 +104,10 @@ class Threads:
             self._at = trying
             self._report(self.current)
             self._mean = {sequences: seconds}
-            self._wait_up = EVERY_S
+            self._wait = {True: EVERY_S, False: EVERY_S}
             return
         self._apply(self.current)
-        if up:
-            self._wait_up = min(2 * self._wait_up, MOST_WAIT_S)
+        self._wait[up] = min(2 * self._wait[up], MOST_WAIT_S)
 
     def _learn(self, sequences: int, seconds: float, share: float) -> None:
         self._worked += seconds
