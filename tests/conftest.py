@@ -83,6 +83,27 @@ def cheap_password_hashes():
         yield
 
 
+@pytest.fixture(scope="session", autouse=True)
+def one_tls_context():
+    """Every httpx client (the tests' own, the SDKs' built on httpx, the product's remote clients) loads the CA
+    bundle into a TLS context of its own: ~30 ms of CPU each, some 550 times in the stand-in part alone (a sixth
+    of its CPU). Every server the tests reach is plain HTTP on 127.0.0.1, so the session shares one context;
+    a client that asks for other verification still gets its own."""
+    from functools import cache
+
+    import httpx._transports.default as transports
+
+    own = transports.create_ssl_context
+    shared = cache(lambda trust_env: own(verify=True, trust_env=trust_env))
+
+    def context(verify=True, cert=None, trust_env=True):
+        return shared(trust_env) if verify is True and cert is None else own(verify, cert, trust_env)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(transports, "create_ssl_context", context)
+        yield
+
+
 @pytest.fixture
 def cli(monkeypatch, capsys):
     """cli(*args, stdin="") -> the exit status and output of `serge *args`, run through the CLI's `main` in this
