@@ -240,14 +240,15 @@ class ServerThread:
     def __enter__(self):
         self.thread.start()
         deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{self.url}/api/health", timeout=2).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        raise RuntimeError("the test server did not become healthy within 60 s")
+        while time.monotonic() < deadline and self.thread.is_alive():
+            if self.server.started:  # uvicorn listens: asking for health before that only fails
+                try:
+                    if httpx.get(f"{self.url}/api/health", timeout=2).status_code == 200:
+                        return self
+                except httpx.HTTPError:
+                    pass
+            time.sleep(0.01)
+        raise RuntimeError("the test server stopped, or did not become healthy within 60 s")
 
     def __exit__(self, *exc):
         self.server.should_exit = True
