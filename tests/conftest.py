@@ -52,6 +52,12 @@ MODEL = "smollm2-135m-instruct"
 REAL_FIXTURES = {"engines", "small_engine", "fake_hub"}  # the fixtures that load or read the real model
 
 
+def pytest_configure(config):
+    import scheduling  # the costliest test files go to the xdist workers first
+
+    scheduling.register(config)
+
+
 def pytest_collection_modifyitems(config, items):
     """A test that reaches the real model through one of these fixtures must say so (`real_model`), so that
     `-m "not real_model"` never loads it. A module's own fixture of the same name (a stand-in) is not one."""
