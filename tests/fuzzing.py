@@ -1,6 +1,7 @@
-"""Schemathesis over the app's own OpenAPI document: the operations of a path, and one fuzz run of an operation
-against a real server (tests/test_fuzz_api.py for /api, tests/test_fuzz_v1.py for /v1; two files, so that two
-xdist workers share the ~20 s of generating cases).
+"""Schemathesis over the app's own OpenAPI document: `fuzz_tests(path)` is a module's test of every operation
+under a path (tests/test_fuzz_api.py for /api, tests/test_fuzz_v1.py for /v1; two files, so that two xdist
+workers share the ~20 s of generating cases), against a real server over the stand-in model (standin.py), one
+per module, with a 64-token context; a test module imports the fixtures below with it.
 
 Every answer must be a non-5xx status that the OpenAPI document declares, with a declared content type, headers
 and a body (each event of a stream) that match the declared schema. Not checked: that every schema-valid
@@ -30,8 +31,14 @@ from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import (content_type_conformance, response_headers_conformance,
                                                response_schema_conformance, status_code_conformance)
 
+from conftest import server_of_its_own
+from standin import stand_in
+
 from serge.settings import Settings
 from serge.web.app import build_app
+
+settings, engine = stand_in("settings", "engine")
+server = server_of_its_own(context_window=64)
 
 EXAMPLES = 15  # per operation and per mode (valid, invalid)
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_headers_conformance,
@@ -126,3 +133,13 @@ def fuzz(operation, server: str, tally: dict[str, Counter]) -> None:
             answers_well()
         except Unsatisfiable:  # nothing in this operation can be sent wrong (no body, only free-text ids)
             assert mode is schemathesis.GenerationMode.NEGATIVE
+
+
+def fuzz_tests(path_regex: str):
+    """The test of a module: each operation whose path matches, fuzzed against the module's server."""
+
+    @pytest.mark.parametrize("operation", operations(path_regex), ids=lambda op: op.label)
+    def test_generated_requests_get_no_5xx_and_answers_match_the_schema(operation, server, tally):
+        fuzz(operation, server, tally)
+
+    return test_generated_requests_get_no_5xx_and_answers_match_the_schema
