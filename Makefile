@@ -12,12 +12,13 @@ run: install model
 	$(BIN)/serge serve
 
 # The suite on every core, at most 4 (pytest-xdist): a test module stays on one worker (its module fixtures made
-# once), and each worker's torch and engine threads are its share of the cores (tests/conftest.py).
+# once), and each worker's torch and engine threads are its share of the cores (tests/conftest.py). Files go
+# out costliest first, by their seconds in the last run (tests/scheduling.py; xdist's own order is by count).
 # TEST_WORKERS=0 runs it in one process.
 TEST_WORKERS ?= $(shell n=$$(getconf _NPROCESSORS_ONLN 2>/dev/null || nproc); echo $$(( n < 4 ? n : 4 )))
 
 test: install-dev model
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 bench: install-dev model
 	$(BIN)/python -m pip install --quiet -e ".[dev,bench]"
@@ -66,12 +67,21 @@ $(VENV)/.llama: $(VENV)/.torch FORCE
 
 FORCE:
 
-$(VENV)/.installed: pyproject.toml $(VENV)/.llama
-	$(BIN)/python -m pip install --quiet -e .
+# The rest of the dependencies through uv (from PyPI, into this venv): it resolves and fetches them in parallel,
+# ~12 s for the dev extra here where pip took ~45 s. What pip put in first (torch, llama-cpp-python) satisfies
+# the requirements and is kept; --compile-bytecode writes the .pyc files pip would have written.
+$(BIN)/uv: $(VENV)/.torch
+	$(BIN)/python -m pip install --quiet uv
 	touch $@
 
-$(VENV)/.installed-dev: pyproject.toml $(VENV)/.llama
-	$(BIN)/python -m pip install --quiet -e ".[dev]"
+UV_INSTALL = $(BIN)/uv pip install --quiet --compile-bytecode --python $(BIN)/python
+
+$(VENV)/.installed: pyproject.toml $(VENV)/.llama $(BIN)/uv
+	$(UV_INSTALL) -e .
+	touch $@
+
+$(VENV)/.installed-dev: pyproject.toml $(VENV)/.llama $(BIN)/uv
+	$(UV_INSTALL) -e ".[dev]"
 	touch $@ $(VENV)/.installed
 
 clean:

@@ -7,11 +7,10 @@ a forced tool_use go through the real model on each local engine too (`real_mode
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
-import anthropic
 import httpx
 import pytest
-from anthropic import Anthropic
 from pydantic import BaseModel, Field
 
 from serge.settings import Settings
@@ -20,6 +19,9 @@ from serge.web.app import build_app
 from conftest import MODEL as REAL, SMALL_WINDOW, ServerThread, free_port, server_of_its_own
 from standin import NAME as MODEL, stand_in
 from test_accounts_api import add_user, serge
+
+if TYPE_CHECKING:
+    from anthropic import Anthropic
 
 settings, engine = stand_in("settings", "engine")
 server = server_of_its_own()
@@ -35,8 +37,12 @@ EVENTS = ("message_start", "ping", "content_block_start", "content_block_delta",
           "message_delta", "message_stop")
 
 
-def anthropic_client(url: str) -> Anthropic:
-    return Anthropic(base_url=url, api_key="not-needed", max_retries=0, timeout=300)
+def anthropic_client(url: str, **options) -> Anthropic:
+    """The official client, imported here: `anthropic` takes 1.4 s to import, which every xdist worker paid at
+    collection whether or not it ran this module."""
+    from anthropic import Anthropic
+
+    return Anthropic(**{"base_url": url, "api_key": "not-needed", "max_retries": 0, "timeout": 300, **options})
 
 
 @pytest.fixture(scope="module")
@@ -242,6 +248,8 @@ def test_fields_without_effect_are_accepted(client, server):
 
 # --- errors ---------------------------------------------------------------------------------------------
 def test_errors_come_in_anthropics_shape_with_its_types(client, server):
+    import anthropic
+
     with pytest.raises(anthropic.NotFoundError) as missing:
         client.messages.create(model="claude-sonnet-4-5", max_tokens=5, messages=HELLO)
     assert missing.value.body == {"type": "error", "error": {"type": "not_found_error",
@@ -271,7 +279,7 @@ def test_errors_come_in_anthropics_shape_with_its_types(client, server):
 
 # --- the window, on a stand-in with a small one -----------------------------------------------------------
 def test_max_tokens_above_the_window_is_capped_to_what_it_leaves(small_standin_server):
-    small = Anthropic(base_url=small_standin_server, api_key="x", max_retries=0, timeout=300)
+    small = anthropic_client(small_standin_server)
     filler = " ".join(["apple"] * 40)
     long_question = [{"role": "user", "content": f"{filler}\nRepeat the word apple many times."}]
     prompt = small.messages.count_tokens(model=MODEL, messages=long_question).input_tokens
@@ -317,6 +325,8 @@ def test_a_hostile_host_or_a_cross_site_post_is_refused_and_generates_nothing(se
 
 
 def test_with_accounts_on_an_x_api_key_is_needed_and_enough(settings, engine, tmp_path_factory):
+    import anthropic
+
     own = Settings(data_dir=tmp_path_factory.mktemp("anthropic-accounts"), models_dir=settings.models_dir,
                    torch_threads=settings.torch_threads)
     add_user(own.data_dir, "carol")
@@ -324,10 +334,10 @@ def test_with_accounts_on_an_x_api_key_is_needed_and_enough(settings, engine, tm
     assert key.startswith("sk-serge-")
     remote = {"X-Forwarded-For": "203.0.113.9"}  # not this machine, which needs no key while no account exists
     with ServerThread(build_app(own, engine), free_port()) as running:
-        keyed = Anthropic(base_url=running.url, api_key=key, max_retries=0, timeout=120, default_headers=remote)
+        keyed = anthropic_client(running.url, api_key=key, timeout=120, default_headers=remote)
         assert keyed.messages.create(model=MODEL, max_tokens=2, messages=HELLO).content[0].type == "text"
         assert keyed.messages.count_tokens(model=MODEL, messages=HELLO).input_tokens > 0
-        bearer = Anthropic(base_url=running.url, auth_token=key, max_retries=0, timeout=120, default_headers=remote)
+        bearer = anthropic_client(running.url, api_key=None, auth_token=key, timeout=120, default_headers=remote)
         assert bearer.messages.count_tokens(model=MODEL, messages=HELLO).input_tokens > 0
         for headers in ({}, {"x-api-key": "sk-serge-not-a-key"}):
             response = httpx.post(f"{running.url}/v1/messages", headers={**remote, **headers}, timeout=60,
@@ -336,7 +346,7 @@ def test_with_accounts_on_an_x_api_key_is_needed_and_enough(settings, engine, tm
             assert response.json()["type"] == "error"
             assert response.json()["error"]["type"] == "authentication_error"
         with pytest.raises(anthropic.AuthenticationError):
-            Anthropic(base_url=running.url, api_key="sk-serge-wrong", max_retries=0,
-                      default_headers=remote).messages.count_tokens(model=MODEL, messages=HELLO)
+            anthropic_client(running.url, api_key="sk-serge-wrong",
+                             default_headers=remote).messages.count_tokens(model=MODEL, messages=HELLO)
         chats = httpx.get(f"{running.url}/api/chats", headers={**remote, "x-api-key": key}, timeout=60)
         assert chats.status_code == 200, "x-api-key is a key on every API route"

@@ -62,7 +62,7 @@ def wait_for(predicate, timeout: float = 60.0, what: str = "condition"):
     while time.monotonic() < deadline:
         if (value := predicate()):
             return value
-        time.sleep(0.2)
+        time.sleep(0.02)  # a predicate is a request or two to a local server: asking often costs little
     raise AssertionError(f"timed out waiting for {what}")
 
 

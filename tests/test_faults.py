@@ -31,7 +31,7 @@ from serge.store.db import sqlite_driver
 from serge.web.app import build_app
 
 BROKEN = "broken-model"
-REMOTE_TIMEOUT_S = 2.0
+REMOTE_TIMEOUT_S = 1.0  # each hang test waits it out: long enough to be a silence, short enough not to cost
 SHORT = {"max_new_tokens": 6, "temperature": 0}
 LONG = {"max_new_tokens": 120, "temperature": 0, "ignore_eos": True}
 
@@ -231,7 +231,8 @@ def test_a_locked_database_refuses_the_message_with_a_503_and_keeps_nothing_half
     assert status == 200 and done["status"] in ("complete", "length")
 
 
-def test_a_reply_that_cannot_be_saved_is_reported_then_saved_once_the_lock_goes(faulty):
+def test_a_reply_that_cannot_be_saved_is_reported_then_saved_once_the_lock_goes(faulty, monkeypatch):
+    monkeypatch.setattr("serge.chats.replies.SAVE_RETRY_EVERY_S", 0.1)  # its 2 s between tries, waited out here
     chat = new_chat(faulty, settings=LONG)
     lock = HeldLock(faulty.db_path)
     try:
