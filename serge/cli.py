@@ -131,8 +131,12 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _with_engine(settings: Settings, args: argparse.Namespace) -> None:
+    if args.command == "serve":
+        try:
+            _refuse_open_bind(settings)  # before torch loads: a refusal is instant
+        except Exception as exc:  # its own CliError is no problem() of the web's, so raised as it is
+            raise _cli_error(exc) from None
     from serge.engine import PullCancelled
-    from serge.web.errors import problem
 
     try:
         if args.command == "serve":
@@ -144,10 +148,17 @@ def _with_engine(settings: Settings, args: argparse.Namespace) -> None:
     except (KeyboardInterrupt, PullCancelled):
         raise CliError("stopped; nothing was installed (files finished so far are kept in the cache, so pulling "
                        "again fetches only the rest)" if args.command == "models" else "stopped") from None
-    except Exception as exc:  # the web's error table knows what an expected failure says
-        if (answer := problem(exc)) is None:
-            raise
-        raise CliError(answer.message) from None
+    except Exception as exc:
+        raise _cli_error(exc) from None
+
+
+def _cli_error(exc: Exception) -> CliError:
+    """What an expected failure says, from the web's error table; anything else is a bug and raised as it is."""
+    from serge.web.errors import problem
+
+    if (answer := problem(exc)) is None:
+        raise exc
+    return CliError(answer.message)
 
 
 def _fail(message: str) -> None:
@@ -202,7 +213,6 @@ def _serve(settings: Settings) -> None:
 
     from serge.engine import Engine
 
-    _refuse_open_bind(settings)  # before the model loads: the refusal is instant
     _fewer_malloc_arenas()
     warn_if_exposed(settings)
     engine = Engine(settings)  # a missing device ends the start before anything else runs

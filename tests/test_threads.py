@@ -130,7 +130,7 @@ def test_the_scheduler_runs_its_passes_on_fewer_threads_when_the_machine_is_crow
     forward, tokenizer = _Crowded(), shared_tokenizer()
     scheduler = Scheduler(forward, tokenizer, eos_ids(tokenizer), 2, "crowded")
     try:
-        text = "".join(scheduler.submit(tokenizer.encode("hello"), SamplingParams(max_new_tokens=300, temperature=0, ignore_eos=True).resolved(1000)))
+        text = "".join(scheduler.submit(tokenizer.encode("hello"), SamplingParams(max_new_tokens=80, temperature=0, ignore_eos=True).resolved(1000)))
         assert text
         assert forward.threads[-1] == 1 and forward.count == 1
         assert scheduler.metrics.registry.get_sample_value("serge_worker_threads", {"model": "crowded"}) == 1
