@@ -269,7 +269,7 @@ class StandInForward:
 
     device = torch.device("cpu")
 
-    def __init__(self, reply_tokens: int | None = 24, step_s: float = 0.002, think_tokens: int | None = None,
+    def __init__(self, reply_tokens: int | None = 24, step_s: float = 0.0005, think_tokens: int | None = None,
                  capacity: int | None = None) -> None:
         self.room = Room(capacity)  # None: never full
         self.reply_tokens = reply_tokens
@@ -329,7 +329,7 @@ def shared_tokenizer():
         return _TOKENIZER
 
 
-def standin_model(name: str = NAME, *, reply_tokens: int | None = 24, step_s: float = 0.002,
+def standin_model(name: str = NAME, *, reply_tokens: int | None = 24, step_s: float = 0.0005,
                   limits: SchedulerLimits | None = None, metrics: EngineMetrics | None = None,
                   context_window: int = CONTEXT_WINDOW, forward: Forward | None = None,
                   think_tokens: int | None = None) -> LocalModel:
