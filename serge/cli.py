@@ -12,7 +12,7 @@ import ctypes
 import os
 import logging
 import sys
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -39,7 +39,8 @@ def _runtime(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], help="weights dtype (SERGE_DTYPE)")
     p.add_argument("--model", dest="default_model", help="model to serve by default (SERGE_DEFAULT_MODEL)")
     p.add_argument("--threads", dest="torch_threads", type=int,
-                   help="threads per model, torch and llama.cpp (SERGE_TORCH_THREADS; default: half the CPUs)")
+                   help="most threads per model, torch and llama.cpp, fewer while the machine is busy "
+                        "(SERGE_TORCH_THREADS; default: half the CPUs)")
     p.add_argument("--engine", choices=["auto", "transformers", "llama.cpp"],
                    help="local engine (SERGE_ENGINE; default auto: llama.cpp for GGUF models unless on CUDA)")
 
@@ -134,7 +135,7 @@ def _with_engine(settings: Settings, args: argparse.Namespace) -> None:
     if args.command == "serve":
         try:
             _refuse_open_bind(settings)  # before torch loads: a refusal is instant
-        except Exception as exc:  # its own CliError is no problem() of the web's, so raised as it is
+        except Exception as exc:
             raise _cli_error(exc) from None
     from serge.engine import PullCancelled
 
@@ -153,7 +154,9 @@ def _with_engine(settings: Settings, args: argparse.Namespace) -> None:
 
 
 def _cli_error(exc: Exception) -> CliError:
-    """What an expected failure says, from the web's error table; anything else is a bug and raised as it is."""
+    """What an expected failure says (the web's error table, which loads torch: not for a CliError); bugs raise."""
+    if isinstance(exc, CliError):
+        return exc
     from serge.web.errors import problem
 
     if (answer := problem(exc)) is None:
@@ -232,17 +235,14 @@ def _serve(settings: Settings) -> None:
 def _chat(settings: Settings, args: argparse.Namespace) -> None:
     from serge.engine import ChatRequest, Engine, Message, SamplingParams
 
-    try:
+    with suppress(ImportError):
         import readline  # noqa: F401  (line editing and history for input())
-    except ImportError:
-        pass
     params = SamplingParams(temperature=args.temperature, max_new_tokens=args.max_tokens)
     history: list[Message] = [Message("system", args.system)] if args.system else []
     with Engine(settings) as engine:
         loaded = engine.model()
         print(f"Chatting with {loaded.name} ({loaded.engine}) on {engine.plan.device}. "
-              "Ctrl-C stops a reply; Ctrl-D or /exit quits; "
-              "/reset starts over.")
+              "Ctrl-C stops a reply; Ctrl-D or /exit quits; /reset starts over.")
         while True:
             try:
                 text = input("\n> ").strip()

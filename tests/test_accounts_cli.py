@@ -30,16 +30,16 @@ def test_serving_beyond_this_machine_without_accounts_refuses_to_start(tmp_path)
 
 def test_accounts_and_keys_from_the_command_line(tmp_path, cli):
     d = ("--data-dir", str(tmp_path))
-    added = serge("users", "add", "Ada", "--password-stdin", *d, stdin="correct horse\n")
+    added = cli("users", "add", "Ada", "--password-stdin", *d, stdin="correct horse\n")
     assert added.returncode == 0 and "Added ada (admin)" in added.stdout and "took over" in added.stdout
     assert cli("users", "add", "bo", "--password-stdin", *d, stdin="short\n").returncode == 2
     assert cli("users", "add", "bo", "--password-stdin", *d, stdin="battery staple\n").returncode == 0
-    taken = serge("users", "add", "BO", "--password-stdin", *d, stdin="battery staple\n")
+    taken = cli("users", "add", "BO", "--password-stdin", *d, stdin="battery staple\n")
     assert taken.returncode == 2 and "already a user named 'bo'" in taken.stderr
     listed = cli("users", "list", *d).stdout.splitlines()
     assert [line.split()[:2] for line in listed] == [["ada", "admin"], ["bo", "user"]]
 
-    created = serge("keys", "create", "bo", "--name", "nightly job", *d)
+    created = cli("keys", "create", "bo", "--name", "nightly job", *d)
     key = created.stdout.strip()
     assert created.returncode == 0 and key.startswith("sk-serge-") and len(created.stdout.splitlines()) == 1
     assert "not shown again" in created.stderr
