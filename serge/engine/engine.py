@@ -134,7 +134,7 @@ class Engine:
                          loaded is not None, remote=False, facts=m.facts, memory_bytes=memory,
                          busy=self._registry.in_use(m.name), defaults=loaded.defaults if loaded else m.defaults,
                          context_window=window, kind=m.facts.kind, device=device, gpu_bytes=gpu_bytes,
-                         vision=sees_images(m.facts, engine, llama_cpp_sees_images()))
+                         vision=sees_images(m.facts, engine, engine == "llama.cpp" and llama_cpp_sees_images()))
 
     def _fixed_info(self, name: str) -> ModelInfo:
         backend = self._fixed[name]

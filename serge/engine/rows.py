@@ -133,6 +133,6 @@ def same_across_threads(model, counts: list[int], plan: RowPlan) -> list[int]:
     finally:
         torch.set_num_threads(before)
     if len(kept) < len(counts):
-        log.info("thread counts %s change the linear layers' bits here: passes stay on %s", 
+        log.info("thread counts %s change the linear layers' bits here: passes stay on %s",
                  [c for c in counts if c not in kept], kept)
     return kept

@@ -94,13 +94,14 @@ def vector_text(vector: np.ndarray) -> str:
 def save_chunks(db: Database, session: Session, document_id: str, first_seq: int, chunks: Sequence[NewChunk]) -> None:
     """A document's passages, numbered from `first_seq`, their vectors as float32 bytes (and in pgvector's
     column where the database has it)."""
+    vectors = [None if c.vector is None else np.asarray(c.vector, dtype=np.float32) for c in chunks]
     rows = [DocumentChunk(document_id=document_id, seq=first_seq + i, page=c.page, text=c.text,
-                          embedding=None if c.vector is None else np.asarray(c.vector, dtype=np.float32).tobytes())
-            for i, c in enumerate(chunks)]
+                          embedding=None if v is None else v.tobytes())
+            for i, (c, v) in enumerate(zip(chunks, vectors))]
     session.add_all(rows)
     if db.pgvector:
         session.flush()
-        vectors = [{"id": row.id, "v": vector_text(c.vector)} for row, c in zip(rows, chunks) if c.vector is not None]
+        vectors = [{"id": row.id, "v": vector_text(v)} for row, v in zip(rows, vectors) if v is not None]
         if vectors:
             session.execute(text("UPDATE document_chunks SET embedding_vector = CAST(:v AS vector) WHERE id = :id"),
                             vectors)

@@ -67,9 +67,6 @@ class Scheduler(Passes):
         self._tokenizer = tokenizer
         self._most_threads = threads
         self._adapt_threads = adapt_threads
-        self.metrics = metrics if metrics is not None else EngineMetrics()
-        self._m = self.metrics.model(name)
-        self._threads = Threads([threads], forward.set_threads, self._m.threads.set)  # the worker's; counts once prepared
         self._eos = eos
         self.vocabulary = Vocabulary(tokenizer, eos)  # grammars compiled for this model, token bytes
         self.max_running = limits.running_for(self._device)
@@ -77,6 +74,8 @@ class Scheduler(Passes):
         self._chunk = limits.prefill_chunk
         budget = limits.prefix_cache_mb * 2**20
         self._prefixes = PrefixCache(budget if prefix_cache_bytes is None else min(budget, prefix_cache_bytes))
+        self.metrics = metrics if metrics is not None else EngineMetrics()
+        self._m = self.metrics.model(name)
         self._lock = threading.Condition()
         self._waiting = Waiting(limits.queue_timeout_s)  # under _lock
         self._active = 0  # sequences admitted and not finished; under _lock
@@ -152,8 +151,8 @@ class Scheduler(Passes):
     def _run(self) -> None:
         torch.set_num_threads(self._most_threads)  # per thread under OpenMP: set it where the work runs
         self.forward.prepare()  # measured with this thread's kernels, before any request waits on it
-        if self._adapt_threads:
-            self._threads.counts = self.forward.thread_counts(self._most_threads)
+        counts = self.forward.thread_counts(self._most_threads) if self._adapt_threads else [self._most_threads]
+        self._threads = Threads(counts, self.forward.set_threads, self._m.threads.set)  # the worker's alone
         while True:
             with self._lock:
                 while not self._closing and not self._waiting and not self._running:
