@@ -91,9 +91,13 @@ def test_every_forward_pass_gets_its_inputs_on_the_models_device(engine):
     folder = ModelLibrary(engine.settings.models_path).find(MODEL).transformers_folder()
     model = AutoModelForCausalLM.from_pretrained(str(folder), **engine.plan.load_kwargs())
     seen = []
-    model.register_forward_pre_hook(
-        lambda _module, _args, kwargs: seen.extend(v.device for v in kwargs.values() if isinstance(v, torch.Tensor)),
-        with_kwargs=True)
+
+    def record(_module, args, kwargs):
+        seen.extend(v.device for v in [*args, *kwargs.values()] if isinstance(v, torch.Tensor))
+
+    # transformers' forward takes the inputs; Serge's decoder hands ids to the embedding, positions to the rotary
+    for module in (model, model.get_input_embeddings(), model.model.rotary_emb):
+        module.register_forward_pre_hook(record, with_kwargs=True)
     forward = BatchForward(model, max_rows=2)
     forward.prepare()  # measured before the test's default device applies
     seen.clear()

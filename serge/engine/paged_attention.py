@@ -3,7 +3,7 @@
 A pass holds any mix of decodes (one new token each) and prompt chunks, packed
 into one row of tokens. `PagedPass` works out, once per pass, where each new
 position is written in the `BlockPool`, the block tables, and the masks;
-`paged_attention` (registered with transformers) then, per layer, writes the
+`paged_attention` (called by the batcher's attention) then, per layer, writes the
 pass's keys and values into the pool in one indexed copy and runs the decodes as
 one batched attention and the prompt chunks as another, each over its sequences'
 blocks gathered and padded.

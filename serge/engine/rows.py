@@ -45,6 +45,8 @@ class _PackedLinear(torch.nn.Module):
         self.register_buffer("packed", packed, persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.packed is None:  # given up for `decoder.Decoder`'s fused packing, and yet run: packed again
+            self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), None)
         rows = x.reshape(-1, x.shape[-1]).contiguous()
         out = torch.ops.mkldnn._linear_pointwise(rows, self.packed, self.bias, "none", [], "")
         return out.reshape(*x.shape[:-1], self.out_features)
@@ -75,20 +77,22 @@ def pack_for_onednn(model) -> bool:
     return True
 
 
-def _linear_shapes(model) -> list[torch.nn.Module]:
-    """One linear layer of each distinct shape (and bias-ness) in the model."""
+def _linear_shapes(model, extra: list[torch.nn.Module]) -> list[torch.nn.Module]:
+    """One linear layer of each distinct shape (and bias-ness) that the passes run: the model's, but those
+    fused into another's packing, and `extra` (the fused ones)."""
     seen: dict[tuple, torch.nn.Module] = {}
-    for module in model.modules():
-        if isinstance(module, (torch.nn.Linear, _PackedLinear)):
+    for module in [*model.modules(), *extra]:
+        if isinstance(module, torch.nn.Linear) or (isinstance(module, _PackedLinear) and module.packed is not None) \
+                or module in extra:
             seen.setdefault((tuple(module.weight.shape), module.bias is not None), module)
     return list(seen.values())
 
 
 @torch.inference_mode()
-def measure_rows(model, max_rows: int) -> RowPlan:
+def measure_rows(model, max_rows: int, extra: list[torch.nn.Module] = ()) -> RowPlan:
     """The cheapest `RowPlan` under which every row of every linear layer gets the same bits
-    whatever the batch's size, found by running the model's own layers."""
-    modules = _linear_shapes(model)
+    whatever the batch's size, found by running the model's own layers (and `extra`)."""
+    modules = _linear_shapes(model, list(extra))
     top = max(max_rows, 2)
     generator = torch.Generator(device="cpu").manual_seed(0)
     try:
@@ -110,10 +114,10 @@ def _same_rows(module: torch.nn.Module, counts: list[int], generator: torch.Gene
 
 
 @torch.inference_mode()
-def same_across_threads(model, counts: list[int], plan: RowPlan) -> list[int]:
+def same_across_threads(model, counts: list[int], plan: RowPlan, extra: list[torch.nn.Module] = ()) -> list[int]:
     """Those of `counts` (most first) under which every linear layer gives each of `plan`'s batch sizes
     the bits it gets on `counts[0]` threads: the counts a busy machine may drop to."""
-    modules = _linear_shapes(model)
+    modules = _linear_shapes(model, list(extra))
     generator = torch.Generator(device="cpu").manual_seed(0)
     before = torch.get_num_threads()
     sizes = sorted({plan.rows_for(n) for n in (1, plan.least + plan.step, 16)} | {_PROMPT_ROWS})  # decodes, a chunk

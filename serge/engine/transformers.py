@@ -21,7 +21,8 @@ flip. Here, therefore:
   count (`RowPlan`); every decode batch is padded with dummy rows to such a count;
 - attention runs per sequence, over that sequence's own `SequenceKV`, with the
   same shapes whether it is alone or not (an attention function registered with
-  transformers; the model's other code is used as is);
+  transformers, which `decoder.Decoder` calls too where it runs the model: a
+  Llama-style model on a CPU, float32, checked against transformers' logits at load);
 - a prompt chunk runs in a forward pass of its own, whose shape depends only on
   that sequence's prompt.
 
@@ -44,8 +45,9 @@ import logging
 import time
 
 import torch
-import torch.nn.functional as F
 
+from serge.engine.batch_attention import install, per_sequence
+from serge.engine.decoder import Decoder
 from serge.engine.devices import DevicePlan
 from serge.engine.generation.forward import OutOfKV
 from serge.engine.generation.kvcache import SequenceKV
@@ -55,67 +57,12 @@ from serge.engine.generation.sampling import SamplingParams
 from serge.engine.local import LoadOptions, LocalModel, ModelLoadFailed, check_chat_template, eos_ids
 from serge.engine.models.facts import ModelFacts
 from serge.engine.models.library import InstalledModel
-from serge.engine.paged_attention import PagedPass, paged_attention, plain_sdpa
+from serge.engine.paged_attention import PagedPass
 from serge.engine.generation.threads import ladder
 from serge.engine.rows import RowPlan, measure_rows, pack_for_onednn, same_across_threads
 from serge.engine.vision import image_token_id, on_device
 
 log = logging.getLogger(__name__)
-
-ATTENTION = "serge_batched"
-
-
-def _attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, sliding_window=None, **kwargs):
-    """Attention for a packed batch: `paged_attention` when the pass brings a `serge_pass`, else each
-    sequence over its own `SequenceKV` (`serge_segments`: (SequenceKV, first row, rows) each); plain
-    SDPA for anyone else running the model."""
-    if "serge_pass" in kwargs:
-        return paged_attention(module, query, key, value, attention_mask, dropout, scaling, sliding_window, **kwargs)
-    segments = kwargs.pop("serge_segments", None)
-    if segments is None:
-        return plain_sdpa(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                          sliding_window=sliding_window, **kwargs)
-    if kwargs.get("softcap") is not None or kwargs.get("s_aux") is not None:
-        raise NotImplementedError("this model's attention (soft-capping or sinks) is not supported by the batcher")
-    heads, rows, dim = query.shape[1], query.shape[2], query.shape[3]
-    kv_heads = key.shape[1]
-    group = heads // kv_heads
-    out = query.new_zeros(1, rows, heads, dim)
-    for kv, start, n in segments:
-        keys, values = kv.write(module.layer_idx, key[0, :, start : start + n], value[0, :, start : start + n])
-        length = keys.shape[1]
-        # The query heads sharing a key head become rows of one query: no copy of the keys per head.
-        q = query[0, :, start : start + n].reshape(kv_heads, group * n, dim).contiguous()
-        mask = None
-        if n > 1 or (sliding_window and length > sliding_window):
-            position = torch.arange(length - n, length, device=q.device)[:, None]
-            key_position = torch.arange(length, device=q.device)[None, :]
-            mask = key_position <= position
-            if sliding_window:
-                mask &= key_position > position - sliding_window
-            mask = mask.repeat(group, 1)
-        o = F.scaled_dot_product_attention(q[None], keys[None], values[None], attn_mask=mask, scale=scaling)
-        out[0, start : start + n] = o[0].reshape(heads, n, dim).transpose(0, 1)
-    return out, None
-
-
-def _install(model) -> None:
-    """Route the model's attention through `_attention` (plain SDPA for other callers); a vision model's
-    language model only, its vision tower keeping SDPA (it keeps no KV)."""
-    from transformers import AttentionInterface
-    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
-
-    AttentionInterface.register(ATTENTION, _attention)
-    AttentionMaskInterface.register(ATTENTION, ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
-    text = model.config.get_text_config()
-    if text._attn_implementation != ATTENTION:
-        if text is model.config:
-            model.set_attn_implementation(ATTENTION)
-        else:
-            model.set_attn_implementation({"": ATTENTION, "text_config": ATTENTION, "vision_config": "sdpa"})
-    if text._attn_implementation != ATTENTION:
-        raise ValueError(f"{type(model).__name__} does not let its attention be replaced; it cannot be batched")
-
 
 class BatchForward:
     """The model's forward passes over sequences that each keep their own KV.
@@ -123,13 +70,14 @@ class BatchForward:
     With `pool_blocks`, the KV is paged (`PagedKV` in one `BlockPool` of that
     many blocks) and each layer attends for the whole pass in one call
     (`paged_attention`); without, each sequence keeps a growing `SequenceKV` and
-    attention runs per sequence, which measured faster on a CPU (see `paged_attention`).
+    attention runs per sequence, which measured faster on a CPU (see `paged_attention`),
+    and on a CPU a model `decoder.Decoder` knows runs through it rather than transformers' modules.
     `prepare()` runs on the thread that will run the passes (its thread count
     decides the kernels) before the first of them.
     """
 
     def __init__(self, model, max_rows: int, pool_blocks: int | None = None) -> None:
-        _install(model)
+        install(model)
         self._model = model
         config = model.config.get_text_config()
         self._layers = config.num_hidden_layers
@@ -141,6 +89,7 @@ class BatchForward:
             self.pool = BlockPool(pool_blocks, self._layers, kv_heads, dim, model.dtype, model.device)
         self._max_rows = max_rows
         self._packed = pack_for_onednn(model)
+        self._decoder = Decoder.build(model) if self._packed and self.pool is None else None
         self.rows: RowPlan | None = None
         self._counts: list[int] | None = None
 
@@ -153,18 +102,47 @@ class BatchForward:
 
     def prepare(self) -> None:
         if self.rows is None:
-            self.rows = measure_rows(self._model, self._max_rows)
-            log.info("decode batches are padded to %d, %d, %d, ... rows (%s linear layers); attention: %s",
-                     self.rows.least, self.rows.least + self.rows.step, self.rows.least + 2 * self.rows.step,
-                     "oneDNN-packed" if self._packed else "plain",
+            if self._decoder is not None:
+                self._check_decoder()
+            self.rows = measure_rows(self._model, self._max_rows, self._fused())
+            log.info("decode batches are padded to %d, %d, %d, ... rows (%s linear layers); forward: %s; "
+                     "attention: %s", self.rows.least, self.rows.least + self.rows.step,
+                     self.rows.least + 2 * self.rows.step, "oneDNN-packed" if self._packed else "plain",
+                     "Serge's decoder" if self._decoder else "transformers'",
                      f"one call per layer over a paged KV cache of {self.pool.total_blocks} blocks of "
                      f"{self.pool.block_size}" if self.pool else "per sequence, each over its own KV")
+
+    def _fused(self) -> list:
+        return self._decoder.linears() if self._decoder is not None else []
+
+    def _check_decoder(self) -> None:
+        """Keep `Decoder` only if a prompt and a decode step through it give transformers' logits."""
+        ids = list(range(1, 25))
+        kvs = [self.new_kv(), self.new_kv()]
+        decoder, self._decoder = self._decoder, None
+        try:
+            want = [self._pass([kvs[0]], [ids], False), self._pass([kvs[0]], [[7]], False)]
+            self._decoder = decoder
+            got = [self._pass([kvs[1]], [ids], False), self._pass([kvs[1]], [[7]], False)]
+        finally:
+            for kv in kvs:
+                kv.release()
+        if all(torch.equal(a, b) for a, b in zip(want, got)):
+            decoder.release_unfused(self._model)
+            return
+        worst = max((a - b).abs().max().item() for a, b in zip(want, got))
+        if worst <= 1e-4:
+            decoder.release_unfused(self._model)
+            log.info("Serge's decoder differs from transformers' forward by %.1e at most here", worst)
+        else:
+            self._decoder = None
+            log.warning("Serge's decoder gave other logits than transformers' (%.1e): using transformers'", worst)
 
     def thread_counts(self, most: int) -> list[int]:
         """Measured once, on the linear layers (attention, norms and activations split their work by
         rows and heads, never within a sum)."""
         if self._counts is None:
-            self._counts = same_across_threads(self._model, ladder(most), self.rows)
+            self._counts = same_across_threads(self._model, ladder(most), self.rows, self._fused())
         return self._counts
 
     def set_threads(self, n: int) -> None:
@@ -182,12 +160,14 @@ class BatchForward:
         tokens); the logits after its last token."""
         return self.run([kv], [list(tokens)], images=images)[0]
 
-    @torch.inference_mode()
     def run(self, kvs: list, chunks: list[list[int]], pad: bool = False, images: dict | None = None) -> torch.Tensor:
         """Feed `chunks[i]` to `kvs[i]`, decodes and prompt chunks in one pass; the next-token logits
         after each chunk's last token, one row per sequence."""
-        device = self._model.device
         self.prepare()
+        return self._pass(kvs, chunks, pad, images)
+
+    @torch.inference_mode()
+    def _pass(self, kvs: list, chunks: list[list[int]], pad: bool, images: dict | None = None) -> torch.Tensor:
         rows = [len(chunk) for chunk in chunks]
         total = sum(rows)
         padding = self.rows.rows_for(total) - total if pad else 0
@@ -209,21 +189,34 @@ class BatchForward:
         else:
             extra = {"serge_segments": [(kv, end + 1 - n, n) for kv, n, end in zip(kvs, rows, ends)]}
         try:
-            out = self._model(
-                input_ids=torch.tensor([ids], device=device),
-                position_ids=torch.tensor([positions], device=device),
-                use_cache=False,
-                logits_to_keep=0 if pad else torch.tensor(ends, device=device),
-                **(on_device(images, self._model) if images else {}),
-                **extra,
-            )
+            logits = self._logits(ids, positions, None if pad else ends, images, extra)
         except BaseException:
             for kv in kvs:
                 kv.reserve(0)  # what the failed pass wrote is not part of any sequence
             raise
         for kv in kvs:
             kv.advance()
-        return out.logits[0, : len(kvs)] if pad else out.logits[0]
+        return logits[: len(kvs)] if pad else logits
+
+    def _logits(self, ids: list[int], positions: list[int], keep: list[int] | None, images, extra: dict):
+        """One row of logits per token, or per position in `keep`: through `Decoder` where it runs the model."""
+        device = self._model.device
+        keep = None if keep is None else torch.tensor(keep, device=device)
+        if self._decoder is not None:
+            segments = extra["serge_segments"]
+            return self._decoder(
+                torch.tensor(ids, device=device), torch.tensor(positions, device=device),
+                lambda layer, q, k, v, window, scaling: per_sequence(layer, q, k, v, segments, scaling, window),
+                keep)
+        out = self._model(
+            input_ids=torch.tensor([ids], device=device),
+            position_ids=torch.tensor([positions], device=device),
+            use_cache=False,
+            logits_to_keep=0 if keep is None else keep,
+            **(on_device(images, self._model) if images else {}),
+            **extra,
+        )
+        return out.logits[0]
 
 
 def pool_blocks(model, max_running: int, window: int) -> int | None:

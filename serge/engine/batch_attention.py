@@ -1,0 +1,91 @@
+"""The attention the transformers batcher registers with transformers: each sequence of a packed pass over
+its own KV (`per_sequence`), or the whole pass over the paged cache (`paged_attention`); plain SDPA for
+anyone else running the model. `decoder.Decoder` calls `per_sequence` directly.
+
+A sequence's attention has the same shapes whether it is alone in its pass or not,
+so its numbers are the same either way; only how the queries are laid out and the
+outputs gathered differs between a decode pass (one row each) and a prompt chunk.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from serge.engine.paged_attention import paged_attention, plain_sdpa
+
+ATTENTION = "serge_batched"
+
+
+def _attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, sliding_window=None, **kwargs):
+    """Attention for a packed batch: `paged_attention` when the pass brings a `serge_pass`, else each
+    sequence over its own KV (`serge_segments`: (KV, first row, rows) each); plain SDPA for anyone
+    else running the model."""
+    if "serge_pass" in kwargs:
+        return paged_attention(module, query, key, value, attention_mask, dropout, scaling, sliding_window, **kwargs)
+    segments = kwargs.pop("serge_segments", None)
+    if segments is None:
+        return plain_sdpa(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                          sliding_window=sliding_window, **kwargs)
+    if kwargs.get("softcap") is not None or kwargs.get("s_aux") is not None:
+        raise NotImplementedError("this model's attention (soft-capping or sinks) is not supported by the batcher")
+    return per_sequence(module.layer_idx, query, key, value, segments, scaling, sliding_window), None
+
+
+def per_sequence(layer: int, query, key, value, segments, scaling, sliding_window):
+    """Each sequence's queries over its own keys, with the same shapes alone or not: `query`
+    [1, heads, rows, head_dim], `key`/`value` [1, kv_heads, rows, head_dim]; [1, rows, heads, head_dim]."""
+    heads, rows, dim = query.shape[1], query.shape[2], query.shape[3]
+    kv_heads = key.shape[1]
+    group = heads // kv_heads
+    out = query.new_zeros(1, rows, heads, dim)
+    if all(n == 1 for _, _, n in segments):  # a decode pass, sequence i on row i: its queries arranged once
+        q = query[0].transpose(0, 1).reshape(rows, kv_heads, group, dim)
+        outs = []
+        for kv, start, _ in segments:
+            keys, values = kv.write(layer, key[0, :, start : start + 1], value[0, :, start : start + 1])
+            outs.append(F.scaled_dot_product_attention(q[start][None], keys[None], values[None],
+                                                       attn_mask=_window(keys.shape[1], 1, sliding_window, 1, q.device),
+                                                       scale=scaling))
+        out[0, : len(segments)] = torch.cat(outs).reshape(len(segments), heads, dim)
+        return out
+    for kv, start, n in segments:
+        keys, values = kv.write(layer, key[0, :, start : start + n], value[0, :, start : start + n])
+        # The query heads sharing a key head become rows of one query: no copy of the keys per head.
+        q = query[0, :, start : start + n].reshape(kv_heads, group * n, dim).contiguous()
+        o = F.scaled_dot_product_attention(q[None], keys[None], values[None],
+                                           attn_mask=_window(keys.shape[1], n, sliding_window, group, q.device),
+                                           scale=scaling)
+        out[0, start : start + n] = o[0].reshape(heads, n, dim).transpose(0, 1)
+    return out
+
+
+def _window(length: int, n: int, sliding_window: int | None, group: int, device) -> torch.Tensor | None:
+    """Which of `length` keys the last `n` positions' queries (each `group` times) see: None when all
+    they may (a lone query without a window reaching back)."""
+    if n == 1 and not (sliding_window and length > sliding_window):
+        return None
+    position = torch.arange(length - n, length, device=device)[:, None]
+    key_position = torch.arange(length, device=device)[None, :]
+    mask = key_position <= position
+    if sliding_window:
+        mask &= key_position > position - sliding_window
+    return mask.repeat(group, 1)
+
+
+def install(model) -> None:
+    """Route the model's attention through `_attention` (plain SDPA for other callers); a vision model's
+    language model only, its vision tower keeping SDPA (it keeps no KV)."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+
+    AttentionInterface.register(ATTENTION, _attention)
+    AttentionMaskInterface.register(ATTENTION, ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
+    text = model.config.get_text_config()
+    if text._attn_implementation != ATTENTION:
+        if text is model.config:
+            model.set_attn_implementation(ATTENTION)
+        else:
+            model.set_attn_implementation({"": ATTENTION, "text_config": ATTENTION, "vision_config": "sdpa"})
+    if text._attn_implementation != ATTENTION:
+        raise ValueError(f"{type(model).__name__} does not let its attention be replaced; it cannot be batched")
