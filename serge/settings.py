@@ -154,7 +154,8 @@ class Settings(BaseSettings):
         512, ge=0, description="Memory per model for finished conversations' KV, reused by their next turn; 0 turns it off."
     )
     prefill_chunk: int = Field(
-        256, ge=16, description="Prompt tokens run per step while other replies decode, so a long prompt stalls them for a step at most."
+        256, ge=16, description="Prompt tokens a prompt runs per step, and per step beside decoding replies (times the prompts "
+        "waiting per decoding reply, up to 8): a long prompt stalls them a chunk a step, a crowd arriving is prefilled at once."
     )
     user_max_streams: int = Field(
         4, ge=1, description="Replies one signed-in user (all their keys together) may have generating at once "

@@ -1,11 +1,12 @@
-"""A step's work is done once: each event loop woken at most once a step however many of its streams have
-news, a reply's sampler made once however long it runs, and a decode pass's rows (a view of the forward's
+"""A step's work is done once: each event loop woken at most once a pass however many of its streams have
+news, yet a first token not held behind the next prompt's pass, a reply's sampler made once however long it runs, and a decode pass's rows (a view of the forward's
 buffer, as llama.cpp's are) sampled before the next pass reuses it (on the stand-in model)."""
 
 from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 import torch
 from standin import VOCAB, StandInForward, shared_tokenizer, standin_model
@@ -31,17 +32,23 @@ def _prompt(i: int) -> list[int]:
     return shared_tokenizer().encode(f"<|im_start|>user\nquestion {i}<|im_end|>\n<|im_start|>assistant\n")
 
 
-def test_eight_readers_on_one_loop_wake_it_at_most_once_a_step():
+def test_eight_readers_on_one_loop_wake_it_at_most_once_a_pass():
+    """Once at the end of each step, and once before each prompt pass (sending the news before it)."""
     model = standin_model("wakeups", reply_tokens=None)
     scheduler = model.scheduler
-    turns = [0]
-    inner = scheduler._turn
+    turns, prompt_passes = [0], [0]
+    inner, prefill = scheduler._turn, scheduler.forward.prefill
 
     def counted(*args):
         turns[0] += 1
         return inner(*args)
 
+    def counted_prefill(*args):
+        prompt_passes[0] += 1
+        return prefill(*args)
+
     scheduler._turn = counted  # the worker looks it up each step
+    scheduler.forward.prefill = counted_prefill
     params = SamplingParams(temperature=0, max_new_tokens=24, ignore_eos=True).resolved(24)
 
     async def read(i: int) -> int:
@@ -55,10 +62,48 @@ def test_eight_readers_on_one_loop_wake_it_at_most_once_a_step():
             pieces = runner.run(all_eight())
             loop = runner.get_loop()
             assert all(n > 0 for n in pieces)
-            assert loop.wakeups <= turns[0], f"{loop.wakeups} wake-ups of one loop in {turns[0]} steps"
+            most = turns[0] + prompt_passes[0]
+            assert loop.wakeups <= most, f"{loop.wakeups} wake-ups of one loop in {turns[0]} steps and " \
+                f"{prompt_passes[0]} prompt passes"
             assert loop.wakeups > 0
     finally:
         model.close()
+
+
+def test_a_prompts_first_token_reaches_its_reader_before_the_next_prompts_pass_ends():
+    """Two prompts prefilled in one step, after a decode: the first one's reader has its token a pass
+    before the second's (not both at the step's end), and the decoding reply's token comes first."""
+    pace = 0.3
+    model = standin_model("first-tokens", reply_tokens=None, step_s=pace)
+    params = SamplingParams(temperature=0, max_new_tokens=400, ignore_eos=True).resolved(400)
+    arrived: dict[str, float] = {}
+
+    async def first(name: str, stream) -> None:
+        async for _ in stream.adeltas():
+            arrived.setdefault(name, time.monotonic())
+            if name != "long":
+                break
+        stream.cancel()
+
+    async def run() -> None:
+        long = model.scheduler.submit(_prompt(0), params)
+        reading = asyncio.ensure_future(first("long", long))
+        while "long" not in arrived:  # it decodes: each step is now a `pace`-long pass or more
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(pace / 3)  # mid-pass: both prompts wait for the same next step
+        start = time.monotonic()
+        await asyncio.gather(first("a", model.scheduler.submit(_prompt(1), params)),
+                             first("b", model.scheduler.submit(_prompt(2), params)))
+        arrived["start"] = start
+        long.cancel()
+        await reading
+
+    try:
+        asyncio.run(run())
+    finally:
+        model.close()
+    assert arrived["b"] - arrived["a"] > pace / 2, f"a's first token at {arrived['a'] - arrived['start']:.2f} s, " \
+        f"b's at {arrived['b'] - arrived['start']:.2f} s: a's was held for b's pass"
 
 
 def test_a_replys_sampler_is_made_once_however_long_it_runs(monkeypatch):
@@ -119,3 +164,50 @@ def test_replies_decoded_beside_prompts_being_prefilled_are_sampled_before_the_n
     finally:
         model.close()
     assert texts == expected
+
+
+class RecordingForward(StandInForward):
+    """Writes down each pass: "d" a decode, "p" a prompt chunk."""
+
+    def __init__(self, step_s: float) -> None:
+        super().__init__(reply_tokens=None, step_s=step_s)
+        self.log: list[str] = []
+
+    def decode(self, kvs, tokens):
+        self.log.append("d")
+        return super().decode(kvs, tokens)
+
+    def prefill(self, kv, tokens):
+        self.log.append("p")
+        return super().prefill(kv, tokens)
+
+
+def _prompts_after_decodes(log: list[str]) -> list[int]:
+    """How many prompt chunks ran in each step after its decode."""
+    return [len(run) for run in "".join(log).split("d")[1:]]
+
+
+def test_prompts_arriving_beside_one_reply_are_prefilled_in_one_step_and_a_few_beside_many_one_a_step():
+    forward = RecordingForward(step_s=0.05)
+    model = standin_model("crowd", forward=forward, limits=SchedulerLimits(max_running=16, prefill_chunk=32))
+    params = SamplingParams(temperature=0, max_new_tokens=400, ignore_eos=True).resolved(400)
+    streams = [model.scheduler.submit(_prompt(0), params)]
+    readers = [iter(streams[0])]  # kept: a reader dropped is a client gone, its reply cancelled
+    try:
+        next(readers[0])  # it decodes now, a 50 ms pass a step
+        streams += [model.scheduler.submit(_prompt(i), params) for i in range(1, 7)]  # within one step
+        readers += [iter(stream) for stream in streams[1:]]
+        assert all(next(reader) for reader in readers[1:])
+        crowd_log = list(forward.log)
+        # beside the seven now decoding, three prompts of a chunk each (29 tokens): one a step
+        more = [model.scheduler.submit(_prompt(i), params) for i in range(7, 10)]
+        streams += more
+        readers += [iter(stream) for stream in more]
+        assert all(next(reader) for reader in readers[-3:])
+        few_log = forward.log[len(crowd_log):]
+    finally:
+        for stream in streams:
+            stream.cancel()
+        model.close()
+    assert max(_prompts_after_decodes(crowd_log)) == 6, "".join(crowd_log)
+    assert few_log.count("p") == 3 and max(_prompts_after_decodes(few_log)) == 1, "".join(few_log)

