@@ -511,3 +511,16 @@ def start_chat(page, url: str, question: str, max_tokens: int) -> None:
     box.fill(question)
     box.press("Enter")
 
+
+def drop(page, name: str, data: bytes, mime: str) -> None:
+    """Drop a file on the message box, as a person dragging it from their desktop does."""
+    import base64
+
+    transfer = page.evaluate_handle("""([name, b64, mime]) => {
+        const bytes = Uint8Array.from(atob(b64), (c) => c.charCodeAt(0));
+        const dt = new DataTransfer();
+        dt.items.add(new File([bytes], name, { type: mime }));
+        return dt;
+    }""", [name, base64.b64encode(data).decode(), mime])
+    page.dispatch_event("#composer", "dragover", {"dataTransfer": transfer})
+    page.dispatch_event("#composer", "drop", {"dataTransfer": transfer})
