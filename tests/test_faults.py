@@ -19,7 +19,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import MODEL as REAL_MODEL, ServerThread, free_port, models_dir
+from conftest import CHROMIUM, MODEL as REAL_MODEL, ServerThread, free_port, models_dir
 from standin import NAME as MODEL, standin_engine
 from sqlalchemy import event
 from test_chats_api import read_events, wait_for
@@ -175,25 +175,19 @@ def test_a_chat_on_a_model_that_will_not_load_keeps_the_message_and_says_what_to
 
 
 @pytest.mark.browser
-@pytest.mark.skipif(not Path("/usr/bin/chromium").exists(), reason="Debian's Chromium is not installed")
-def test_the_chat_page_says_the_model_would_not_load_not_that_it_is_busy(faulty):
-    sync_api = pytest.importorskip("playwright.sync_api")
+@pytest.mark.skipif(not CHROMIUM.exists(), reason="Debian's Chromium is not installed")
+def test_the_chat_page_says_the_model_would_not_load_not_that_it_is_busy(faulty, page):
+    expect = pytest.importorskip("playwright.sync_api").expect
     chat = new_chat(faulty, model=BROKEN)
-    with sync_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=["--no-sandbox", "--disable-gpu"])
-        try:
-            page = browser.new_page()
-            page.goto(f"{faulty.base_url}/c/{chat}")
-            box = page.get_by_label("Message")
-            box.fill("Hello?")
-            box.press("Enter")
-            status = page.locator("#status")
-            sync_api.expect(status).to_contain_text(f"model '{BROKEN}' could not be loaded", timeout=60_000)
-            sync_api.expect(status).to_contain_text("Regenerate")
-            assert "busy" not in status.inner_text()
-            assert status.get_attribute("data-kind") == "error"
-        finally:
-            browser.close()
+    page.goto(f"{faulty.base_url}/c/{chat}")
+    box = page.get_by_label("Message")
+    box.fill("Hello?")
+    box.press("Enter")
+    status = page.locator("#status")
+    expect(status).to_contain_text(f"model '{BROKEN}' could not be loaded", timeout=60_000)
+    expect(status).to_contain_text("Regenerate")
+    assert "busy" not in status.inner_text()
+    assert status.get_attribute("data-kind") == "error"
     still_serves_the_good_model(faulty)
 
 

@@ -1,4 +1,5 @@
-"""Pulling from the hub for real: huggingface_hub against a hub on 127.0.0.1 serving the bundled model's files.
+"""Pulling from the hub for real: huggingface_hub against a hub on 127.0.0.1 serving a tiny checkpoint and the
+bundled model's GGUF.
 
 Each promise is about what is on disk afterwards and what crossed the wire: a
 pull ends at 100% with the model installed, or fails (or is cancelled) with a
@@ -12,7 +13,7 @@ import pytest
 
 from serge.engine import InvalidSource, ModelLibrary, PullCancelled, PullFailed, PullProgress
 
-from conftest import BASE_REPO, EMBEDDING_REPO, GGUF_REPO, SAFETENSORS_REPO
+from conftest import BASE_REPO, EMBEDDING_REPO, GGUF_REPO, TINY_REPO
 
 pytestmark = pytest.mark.real_model
 
@@ -50,10 +51,10 @@ def quiet(_: str) -> None:
 
 def test_a_hub_repo_is_pulled_with_progress_that_ends_at_the_last_byte(library, hub):
     progress = Recorder()
-    model = library.pull(SAFETENSORS_REPO, progress=progress, log=quiet)
-    assert model.name == SAFETENSORS_REPO.lower()
-    assert model.source.startswith(f"hub:{SAFETENSORS_REPO}@")
-    files = hub.repos[SAFETENSORS_REPO].files
+    model = library.pull(TINY_REPO, progress=progress, log=quiet)
+    assert model.name == TINY_REPO.lower()
+    assert model.source.startswith(f"hub:{TINY_REPO}@")
+    files = hub.repos[TINY_REPO].files
     assert progress.total == sum(p.stat().st_size for p in files.values())
     downloading = [(d, total) for d, total, stage in progress.seen if stage == "downloading"]
     assert downloading and all(total == progress.total for _, total in downloading), "the total is known up front"
@@ -63,8 +64,8 @@ def test_a_hub_repo_is_pulled_with_progress_that_ends_at_the_last_byte(library, 
     assert sum(hub.served.values()) == progress.total, "each byte crossed the wire once"
     assert model.facts.chat_template and model.facts.quantization == "float32"
     assert (model.folder / "model.safetensors").stat().st_nlink == 1, "the cache's link is gone, the file stays"
-    assert not (library.cache_dir / "models--serge-tests--SmolLM2-135M-Instruct").exists()
-    assert library.pull(SAFETENSORS_REPO, log=quiet) == model, "pulling it again changes nothing"
+    assert not (library.cache_dir / f"models--{TINY_REPO.replace('/', '--')}").exists()
+    assert library.pull(TINY_REPO, log=quiet) == model, "pulling it again changes nothing"
 
 
 def test_one_quantization_is_picked_out_of_a_repo_of_many_by_its_name_in_any_case(library, hub):
@@ -98,10 +99,10 @@ def test_an_unknown_quantization_names_the_ones_there(library, hub):
 
 def test_a_dropped_connection_resumes_where_it_stopped(library, hub):
     """huggingface_hub writes in 10 MiB chunks; dropped on a chunk's edge, nothing is fetched twice."""
-    weights = f"{SAFETENSORS_REPO}/model.safetensors"
+    weights = f"{TINY_REPO}/model.safetensors"
     hub.faults.drop_after["model.safetensors"] = 20 * 2**20
-    model = library.pull(SAFETENSORS_REPO, log=quiet)
-    size = hub.repos[SAFETENSORS_REPO].files["model.safetensors"].stat().st_size
+    model = library.pull(TINY_REPO, log=quiet)
+    size = hub.repos[TINY_REPO].files["model.safetensors"].stat().st_size
     assert [(k, r) for k, r in hub.gets if k == weights] == [(weights, None), (weights, f"bytes={20 * 2**20}-")]
     assert hub.served[weights] == size, "the second request fetched only the rest"
     assert (model.folder / "model.safetensors").stat().st_size == size
@@ -109,15 +110,15 @@ def test_a_dropped_connection_resumes_where_it_stopped(library, hub):
 
 def test_a_failed_pull_installs_nothing_and_the_next_try_fetches_only_what_is_missing(library, hub):
     hub.faults.fail.add("model.safetensors")
-    with pytest.raises(PullFailed, match="could not download serge-tests/SmolLM2-135M-Instruct.*500"):
-        library.pull(SAFETENSORS_REPO, log=quiet)
+    with pytest.raises(PullFailed, match=f"could not download {TINY_REPO}.*500"):
+        library.pull(TINY_REPO, log=quiet)
     assert leftovers(library) == [], "no model, no staging folder"
     small_files = {k for k in hub.served if not k.endswith(".safetensors")}
     assert small_files
 
     hub.reset()
-    model = library.pull(SAFETENSORS_REPO, log=quiet)
-    assert set(hub.served) == {f"{SAFETENSORS_REPO}/model.safetensors"}, "finished files came from the cache"
+    model = library.pull(TINY_REPO, log=quiet)
+    assert set(hub.served) == {f"{TINY_REPO}/model.safetensors"}, "finished files came from the cache"
     assert leftovers(library) == [model.folder.name]
 
 
@@ -133,7 +134,7 @@ def test_a_download_that_stalls_fails_with_a_message_instead_of_hanging(library,
     """The old serge's "stuck at 93%": here a silent server ends the pull as failed, with the reason."""
     from huggingface_hub import constants
 
-    monkeypatch.setattr(constants, "HF_HUB_DOWNLOAD_TIMEOUT", 1)
+    monkeypatch.setattr(constants, "HF_HUB_DOWNLOAD_TIMEOUT", 0.2)  # its own limit, tried six times
     monkeypatch.setattr("huggingface_hub.file_download.time.sleep", lambda s: None)
     hub.faults.stall_after[Q4] = 2**20
     progress = Recorder()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -12,6 +11,8 @@ import httpx
 import pytest
 from conftest import free_port, models_dir
 from test_chats_api import LONG, SHORT, STORY, read_events, send, wait_for
+
+from serge.settings import Settings
 
 pytestmark = pytest.mark.real_model
 
@@ -25,7 +26,7 @@ class Serve:
         self.log = open(log_path, "ab")
         self.process = subprocess.Popen(
             [sys.executable, "-m", "serge", "serve", "--port", str(self.port), "--data-dir", str(data_dir),
-             "--models-dir", str(models_dir()), "--threads", str(min(2, os.cpu_count() or 1))],
+             "--models-dir", str(models_dir()), "--threads", str(Settings().torch_threads)],  # this worker's share
             stdout=self.log, stderr=subprocess.STDOUT,
         )
         self.client = httpx.Client(base_url=self.url, timeout=120)

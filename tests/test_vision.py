@@ -1,8 +1,9 @@
 """Images for vision models: a random-weight tiny LLaVA (tests/tiny_vlm.py) on the transformers engine, beside
 the stand-in as a text-only model. An image reaches the model, each dialect's image part is parsed into the
 engine's `Image`, a text-only model answers 400 naming the one that sees, an image by URL is refused (nothing
-fetched), and hostile images are 4xx naming the limit. No real model loads: only the bundled model's tokenizer
-files are read, for the tiny model's text side."""
+fetched), hostile images are 4xx naming the limit, and on the chat page, in Debian's Chromium, an image sent
+shows as a thumbnail. No real model loads: only the bundled model's tokenizer files are read, for the tiny
+model's text side."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import httpx
 import pytest
 
 import tiny_vlm
-from conftest import free_port, models_dir, own_server, MODEL
+from conftest import CHROMIUM, MODEL, drop, free_port, models_dir, open_chat, own_server
 from standin import NAME as TEXT_ONLY, standin_model
 from test_chats_api import events_of
 from tiny_vlm import IMAGE_TOKENS, NAME, b64, data_url, png
@@ -208,6 +209,25 @@ def test_an_image_attached_to_a_text_only_chat_is_a_400_naming_the_models_that_s
     reply = client.post(f"/api/chats/{chat}/messages", json={"content": ASK, "attachments": [image_id]})
     assert reply.status_code == 400, reply.text
     assert "cannot see images" in reply.json()["error"]["message"] and NAME in reply.json()["error"]["message"]
+
+
+@pytest.mark.browser
+@pytest.mark.skipif(not CHROMIUM.exists(), reason="Debian's Chromium is not installed (apt-get install chromium)")
+def test_an_image_sent_to_a_vision_model_shows_as_a_thumbnail_in_the_message(page, client):
+    expect = pytest.importorskip("playwright.sync_api").expect
+    # the random model's reply of up to 1,024 tokens is not the point
+    open_chat(page, str(client.base_url).rstrip("/"), max_tokens=4)
+    drop(page, "photo.png", png("purple", (64, 48)), "image/png")
+    chip = page.locator("#attachments .attachment img")
+    expect(chip).to_have_count(1)
+    box = page.get_by_label("Message")
+    box.fill("What colour is this?")
+    box.press("Enter")
+    thumb = page.locator('[data-role="user"] img.thumb')
+    expect(thumb).to_have_count(1, timeout=60_000)
+    page.wait_for_function("() => { const i = document.querySelector('[data-role=\"user\"] img.thumb');"
+                           " return i && i.complete && i.naturalWidth === 64; }")  # loaded, past the page's CSP
+    expect(page.locator("#attachments")).to_be_hidden()
 
 
 def _tiny_gguf(path) -> None:
