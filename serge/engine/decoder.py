@@ -21,6 +21,8 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from serge.engine.rows import PackedLinear
+
 log = logging.getLogger(__name__)
 
 ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
@@ -29,23 +31,18 @@ ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
 Attend = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor, int | None, float], torch.Tensor]
 
 
-class FusedLinear(torch.nn.Module):
-    """Linear layers that read the same input, as one oneDNN-packed matrix; its output is theirs side by side."""
-
-    def __init__(self, layers: list[torch.nn.Module]) -> None:
-        super().__init__()
-        weight = torch.cat([layer.weight for layer in layers]).contiguous()
-        biases = [layer.bias for layer in layers]
-        self.bias = torch.cat(biases).contiguous() if all(b is not None for b in biases) else None
-        if self.bias is None and any(b is not None for b in biases):
-            raise ValueError("some of the layers have a bias and some not")
-        self.in_features, self.out_features = weight.shape[1], weight.shape[0]
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, None)
-        self.weight = torch.empty(weight.shape, device="meta")  # `rows.measure_rows` reads its shape; no copy kept
-        self.sizes = [layer.weight.shape[0] for layer in layers]
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+def _fused(layers: list[torch.nn.Module]) -> PackedLinear:
+    """Linear layers that read the same input as one oneDNN-packed matrix (its output theirs side by side);
+    only the packed copy of their joined weight is kept."""
+    weight = torch.cat([layer.weight for layer in layers]).contiguous()
+    biases = [layer.bias for layer in layers]
+    if any(b is not None for b in biases) and not all(b is not None for b in biases):
+        raise ValueError("some of the layers have a bias and some not")
+    bias = torch.cat(biases).contiguous() if biases[0] is not None else None
+    fused = PackedLinear(torch.empty(weight.shape, device="meta"), bias,
+                         torch.ops.mkldnn._reorder_linear_weight(weight, None))
+    fused.sizes = [layer.weight.shape[0] for layer in layers]
+    return fused
 
 
 class _Layer:
@@ -53,9 +50,9 @@ class _Layer:
         attention, mlp = layer.self_attn, layer.mlp
         if type(mlp.act_fn).__name__ not in ("SiLU", "SiLUActivation"):
             raise ValueError(f"activation {type(mlp.act_fn).__name__}")
-        self.qkv = FusedLinear([attention.q_proj, attention.k_proj, attention.v_proj])
+        self.qkv = _fused([attention.q_proj, attention.k_proj, attention.v_proj])
         self.o = attention.o_proj
-        self.gate_up = FusedLinear([mlp.gate_proj, mlp.up_proj])
+        self.gate_up = _fused([mlp.gate_proj, mlp.up_proj])
         self.down = mlp.down_proj
         self.norms = [(n.weight, n.variance_epsilon) for n in (layer.input_layernorm, layer.post_attention_layernorm)]
         self.window = getattr(attention, "sliding_window", getattr(config, "sliding_window", None))
@@ -87,12 +84,13 @@ class Decoder:
             log.info("%s runs through transformers' forward (%s)", type(model).__name__, exc)
             return None
 
-    def linears(self) -> list[torch.nn.Module]:
+    def linears(self) -> list[PackedLinear]:
         """The fused layers, for the row plan's measurement (the others are the model's own)."""
         return [module for layer in self._layers for module in (layer.qkv, layer.gate_up)]
 
     def release_unfused(self, model) -> None:
-        """Drop the oneDNN copies of the layers fused here: once this decoder runs the model, nothing reads them."""
+        """Drop the oneDNN copies of the layers fused here: the passes run through this decoder (a layer run
+        otherwise, as by a second `BatchForward` over the model, packs itself again)."""
         for layer in model.model.layers:
             for module in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj,
                            layer.mlp.gate_proj, layer.mlp.up_proj):

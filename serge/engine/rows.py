@@ -34,19 +34,20 @@ class RowPlan:
         return self.least + -(-(n - self.least) // self.step) * self.step
 
 
-class _PackedLinear(torch.nn.Module):
-    """A linear layer whose weight is also packed once for oneDNN's kernels, which run it."""
+class PackedLinear(torch.nn.Module):
+    """A linear layer whose weight is also packed once for oneDNN's kernels, which run it. `weight` is
+    the layer's own parameter (tied embeddings and the state dict unchanged), or a meta tensor of its
+    shape where only the packed copy is kept (`decoder.Decoder`'s fused layers)."""
 
-    def __init__(self, linear: torch.nn.Linear, packed: torch.Tensor) -> None:
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, packed: torch.Tensor) -> None:
         super().__init__()
-        self.in_features, self.out_features = linear.in_features, linear.out_features
-        self.weight = linear.weight  # the same parameter: tied embeddings and the state dict are unchanged
-        self.bias = linear.bias
+        self.out_features, self.in_features = weight.shape
+        self.weight, self.bias = weight, bias
         self.register_buffer("packed", packed, persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.packed is None:  # given up for `decoder.Decoder`'s fused packing, and yet run: packed again
-            self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), None)
+        if self.packed is None:  # given up for `decoder.Decoder`'s fused packing, and run again (a second
+            self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), None)  # BatchForward)
         rows = x.reshape(-1, x.shape[-1]).contiguous()
         out = torch.ops.mkldnn._linear_pointwise(rows, self.packed, self.bias, "none", [], "")
         return out.reshape(*x.shape[:-1], self.out_features)
@@ -68,7 +69,7 @@ def pack_for_onednn(model) -> bool:
                     key = id(child.weight)
                     if key not in packed:
                         packed[key] = torch.ops.mkldnn._reorder_linear_weight(child.weight.detach(), None)
-                    swaps.append((parent, name, _PackedLinear(child, packed[key])))
+                    swaps.append((parent, name, PackedLinear(child.weight, child.bias, packed[key])))
     except (RuntimeError, AttributeError) as exc:  # a torch build without these ops
         log.info("oneDNN weight packing unavailable (%s); using plain linear layers", exc)
         return False
@@ -82,8 +83,7 @@ def _linear_shapes(model, extra: list[torch.nn.Module]) -> list[torch.nn.Module]
     fused into another's packing, and `extra` (the fused ones)."""
     seen: dict[tuple, torch.nn.Module] = {}
     for module in [*model.modules(), *extra]:
-        if isinstance(module, torch.nn.Linear) or (isinstance(module, _PackedLinear) and module.packed is not None) \
-                or module in extra:
+        if isinstance(module, torch.nn.Linear) or (isinstance(module, PackedLinear) and module.packed is not None):
             seen.setdefault((tuple(module.weight.shape), module.bias is not None), module)
     return list(seen.values())
 
