@@ -23,9 +23,9 @@ def model():
     return LlamaForCausalLM(config).eval().requires_grad_(False)
 
 
-def _prompts():
+def _prompts(lengths=LENGTHS):
     generator = torch.Generator().manual_seed(1)
-    return [torch.randint(0, 320, (n,), generator=generator).tolist() for n in LENGTHS]
+    return [torch.randint(0, 320, (n,), generator=generator).tolist() for n in lengths]
 
 
 def _filled(forward, prompts):
@@ -51,9 +51,10 @@ def test_a_mixed_pass_gives_the_logits_of_attention_run_per_sequence(model):
     assert together.shape == (len(chunks), 320)
 
 
-def test_a_rows_logits_have_the_same_bits_alone_and_beside_others(model):
-    forward = BatchForward(model, max_rows=16, pool_blocks=200)
-    prompts = _prompts()
+@pytest.mark.parametrize("lengths", [LENGTHS, (299, 1000, 873, 40)], ids=["mixed", "padded-far"])
+def test_a_rows_logits_have_the_same_bits_alone_and_beside_others(model, lengths):
+    forward = BatchForward(model, max_rows=16, pool_blocks=400)
+    prompts = _prompts(lengths)
     kvs = _filled(forward, prompts)
     alone = [forward.decode([kv.copy(kv.length)], [42])[0] for kv in kvs]
     together = forward.decode([kv.copy(kv.length) for kv in kvs], [42] * len(kvs))

@@ -9,10 +9,10 @@ one batched attention and the prompt chunks as another, each over its sequences'
 blocks gathered and padded.
 
 The numbers a row gets depend on its own sequence only: keys are padded to a
-multiple of 64 positions and the probabilities meet the values 512 keys at a
-time, added in order, so padding only ever adds exact zeros (measured on this
-CPU's kernels; `tests/test_paged_attention.py` checks it against attention run
-alone). On the CPU this path is measured slower than `transformers`' per-sequence
+multiple of 64 positions and the probabilities meet the values 64 keys at a
+time, the parts added in order, so padding only ever adds exact zeros (measured on
+this CPU's kernels for lengths to 2,500; `tests/test_paged_attention.py` checks it
+against attention run alone, with lengths whose padding differs by many blocks). On the CPU this path is measured slower than `transformers`' per-sequence
 attention over contiguous memory (the gather copies every key and value once more
 per layer), which is why it is the GPU's path; see `BatchForward`.
 """
@@ -25,7 +25,6 @@ from serge.engine.generation.paged import PagedKV, tables
 
 ATTENTION = "serge_paged"
 _PAD = 64  # keys are padded to a multiple of this many positions
-_CHUNK = 512  # probabilities meet values this many keys at a time
 
 
 class _Group:
@@ -124,12 +123,14 @@ def _gathered(store: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
 
 
 def _attend(q, k, v, mask, scale) -> torch.Tensor:
-    """Softmax attention whose every row's numbers are the same however far its keys are padded."""
+    """Softmax attention whose every row's numbers are the same however far its keys are padded: the values
+    are met 64 keys at a time, in one batched matmul, and the parts added in order (SDPA's kernel, and one
+    matmul over all the keys, gave other bits here once two sequences' padding differed)."""
     if q.device.type != "cpu":
         return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+    n, heads, keys, dim = k.shape
     scores = (q @ k.transpose(-1, -2)) * scale
     probs = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
-    out = probs[..., :_CHUNK] @ v[..., :_CHUNK, :]
-    for start in range(_CHUNK, k.shape[-2], _CHUNK):
-        out = out + probs[..., start : start + _CHUNK] @ v[..., start : start + _CHUNK, :]
-    return out
+    blocks = keys // _PAD
+    parts = probs.view(n, heads, q.shape[2], blocks, _PAD).transpose(2, 3) @ v.reshape(n, heads, blocks, _PAD, dim)
+    return parts.sum(2)
