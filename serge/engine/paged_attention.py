@@ -12,9 +12,10 @@ The numbers a row gets depend on its own sequence only: keys are padded to a
 multiple of 64 positions and the probabilities meet the values 64 keys at a
 time, the parts added in order, so padding only ever adds exact zeros (measured on
 this CPU's kernels for lengths to 2,500; `tests/test_paged_attention.py` checks it
-against attention run alone, with lengths whose padding differs by many blocks). On the CPU this path is measured slower than `transformers`' per-sequence
-attention over contiguous memory (the gather copies every key and value once more
-per layer), which is why it is the GPU's path; see `BatchForward`.
+against attention run alone, with lengths whose padding differs by many blocks).
+On the CPU this path is measured slower than `transformers`' per-sequence attention
+over contiguous memory (the gather copies every key and value once more per layer),
+which is why it is the GPU's path; see `BatchForward`.
 """
 
 from __future__ import annotations
@@ -123,9 +124,8 @@ def _gathered(store: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
 
 
 def _attend(q, k, v, mask, scale) -> torch.Tensor:
-    """Softmax attention whose every row's numbers are the same however far its keys are padded: the values
-    are met 64 keys at a time, in one batched matmul, and the parts added in order (SDPA's kernel, and one
-    matmul over all the keys, gave other bits here once two sequences' padding differed)."""
+    """Softmax attention whose every row's numbers are the same however far its keys are padded (SDPA's
+    kernel, and 512-key chunks, gave a row other bits here once two sequences' padding differed)."""
     if q.device.type != "cpu":
         return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
     n, heads, keys, dim = k.shape
