@@ -1,6 +1,7 @@
 """The attention the transformers batcher registers with transformers: each sequence of a packed pass over
-its own KV (`per_sequence`), or the whole pass over the paged cache (`paged_attention`); plain SDPA for
-anyone else running the model. `decoder.Decoder` calls `per_sequence` directly.
+its own KV (`per_sequence`: a decode pass on a CPU in float32 in one call of `cpu_attention`'s op, where it
+was built), or the whole pass over the paged cache (`paged_attention`); plain SDPA for anyone else running
+the model. `decoder.Decoder` calls `per_sequence` directly.
 
 A sequence's attention has the same shapes whether it is alone in its pass or not,
 so its numbers are the same either way; only how the queries are laid out and the
@@ -12,6 +13,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from serge.engine import cpu_attention
+from serge.engine.generation.kvcache import SequenceKV
 from serge.engine.paged_attention import paged_attention, plain_sdpa
 
 ATTENTION = "serge_batched"
@@ -39,8 +42,16 @@ def per_sequence(layer: int, query, key, value, segments, scaling, sliding_windo
     kv_heads = key.shape[1]
     group = heads // kv_heads
     out = query.new_zeros(1, rows, heads, dim)
-    if all(n == 1 for _, _, n in segments):  # a decode pass, sequence i on row i: its queries arranged once
-        q = query[0].transpose(0, 1).reshape(rows, kv_heads, group, dim)
+    if all(n == 1 for _, _, n in segments):  # a decode pass, sequence i on row i
+        kernel = cpu_attention.op() if query.device.type == "cpu" and query.dtype == torch.float32 else None
+        if kernel is not None and all(isinstance(kv, SequenceKV) for kv, _, _ in segments):
+            n = len(segments)
+            buffers = [kv.buffers(layer, key[0, :, :1]) for kv, _, _ in segments]
+            kernel(query[0, :, :n].transpose(0, 1), key[0, :, :n].transpose(0, 1), value[0, :, :n].transpose(0, 1),
+                   [k for k, _ in buffers], [v for _, v in buffers], [kv.length for kv, _, _ in segments],
+                   dim**-0.5 if scaling is None else scaling, sliding_window or 0, out[0, :n])
+            return out
+        q = query[0].transpose(0, 1).reshape(rows, kv_heads, group, dim)  # its queries arranged once
         outs = []
         for kv, start, _ in segments:
             keys, values = kv.write(layer, key[0, :, start : start + 1], value[0, :, start : start + 1])

@@ -58,6 +58,16 @@ class SequenceKV:
         self._values[layer][:, self.length : end] = values
         return self._keys[layer][:, :end], self._values[layer][:, :end]
 
+    def buffers(self, layer: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """`layer`'s whole key and value buffers, [kv_heads, capacity, head_dim], for a kernel that writes this
+        pass's one position (at `length`) itself; made like `like` ([kv_heads, 1, head_dim]) if none yet."""
+        if self._pending != 1:
+            raise RuntimeError("reserve(1) was not called before a decode pass")
+        if self._keys[layer] is None:
+            shape = (like.shape[0], self._capacity, like.shape[2])
+            self._keys[layer], self._values[layer] = like.new_empty(shape), like.new_empty(shape)
+        return self._keys[layer], self._values[layer]
+
     def advance(self) -> None:
         """The forward pass is done: what it wrote is now part of the sequence."""
         self.length += self._pending
