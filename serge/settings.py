@@ -155,7 +155,8 @@ class Settings(BaseSettings):
     )
     prefill_chunk: int = Field(
         256, ge=16, description="Prompt tokens a prompt runs per step, and per step beside decoding replies (times the prompts "
-        "waiting per decoding reply, up to 8): a long prompt stalls them a chunk a step, a crowd arriving is prefilled at once."
+        "waiting per decoding reply, or per waiting prompt where chunks join the decodes' pass, up to 8): a long prompt stalls "
+        "them a chunk a step, a crowd arriving is prefilled at once."
     )
     user_max_streams: int = Field(
         4, ge=1, description="Replies one signed-in user (all their keys together) may have generating at once "

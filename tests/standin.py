@@ -270,8 +270,9 @@ class StandInForward:
     device = torch.device("cpu")
 
     def __init__(self, reply_tokens: int | None = 24, step_s: float = 0.0005, think_tokens: int | None = None,
-                 capacity: int | None = None) -> None:
+                 capacity: int | None = None, joins: int = 0) -> None:
         self.room = Room(capacity)  # None: never full
+        self.joins = joins  # prompt tokens a pass may hold beside decodes (`run`); 0: passes apart
         self.reply_tokens = reply_tokens
         self.think_tokens = think_tokens
         self.step_s = step_s
@@ -311,6 +312,19 @@ class StandInForward:
         self._run()
         kv.feed(tokens)
         return next_logits(kv, self.reply_tokens, self.think_tokens)
+
+    def run(self, kvs: list[StandInKV], chunks: list[list[int]]) -> torch.Tensor:
+        if not self.joins:
+            raise RuntimeError("run() on a forward that does not join passes")
+        prompt = sum(len(chunk) for chunk in chunks if len(chunk) > 1)
+        if prompt > self.joins:
+            raise RuntimeError(f"a joined pass of {prompt} prompt tokens is over joins={self.joins}")
+        self._run()
+        self.room.take(sum(map(len, chunks)))  # all or none
+        self.room.used -= sum(map(len, chunks))
+        for kv, chunk in zip(kvs, chunks):
+            kv.feed(chunk)
+        return torch.stack([next_logits(kv, self.reply_tokens, self.think_tokens) for kv in kvs])
 
     def close(self) -> None:
         self.closed = True

@@ -101,6 +101,32 @@ def test_a_rows_logits_have_the_same_bits_whatever_runs_beside_it(engine):
     assert all(torch.equal(together[i], alone[i]) for i in range(len(kvs)))
 
 
+def test_a_joined_pass_gives_each_prompt_chunk_and_decode_the_bits_of_a_pass_of_its_own(engine):
+    """Where the forward `joins`, decodes and prompt chunks share a pass: each row as it would be apart."""
+    from serge.engine.transformers import BatchForward
+
+    loaded = engine.model()
+    if loaded.engine != "transformers":
+        pytest.skip("llama.cpp's forward runs prompt chunks in passes of their own")
+    forward = BatchForward(loaded.model, max_rows=16, join_tokens=512)
+    forward.prepare()
+    assert forward.joins == 512, "the linear layers should join rows here (oneDNN, float32)"
+    prompts = [_prompt(engine, [Message("user", q)]) for q in QUESTIONS]
+    decoding = []
+    for ids in prompts[:3]:
+        kv = forward.new_kv()
+        forward.prefill(kv, ids)
+        decoding.append(kv)
+    chunks = [prompts[3], prompts[4][:1], prompts[5][:7]]  # a whole prompt, a one-token chunk, a first chunk
+    apart = [forward.decode([kv.copy(kv.length)], [42])[0] for kv in decoding]
+    apart += [forward.prefill(forward.new_kv(), ids) for ids in chunks]
+    together = forward.run([kv.copy(kv.length) for kv in decoding] + [forward.new_kv() for _ in chunks],
+                           [[42]] * len(decoding) + chunks)
+    assert [torch.equal(together[i], apart[i]) for i in range(len(apart))] == [True] * len(apart)
+    one = forward.run([forward.new_kv()], [prompts[6][:1]])  # a pass of one row is padded like the others
+    assert torch.equal(one[0], forward.prefill(forward.new_kv(), prompts[6][:1]))
+
+
 def test_a_rows_logits_have_the_same_bits_at_every_thread_count_a_busy_machine_may_drop_to(engine, tmp_path_factory):
     """`generation.threads` changes the count between passes only among `thread_counts`: a reply is
     the same text whichever count ran which step, prompt chunks and decodes alike."""

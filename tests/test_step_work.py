@@ -11,7 +11,7 @@ import time
 import torch
 from standin import VOCAB, StandInForward, shared_tokenizer, standin_model
 
-from serge.engine import SamplingParams, SchedulerLimits
+from serge.engine import FinishReason, SamplingParams, SchedulerLimits
 from serge.engine.generation import batch_sampling
 
 
@@ -211,3 +211,63 @@ def test_prompts_arriving_beside_one_reply_are_prefilled_in_one_step_and_a_few_b
         model.close()
     assert max(_prompts_after_decodes(crowd_log)) == 6, "".join(crowd_log)
     assert few_log.count("p") == 3 and max(_prompts_after_decodes(few_log)) == 1, "".join(few_log)
+
+
+class JoiningForward(StandInForward):
+    """A forward that `joins`: writes down each pass, "d" a decode, "p" a prompt chunk apart, and
+    (decodes, prompt chunks) for a joined one; `fail_runs`: every joined pass raises, as a bad chunk would."""
+
+    def __init__(self, joins: int, fail_runs: bool = False) -> None:
+        super().__init__(reply_tokens=None, step_s=0.02, joins=joins)
+        self.log: list = []
+        self.fail_runs = fail_runs
+
+    def decode(self, kvs, tokens):
+        self.log.append("d")
+        return super().decode(kvs, tokens)
+
+    def prefill(self, kv, tokens):
+        self.log.append("p")
+        if self.fail_runs and len(self.log) > 1 and self.log.count("p") == 3:
+            raise RuntimeError("this prompt's chunk broke")
+        return super().prefill(kv, tokens)
+
+    def run(self, kvs, chunks):
+        if self.fail_runs:
+            raise RuntimeError("a joined pass broke")
+        self.log.append((sum(len(c) == 1 for c in chunks), sum(len(c) > 1 for c in chunks)))
+        return super().run(kvs, chunks)
+
+
+def _crowd(forward) -> tuple[list[str | None], list]:
+    """One reply decoding, then six prompts arriving at once beside it; each reply's text (None: it failed)."""
+    params = SamplingParams(temperature=0, max_new_tokens=12, ignore_eos=True).resolved(12)
+    model = standin_model("joins", forward=forward, limits=SchedulerLimits(max_running=16, prefill_chunk=32))
+    try:
+        first = iter(model.scheduler.submit(_prompt(0), params))
+        head = next(first)
+        streams = [model.scheduler.submit(_prompt(i), params) for i in range(1, 7)]
+        texts = [head + "".join(first)]
+        for stream in streams:
+            text = stream.text()
+            texts.append(None if stream.record.finish_reason is FinishReason.ERROR else text)
+    finally:
+        model.close()
+    return texts, forward.log
+
+
+def test_a_forward_that_joins_runs_decodes_and_prompt_chunks_in_shared_passes_with_the_texts_of_passes_apart():
+    apart, apart_log = _crowd(JoiningForward(joins=0))
+    joined, log = _crowd(JoiningForward(joins=64))  # the stand-in refuses a pass of more prompt tokens
+    assert joined == apart and None not in joined
+    assert "p" not in log and "p" in apart_log
+    assert any(decodes and prompts >= 2 for decodes, prompts in (entry for entry in log if entry != "d")), log
+    assert len(log) < len(apart_log)
+
+
+def test_a_joined_pass_that_fails_runs_its_parts_apart_and_ends_only_the_reply_whose_chunk_broke():
+    apart, _ = _crowd(JoiningForward(joins=0))
+    texts, log = _crowd(JoiningForward(joins=64, fail_runs=True))
+    assert texts.count(None) == 1, texts
+    assert [t for t in texts if t is not None] == [t for t, u in zip(apart, texts) if u is not None]
+    assert "p" in log and "d" in log  # the parts, apart

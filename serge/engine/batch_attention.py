@@ -42,16 +42,14 @@ def per_sequence(layer: int, query, key, value, segments, scaling, sliding_windo
     kv_heads = key.shape[1]
     group = heads // kv_heads
     out = query.new_zeros(1, rows, heads, dim)
-    if all(n == 1 for _, _, n in segments):  # a decode pass, sequence i on row i
-        kernel = cpu_attention.op() if query.device.type == "cpu" and query.dtype == torch.float32 else None
-        if kernel is not None and all(isinstance(kv, SequenceKV) for kv, _, _ in segments):
-            n = len(segments)
-            buffers = [kv.buffers(layer, key[0, :, :1]) for kv, _, _ in segments]
-            kernel(query[0, :, :n].transpose(0, 1), key[0, :, :n].transpose(0, 1), value[0, :, :n].transpose(0, 1),
-                   [k for k, _ in buffers], [v for _, v in buffers], [kv.length for kv, _, _ in segments],
-                   dim**-0.5 if scaling is None else scaling, sliding_window or 0, out[0, :n])
-            return out
-        q = query[0].transpose(0, 1).reshape(rows, kv_heads, group, dim)  # its queries arranged once
+    kernel = cpu_attention.op() if query.device.type == "cpu" and query.dtype == torch.float32 else None
+    if kernel is not None and all(isinstance(kv, SequenceKV) for kv, _, _ in segments):
+        singles = [(kv, start) for kv, start, n in segments if n == 1]  # decodes: rows 0.. of a pass
+        if singles:
+            _one_call(kernel, layer, query, key, value, singles, scaling, sliding_window, out)
+            segments = [segment for segment in segments if segment[2] > 1]
+    elif all(n == 1 for _, _, n in segments):  # a decode pass, sequence i on row i: its queries arranged once
+        q = query[0].transpose(0, 1).reshape(rows, kv_heads, group, dim)
         outs = []
         for kv, start, _ in segments:
             keys, values = kv.write(layer, key[0, :, start : start + 1], value[0, :, start : start + 1])
@@ -69,6 +67,23 @@ def per_sequence(layer: int, query, key, value, segments, scaling, sliding_windo
                                            scale=scaling)
         out[0, start : start + n] = o[0].reshape(heads, n, dim).transpose(0, 1)
     return out
+
+
+def _one_call(kernel, layer: int, query, key, value, singles, scaling, sliding_window, out) -> None:
+    """The one-token segments' attention in one call of the CPU op, their rows of `out` written."""
+    n, dim = len(singles), query.shape[3]
+    rows = [start for _, start in singles]
+    buffers = [kv.buffers(layer, key) for kv, _ in singles]
+    if rows == list(range(n)):  # the decodes lead the pass: views, no copies
+        q, k, v, o = query[0, :, :n], key[0, :, :n], value[0, :, :n], out[0, :n]
+    else:
+        index = torch.tensor(rows, device=query.device)
+        q, k, v = query[0][:, index], key[0][:, index], value[0][:, index]
+        o = out.new_empty(n, out.shape[2], dim)
+    kernel(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), [b[0] for b in buffers], [b[1] for b in buffers],
+           [kv.length for kv, _ in singles], dim**-0.5 if scaling is None else scaling, sliding_window or 0, o)
+    if rows != list(range(n)):
+        out[0, index] = o
 
 
 def _window(length: int, n: int, sliding_window: int | None, group: int, device) -> torch.Tensor | None:

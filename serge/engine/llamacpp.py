@@ -95,6 +95,7 @@ class LlamaForward:
     """Forward passes of a llama.cpp model for sequences that each hold a `LlamaKV`."""
 
     device = torch.device("cpu")  # the logits come back to the host; sampling runs there
+    joins = 0  # prompt chunks run in passes of their own (`Forward.joins`)
 
     def __init__(self, path: str, threads: int, max_batch: int, gpu_layers: int = 0,
                  kv: KvType = kv_type("f16")) -> None:

@@ -140,3 +140,27 @@ def same_across_threads(model, counts: list[int], plan: RowPlan, extra: list[tor
         log.info("thread counts %s change the linear layers' bits here: passes stay on %s",
                  [c for c in counts if c not in kept], kept)
     return kept
+
+
+@torch.inference_mode()
+def joins_rows(model, plan: RowPlan, most: int, extra: list[torch.nn.Module] = ()) -> bool:
+    """Whether every linear layer (but the output head, which sees one row per sequence) gives a row the bits
+    it gets at rows `plan.least`.. of its own anywhere in a pass of up to `most` rows, on this thread count:
+    then prompt chunks and decodes may share a pass (`transformers.BatchForward.joins`)."""
+    if plan.step != 1:
+        return False
+    head = model.get_output_embeddings()
+    modules = [m for m in _linear_shapes(model, list(extra)) if m is not head]
+    generator = torch.Generator(device="cpu").manual_seed(1)
+    spans = [(0, plan.least), (1, plan.least), (3, 17), (5, most // 4), (most // 3, most - most // 3), (0, most)]
+    try:
+        for module in modules:
+            x = torch.randn(most, module.in_features, generator=generator).to(model.device, model.dtype)
+            whole = module(x)
+            if not all(torch.equal(module(x[start : start + n]), whole[start : start + n]) for start, n in spans):
+                return False
+    except Exception:  # as in measure_rows: a layer that cannot be run alone keeps the passes apart
+        log.exception("could not measure the linear layers for joined passes")
+        return False
+    return True
+

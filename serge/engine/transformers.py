@@ -28,8 +28,13 @@ flip. Here, therefore:
   a row keeps its bits alone, beside others and on any thread count: a step of
   8 / 16 sequences of ~250 positions took 48 / 64 ms where SDPA per sequence took
   58 / 82 (2 threads, alternated in one process);
-- a prompt chunk runs in a forward pass of its own, whose shape depends only on
-  that sequence's prompt.
+- a prompt chunk's attention has shapes that depend only on that sequence's prompt;
+  where the linear layers were measured at load (`rows.joins_rows`, at every thread
+  count the worker may use) to give a row its bits anywhere in a pass of up to
+  `joins` prompt tokens beside the decodes, chunks share the decodes' pass (`run`),
+  and every pass, and the rows its output head sees, is padded to the row plan;
+  elsewhere a chunk runs in a pass of its own. Eight prompts of 219 tokens took 214 ms
+  each in passes of their own and 191-199 two to eight to a pass (2 threads).
 
 On a CUDA GPU, where a step is bound by launching kernels rather than by
 memory, the KV is paged instead (`generation.paged`) and each layer attends for
@@ -69,7 +74,7 @@ from serge.engine.models.facts import ModelFacts
 from serge.engine.models.library import InstalledModel
 from serge.engine.paged_attention import PagedPass
 from serge.engine.generation.threads import ladder
-from serge.engine.rows import RowPlan, measure_rows, pack_for_onednn, same_across_threads
+from serge.engine.rows import RowPlan, joins_rows, measure_rows, pack_for_onednn, same_across_threads
 from serge.engine.vision import image_token_id, on_device
 
 log = logging.getLogger(__name__)
@@ -86,7 +91,7 @@ class BatchForward:
     decides the kernels) before the first of them.
     """
 
-    def __init__(self, model, max_rows: int, pool_blocks: int | None = None) -> None:
+    def __init__(self, model, max_rows: int, pool_blocks: int | None = None, join_tokens: int = 0) -> None:
         install(model)
         self._model = model
         config = model.config.get_text_config()
@@ -102,6 +107,8 @@ class BatchForward:
         self._decoder = Decoder.build(model) if self._packed and self.pool is None else None
         self.rows: RowPlan | None = None
         self._counts: list[int] | None = None
+        self._join_tokens = join_tokens
+        self.joins = 0  # prompt tokens a pass may hold beside decodes and other chunks (`Forward.joins`)
 
     @property
     def device(self) -> torch.device:
@@ -117,14 +124,20 @@ class BatchForward:
             if self._decoder is not None:
                 self._check_decoder()
             self.rows = measure_rows(self._model, self._max_rows, self._fused())
-            log.info("decode batches are padded to %d, %d, %d, ... rows (%s linear layers); forward: %s; "
+            if self._join_tokens and joins_rows(self._model, self.rows, self._join_most(), self._fused()):
+                self.joins = self._join_tokens
+            log.info("passes are padded to %d, %d, %d, ... rows (%s linear layers); prompt chunks %s; forward: %s; "
                      "attention: %s", self.rows.least, self.rows.least + self.rows.step,
                      self.rows.least + 2 * self.rows.step, "oneDNN-packed" if self._packed else "plain",
+                     f"join decodes, up to {self.joins} tokens a pass" if self.joins else "run in passes of their own",
                      "Serge's decoder" if self._decoder else "transformers'",
                      f"one call per layer over a paged KV cache of {self.pool.total_blocks} blocks of "
                      f"{self.pool.block_size}" if self.pool else
                      "per sequence, each over its own KV" + (", decodes in one call per layer (Serge's CPU op)"
                                                              if cpu_op else ""))
+
+    def _join_most(self) -> int:
+        return self._join_tokens + self._max_rows  # a joined pass's rows: its chunks and every decode
 
     def _fused(self) -> list:
         return self._decoder.linears() if self._decoder is not None else []
@@ -135,9 +148,9 @@ class BatchForward:
         kvs = [self.new_kv(), self.new_kv()]
         decoder, self._decoder = self._decoder, None
         try:
-            want = [self._pass([kvs[0]], [ids], False), self._pass([kvs[0]], [[7]], False)]
+            want = [self._pass([kvs[0]], [ids]), self._pass([kvs[0]], [[7]])]
             self._decoder = decoder
-            got = [self._pass([kvs[1]], [ids], False), self._pass([kvs[1]], [[7]], False)]
+            got = [self._pass([kvs[1]], [ids]), self._pass([kvs[1]], [[7]])]
         finally:
             for kv in kvs:
                 kv.release()
@@ -157,7 +170,22 @@ class BatchForward:
         rows and heads, never within a sum)."""
         if self._counts is None:
             self._counts = same_across_threads(self._model, ladder(most), self.rows, self._fused())
+            if self.joins and not self._joins_at(self._counts[1:]):
+                log.info("a pass of prompt chunks beside decodes changes the linear layers' bits at other "
+                         "thread counts here: prompt chunks run in passes of their own")
+                self.joins = 0
         return self._counts
+
+    def _joins_at(self, counts: list[int]) -> bool:
+        before = torch.get_num_threads()
+        try:
+            for count in counts:
+                torch.set_num_threads(count)
+                if not joins_rows(self._model, self.rows, self._join_most(), self._fused()):
+                    return False
+        finally:
+            torch.set_num_threads(before)
+        return True
 
     def set_threads(self, n: int) -> None:
         torch.set_num_threads(n)  # OpenMP's pool of this thread, the worker's
@@ -166,25 +194,30 @@ class BatchForward:
         return self.pool.new_kv() if self.pool is not None else SequenceKV(self._layers)
 
     def decode(self, kvs: list, tokens: list[int]) -> torch.Tensor:
-        """Feed one token to each sequence; next-token logits, one row per sequence (padded to the row plan)."""
-        return self.run(kvs, [[token] for token in tokens], pad=True)
+        """Feed one token to each sequence; next-token logits, one row per sequence."""
+        return self.run(kvs, [[token] for token in tokens])
 
     def prefill(self, kv, tokens: list[int], images: dict | None = None) -> torch.Tensor:
         """Feed a chunk of one sequence's prompt (with a vision model's pixel inputs for its image
         tokens); the logits after its last token."""
         return self.run([kv], [list(tokens)], images=images)[0]
 
-    def run(self, kvs: list, chunks: list[list[int]], pad: bool = False, images: dict | None = None) -> torch.Tensor:
+    def run(self, kvs: list, chunks: list[list[int]], images: dict | None = None) -> torch.Tensor:
         """Feed `chunks[i]` to `kvs[i]`, decodes and prompt chunks in one pass; the next-token logits
-        after each chunk's last token, one row per sequence."""
+        after each chunk's last token, one row per sequence.
+
+        The pass's rows, and the rows its output head sees (one per chunk), are padded to the row
+        plan, so each of them gets the bits it would get in a pass of its own (`joins` says up to
+        how many rows that was measured for a pass holding prompt chunks)."""
         self.prepare()
-        return self._pass(kvs, chunks, pad, images)
+        return self._pass(kvs, chunks, images)
 
     @torch.inference_mode()
-    def _pass(self, kvs: list, chunks: list[list[int]], pad: bool, images: dict | None = None) -> torch.Tensor:
+    def _pass(self, kvs: list, chunks: list[list[int]], images: dict | None = None) -> torch.Tensor:
         rows = [len(chunk) for chunk in chunks]
         total = sum(rows)
-        padding = self.rows.rows_for(total) - total if pad else 0
+        plan = self.rows or RowPlan(1, 1)  # none yet while `_check_decoder` runs, before the plan is measured
+        padding = plan.rows_for(total) - total
         reserved = []
         try:
             for kv, n in zip(kvs, rows):
@@ -203,19 +236,20 @@ class BatchForward:
         else:
             extra = {"serge_segments": [(kv, end + 1 - n, n) for kv, n, end in zip(kvs, rows, ends)]}
         try:
-            logits = self._logits(ids, positions, None if pad else ends, images, extra)
+            keep = ends + ends[-1:] * (plan.rows_for(len(ends)) - len(ends))
+            logits = self._logits(ids, positions, keep, images, extra)
         except BaseException:
             for kv in kvs:
                 kv.reserve(0)  # what the failed pass wrote is not part of any sequence
             raise
         for kv in kvs:
             kv.advance()
-        return logits[: len(kvs)] if pad else logits
+        return logits[: len(kvs)]
 
-    def _logits(self, ids: list[int], positions: list[int], keep: list[int] | None, images, extra: dict):
-        """One row of logits per token, or per position in `keep`: through `Decoder` where it runs the model."""
+    def _logits(self, ids: list[int], positions: list[int], keep: list[int], images, extra: dict):
+        """One row of logits per position in `keep`: through `Decoder` where it runs the model."""
         device = self._model.device
-        keep = None if keep is None else torch.tensor(keep, device=device)
+        keep = torch.tensor(keep, device=device)
         if self._decoder is not None:
             segments = extra["serge_segments"]
             return self._decoder(
@@ -226,7 +260,7 @@ class BatchForward:
             input_ids=torch.tensor([ids], device=device),
             position_ids=torch.tensor([positions], device=device),
             use_cache=False,
-            logits_to_keep=0 if keep is None else keep,
+            logits_to_keep=keep,
             **(on_device(images, self._model) if images else {}),
             **extra,
         )
@@ -274,7 +308,7 @@ def load_transformers(installed: InstalledModel, options: LoadOptions) -> LocalM
         window = min(window, options.context_cap)
     max_running = options.limits.running_for(model.device)
     blocks = pool_blocks(model, max_running, window)
-    forward = BatchForward(model, max_running, blocks)
+    forward = BatchForward(model, max_running, blocks, join_tokens=2 * options.limits.prefill_chunk)
     scheduler = Scheduler(forward, tokenizer, eos_ids(tokenizer, model.generation_config), options.threads,
                           installed.name, options.limits, options.metrics,
                           prefix_cache_bytes=forward.pool.block_bytes * blocks // 2 if blocks else None,

@@ -85,6 +85,16 @@ class Forward(Protocol):
         until its next pass (llama.cpp's): sample them before running another."""
         ...
 
+    joins: int
+    """Prompt tokens one pass may hold beside every decode and other prompts' chunks (`run`); 0 where the
+    forward does not join them (llama.cpp's, whose greedy replies were measured against passes apart)."""
+
+    def run(self, kvs: list[KV], chunks: list[list[int]]) -> torch.Tensor:
+        """Only where `joins`: feed `chunks[i]` to `kvs[i]` in one pass (decodes as one-token chunks, prompt
+        chunks of up to `joins` tokens in all); the next-token logits after each chunk's last token, as
+        [len(kvs), vocabulary], each row what that chunk gets in a pass of its own."""
+        ...
+
     def prefill(self, kv: KV, tokens: list[int], images: dict | None = None) -> torch.Tensor:
         """Feed a chunk of one sequence's prompt (`kv.length` grows by `len(tokens)`);
         the next-token logits after its last token, as [vocabulary]. `images`: a vision model's

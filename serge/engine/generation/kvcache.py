@@ -60,11 +60,11 @@ class SequenceKV:
 
     def buffers(self, layer: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """`layer`'s whole key and value buffers, [kv_heads, capacity, head_dim], for a kernel that writes this
-        pass's one position (at `length`) itself; made like `like` ([kv_heads, 1, head_dim]) if none yet."""
+        pass's one position (at `length`) itself; made like `like` ([..., kv_heads, rows, head_dim]) if none yet."""
         if self._pending != 1:
-            raise RuntimeError("reserve(1) was not called before a decode pass")
+            raise RuntimeError("reserve(1) was not called before a one-position pass")
         if self._keys[layer] is None:
-            shape = (like.shape[0], self._capacity, like.shape[2])
+            shape = (like.shape[-3], self._capacity, like.shape[-1])
             self._keys[layer], self._values[layer] = like.new_empty(shape), like.new_empty(shape)
         return self._keys[layer], self._values[layer]
 

@@ -6,6 +6,8 @@ sampled at once from its rows (before any other pass, which may reuse the forwar
 prompt chunks, each prompt's first token sampled as soon as its last chunk has run (the readers
 woken with the news so far before each chunk's pass, not at the step's end), then the
 sequences given logits otherwise (a prefix-cache hit, another choice's prompt) sampled at once.
+A forward that `joins` runs the decodes and the chunks in shared passes of up to that many prompt
+tokens instead (`Forward.run`): one pass reads the weights once for all of them.
 A failure ends its sequence alone; the scheduler's `_leave` takes it out of the batch. It knows
 nothing of the queue, the worker thread or the prefix cache's policy: that is the scheduler's.
 """
@@ -47,70 +49,125 @@ class Passes:
         for seq in [s for s in self._running if s.stream.cancelled]:
             self._leave(seq, FinishReason.CANCELLED)
         decoding = [s for s in self._running if s.feed is not None and s.prefilled >= s.context_length]
+        chunks = self._chunks(len(decoding))
+        if self.forward.joins and chunks:
+            self._joined(decoding, chunks)
+        else:
+            self._decode(decoding)
+            self._run_apart(chunks)
+        ready = [s for s in self._running if s.logits is not None]
+        for seq, choice in zip(ready, choose_all(ready)):
+            self._sample(seq, choice)
+
+    def _decode(self, decoding: list[Sequence]) -> None:
+        """One pass feeding every decoding sequence its token, their next tokens sampled at once."""
         while decoding:
             try:
                 with self._threads.decode(len(decoding)):
                     rows = self.forward.decode([s.kv for s in decoding], [s.feed for s in decoding])
             except OutOfKV as exc:
                 if not self._make_room(exc):
-                    break
+                    return
                 decoding = [s for s in decoding if s in self._running]
             except Exception as exc:
                 log.exception("decode step failed")
                 for seq in decoding:
                     self._leave(seq, FinishReason.ERROR, failure_message(exc))
-                break
+                return
             else:
-                for seq in decoding:
-                    seq.feed = None
-                for seq, choice in zip(decoding, choose_all(decoding, rows)):  # before another pass reuses `rows`
-                    self._sample(seq, choice)
-                break
-        self._prefill(len(decoding))
-        ready = [s for s in self._running if s.logits is not None]
-        for seq, choice in zip(ready, choose_all(ready)):
+                self._decoded(decoding, rows)
+                return
+
+    def _decoded(self, decoding: list[Sequence], rows: torch.Tensor) -> None:
+        for seq in decoding:
+            seq.feed = None
+        for seq, choice in zip(decoding, choose_all(decoding, rows)):  # before another pass reuses `rows`
             self._sample(seq, choice)
 
-    def _prefill(self, decoding: int) -> None:
-        """Run prompt chunks, oldest request first, a chunk each: every waiting prompt when no
-        reply is being decoded (nobody to stall); while `decoding` are, a chunk for each prompt
-        waiting per decoding reply, at least one and at most `MOST_CHUNKS`. So a long prompt
-        stalls the replies for a chunk a step, and a crowd arriving beside a few replies is
-        prefilled in a step or two rather than one prompt a step behind a decode each (eight
-        streams at once, bench: first token p95 1.95 -> 1.69 s, the same work). A prompt's first
-        token is sampled as soon as its last chunk has run, and its reader woken before the next pass.
+    def _chunks(self, decoding: int) -> list[tuple[Sequence, list[int], dict | None]]:
+        """This step's prompt chunks (sequence, tokens, pixel inputs), oldest request first, a chunk each:
+        every waiting prompt's when no reply is being decoded (nobody to stall); while `decoding` are,
+        a chunk for each prompt waiting per decoding reply, at least one and at most `MOST_CHUNKS`. So a
+        long prompt stalls the replies for a chunk a step, and a crowd arriving beside a few replies is
+        prefilled in a step or two rather than one prompt a step behind a decode each (eight streams
+        at once, bench: first token p95 1.95 -> 1.69 s, the same work). Where the forward `joins`, the
+        decodes ride in the prompts' pass, so the crowd's chunks are not rationed per decoding reply:
+        a chunk for each waiting prompt, up to `MOST_CHUNKS` (the replies wait as long for the same
+        work, in fewer, longer steps; sixteen streams at once, bench: first token p95 3.95 -> 3.42 s).
 
         A chunk always starts where the sequence's last one ended and is never cut
         to fit the budget: its shape, and so its numbers, depend on that sequence alone.
         """
         prompts = [s for s in self._running if s.kv is not None and s.prefilled < s.context_length]
-        budget = self._chunk * min(MOST_CHUNKS, max(1, len(prompts) // decoding)) if decoding else None
+        per_reply = len(prompts) if self.forward.joins else len(prompts) // max(decoding, 1)
+        budget = self._chunk * min(MOST_CHUNKS, max(1, per_reply)) if decoding else None
+        chunks = []
         for seq in prompts:
             pixels = seq.images if seq.prefilled == 0 else None  # with its first pass, which runs it all
             n = seq.context_length - seq.prefilled if pixels else min(self._chunk, seq.context_length - seq.prefilled)
             if budget is not None and n > budget and budget < self._chunk:
                 break
-            self._wakeups.send()  # the news so far (decoded tokens, a first token) is not held behind this pass
-            try:
-                chunk = seq.context()[seq.prefilled : seq.prefilled + n]
-                logits = self.forward.prefill(seq.kv, chunk, pixels) if pixels else self.forward.prefill(seq.kv, chunk)
-            except OutOfKV as exc:
-                self._make_room(exc, seq)
-                break  # the next step tries again, with the room made
-            except Exception as exc:
-                log.exception("prefill failed")
-                self._leave(seq, FinishReason.ERROR, failure_message(exc))
-                continue
-            seq.prefilled += n
-            self._m.prefilled_tokens.inc(n)
-            if seq.prefilled == seq.context_length and not seq.resumed:
-                seq.logits = seq.prompt_logits = logits
-                self._share(seq)
-                self._sample(seq)
+            chunks.append((seq, seq.context()[seq.prefilled : seq.prefilled + n], pixels))
             if budget is not None:
                 budget -= n
                 if budget <= 0:
                     break
+        return chunks
+
+    def _joined(self, decoding: list[Sequence], chunks: list[tuple[Sequence, list[int], dict | None]]) -> None:
+        """The decodes and prompt chunks in shared passes of up to `forward.joins` prompt tokens (the decodes
+        in the first), each prompt's first token sampled as soon as its pass has run. A vision prompt's
+        first pass runs apart; a joined pass that fails runs again as its parts apart, so a failure ends
+        only the sequences it belongs to and a full KV pool is met as in passes apart."""
+        groups: list[list] = []
+        for chunk in (c for c in chunks if c[2] is None):
+            if not groups or sum(len(ids) for _, ids, _ in groups[-1]) + len(chunk[1]) > self.forward.joins:
+                groups.append([])
+            groups[-1].append(chunk)
+        if not groups:
+            self._decode(decoding)
+        for group in groups:
+            group = [chunk for chunk in group if chunk[0] in self._running]  # not made to wait by a pass before
+            self._wakeups.send()  # the news so far (a first token) is not held behind this pass
+            try:
+                rows = self.forward.run([s.kv for s in decoding] + [seq.kv for seq, _, _ in group],
+                                        [[s.feed] for s in decoding] + [ids for _, ids, _ in group])
+            except Exception as exc:
+                if not isinstance(exc, OutOfKV):
+                    log.warning("a joined pass failed (%s): its parts run apart", failure_message(exc))
+                self._decode(decoding)
+                self._run_apart(group)
+            else:
+                self._decoded(decoding, rows[: len(decoding)])
+                for (seq, ids, _), logits in zip(group, rows[len(decoding) :]):
+                    self._chunk_ran(seq, len(ids), logits.clone())  # kept, not a view of the pass's rows
+            decoding = []
+        self._run_apart([chunk for chunk in chunks if chunk[2] is not None])
+
+    def _run_apart(self, chunks: list[tuple[Sequence, list[int], dict | None]]) -> None:
+        """Each prompt chunk in a pass of its own, the readers woken with the news so far before each."""
+        for seq, ids, pixels in chunks:
+            if seq not in self._running:  # ended by an earlier chunk's failure to find KV room
+                continue
+            self._wakeups.send()
+            try:
+                logits = self.forward.prefill(seq.kv, ids, pixels) if pixels else self.forward.prefill(seq.kv, ids)
+            except OutOfKV as exc:
+                self._make_room(exc, seq)
+                return  # the next step tries again, with the room made
+            except Exception as exc:
+                log.exception("prefill failed")
+                self._leave(seq, FinishReason.ERROR, failure_message(exc))
+                continue
+            self._chunk_ran(seq, len(ids), logits)
+
+    def _chunk_ran(self, seq: Sequence, n: int, logits: torch.Tensor) -> None:
+        seq.prefilled += n
+        self._m.prefilled_tokens.inc(n)
+        if seq.prefilled == seq.context_length and not seq.resumed:
+            seq.logits = seq.prompt_logits = logits
+            self._share(seq)
+            self._sample(seq)
 
     def _sample(self, seq: Sequence, choice: tuple[int, torch.Tensor | None] | Exception | None = None) -> None:
         """Act on the sequence's next token (`choice`, or picked now); a failure ends that sequence alone."""
