@@ -34,7 +34,8 @@ flip. Here, therefore:
   `joins` prompt tokens beside the decodes, chunks share the decodes' pass (`run`),
   and every pass, and the rows its output head sees, is padded to the row plan;
   elsewhere a chunk runs in a pass of its own. Eight prompts of 219 tokens took 214 ms
-  each in passes of their own and 191-199 two to eight to a pass (2 threads).
+  each in passes of their own and 191-199 two to eight to a pass (2 threads); `joins` is
+  `MOST_CHUNKS` chunks, so a step's chunks share one pass.
 
 On a CUDA GPU, where a step is bound by launching kernels rather than by
 memory, the KV is paged instead (`generation.paged`) and each layer attends for
@@ -67,6 +68,7 @@ from serge.engine.devices import DevicePlan
 from serge.engine.generation.forward import OutOfKV
 from serge.engine.generation.kvcache import SequenceKV
 from serge.engine.generation.paged import BLOCK_SIZE, BlockPool, PagedKV
+from serge.engine.generation.passes import MOST_CHUNKS
 from serge.engine.generation.scheduler import Scheduler
 from serge.engine.generation.sampling import SamplingParams
 from serge.engine.local import LoadOptions, LocalModel, ModelLoadFailed, check_chat_template, eos_ids
@@ -308,7 +310,7 @@ def load_transformers(installed: InstalledModel, options: LoadOptions) -> LocalM
         window = min(window, options.context_cap)
     max_running = options.limits.running_for(model.device)
     blocks = pool_blocks(model, max_running, window)
-    forward = BatchForward(model, max_running, blocks, join_tokens=2 * options.limits.prefill_chunk)
+    forward = BatchForward(model, max_running, blocks, join_tokens=MOST_CHUNKS * options.limits.prefill_chunk)
     scheduler = Scheduler(forward, tokenizer, eos_ids(tokenizer, model.generation_config), options.threads,
                           installed.name, options.limits, options.metrics,
                           prefix_cache_bytes=forward.pool.block_bytes * blocks // 2 if blocks else None,
