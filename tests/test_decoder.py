@@ -90,3 +90,23 @@ def test_a_decoder_whose_logits_differ_is_not_used(monkeypatch, caplog):
     assert forward._decoder is None
     assert any("using transformers'" in r.getMessage() for r in caplog.records)
     assert all(torch.equal(a, b) for a, b in zip(_steps(forward), _steps(theirs)))
+
+
+@pytest.mark.parametrize("kind", ["llama", "mistral"])
+def test_prompts_and_decodes_get_the_logits_of_transformers_own_sdpa_forward(kind):
+    """Against the model run by transformers alone (its SDPA, the whole sequence at once): the batcher's own
+    attention (a prompt's first chunk causal, later chunks masked, decodes through the CPU op) and decoder."""
+    model = _model(kind)
+    plain = copy.deepcopy(model)
+    plain.set_attn_implementation("sdpa")
+    forward = BatchForward(model, max_rows=16)
+    kvs = [forward.new_kv() for _ in PROMPTS]
+    for kv, ids in zip(kvs, PROMPTS):
+        for start in range(0, len(ids), 32):  # chunks after the first meet the keys before them
+            ours = forward.prefill(kv, ids[start : start + 32])
+        want = plain(input_ids=torch.tensor([ids])).logits[0, -1]
+        assert torch.allclose(ours, want, atol=1e-5, rtol=1e-5), (ours - want).abs().max()
+    steps = forward.decode(kvs, [7] * len(kvs))
+    for row, ids in zip(steps, PROMPTS):
+        want = plain(input_ids=torch.tensor([ids + [7]])).logits[0, -1]
+        assert torch.allclose(row, want, atol=1e-5, rtol=1e-5), (row - want).abs().max()

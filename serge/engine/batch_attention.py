@@ -60,6 +60,11 @@ def per_sequence(layer: int, query, key, value, segments, scaling, sliding_windo
         return out
     for kv, start, n in segments:
         keys, values = kv.write(layer, key[0, :, start : start + n], value[0, :, start : start + n])
+        if keys.shape[1] == n and not (sliding_window and n > sliding_window):  # a prompt's first chunk:
+            o = F.scaled_dot_product_attention(query[:, :, start : start + n], keys[None], values[None],
+                                               is_causal=True, enable_gqa=True, scale=scaling)  # half the work
+            out[0, start : start + n] = o[0].transpose(0, 1)
+            continue
         # The query heads sharing a key head become rows of one query: no copy of the keys per head.
         q = query[0, :, start : start + n].reshape(kv_heads, group * n, dim).contiguous()
         o = F.scaled_dot_product_attention(q[None], keys[None], values[None],
