@@ -9,7 +9,7 @@
 #include <c10/util/irange.h>
 #include <torch/library.h>
 
-#include <cmath>
+#include <algorithm>
 #include <vector>
 
 namespace {
@@ -17,15 +17,14 @@ namespace {
 // 16 floats as one value: GCC and Clang lower it to the machine's vectors (AVX-512, AVX2, NEON).
 typedef float v16 __attribute__((vector_size(64), aligned(4)));
 typedef int32_t i16 __attribute__((vector_size(64), aligned(4)));
+typedef float v8 __attribute__((vector_size(32), aligned(4)));
+typedef float v4 __attribute__((vector_size(16), aligned(4)));
 constexpr int64_t kLanes = 16;
 constexpr int64_t kTile = 64;  // values a tile: 16 KB of a 64-wide head, within L1
 
 inline v16 load(const float* p) { v16 v; __builtin_memcpy(&v, p, sizeof v); return v; }
 inline void store(float* p, v16 v) { __builtin_memcpy(p, &v, sizeof v); }
 inline v16 splat(float x) { return v16{} + x; }
-
-typedef float v8 __attribute__((vector_size(32), aligned(4)));
-typedef float v4 __attribute__((vector_size(16), aligned(4)));
 
 // The 16 lanes added in a fixed order: halves, then quarters, then the last four pairwise.
 inline float hsum(v16 v) {
