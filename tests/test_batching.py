@@ -108,9 +108,9 @@ def test_a_joined_pass_gives_each_prompt_chunk_and_decode_the_bits_of_a_pass_of_
     loaded = engine.model()
     if loaded.engine != "transformers":
         pytest.skip("llama.cpp's forward runs prompt chunks in passes of their own")
-    forward = BatchForward(loaded.model, max_rows=16, join_tokens=512)
+    forward = BatchForward(loaded.model, max_rows=16, join_chunk=256)
     forward.prepare()
-    assert forward.joins == 512, "the linear layers should join rows here (oneDNN, float32)"
+    assert forward.joins == 2048, "the linear layers should join 8 chunks' rows here (oneDNN, float32, 135M)"
     prompts = [_prompt(engine, [Message("user", q)]) for q in QUESTIONS]
     decoding = []
     for ids in prompts[:3]:

@@ -107,3 +107,4 @@ def test_a_build_that_fails_leaves_sdpa_in_place_and_says_so(monkeypatch, tmp_pa
         assert cpu_attention.op.__wrapped__() is None
     assert "runs per sequence through SDPA" in caplog.text
     assert not list(tmp_path.rglob("*.so"))
+

@@ -35,7 +35,8 @@ flip. Here, therefore:
   and every pass, and the rows its output head sees, is padded to the row plan;
   elsewhere a chunk runs in a pass of its own. Eight prompts of 219 tokens took 214 ms
   each in passes of their own and 191-199 two to eight to a pass (2 threads); `joins` is
-  `MOST_CHUNKS` chunks, so a step's chunks share one pass.
+  `MOST_CHUNKS` chunks, so a step's chunks share one pass (fewer on a model too big to
+  check that many rows quickly: `rows.joinable_rows`).
 
 On a CUDA GPU, where a step is bound by launching kernels rather than by
 memory, the KV is paged instead (`generation.paged`) and each layer attends for
@@ -76,7 +77,7 @@ from serge.engine.models.facts import ModelFacts
 from serge.engine.models.library import InstalledModel
 from serge.engine.paged_attention import PagedPass
 from serge.engine.generation.threads import ladder
-from serge.engine.rows import RowPlan, joins_rows, measure_rows, pack_for_onednn, same_across_threads
+from serge.engine.rows import RowPlan, joinable_rows, joins_rows, measure_rows, pack_for_onednn, same_across_threads
 from serge.engine.vision import image_token_id, on_device
 
 log = logging.getLogger(__name__)
@@ -93,7 +94,7 @@ class BatchForward:
     decides the kernels) before the first of them.
     """
 
-    def __init__(self, model, max_rows: int, pool_blocks: int | None = None, join_tokens: int = 0) -> None:
+    def __init__(self, model, max_rows: int, pool_blocks: int | None = None, join_chunk: int = 0) -> None:
         install(model)
         self._model = model
         config = model.config.get_text_config()
@@ -109,7 +110,7 @@ class BatchForward:
         self._decoder = Decoder.build(model) if self._packed and self.pool is None else None
         self.rows: RowPlan | None = None
         self._counts: list[int] | None = None
-        self._join_tokens = join_tokens
+        self._join_chunk = join_chunk  # the scheduler's prompt chunk: `joins` is a whole number of them
         self.joins = 0  # prompt tokens a pass may hold beside decodes and other chunks (`Forward.joins`)
 
     @property
@@ -126,8 +127,8 @@ class BatchForward:
             if self._decoder is not None:
                 self._check_decoder()
             self.rows = measure_rows(self._model, self._max_rows, self._fused())
-            if self._join_tokens and joins_rows(self._model, self.rows, self._join_most(), self._fused()):
-                self.joins = self._join_tokens
+            if self._join_chunk:
+                self.joins = self._measure_joins()
             log.info("passes are padded to %d, %d, %d, ... rows (%s linear layers); prompt chunks %s; forward: %s; "
                      "attention: %s", self.rows.least, self.rows.least + self.rows.step,
                      self.rows.least + 2 * self.rows.step, "oneDNN-packed" if self._packed else "plain",
@@ -138,8 +139,19 @@ class BatchForward:
                      "per sequence, each over its own KV" + (", decodes in one call per layer (Serge's CPU op)"
                                                              if cpu_op else ""))
 
-    def _join_most(self) -> int:
-        return self._join_tokens + self._max_rows  # a joined pass's rows: its chunks and every decode
+    def _measure_joins(self) -> int:
+        """Up to `MOST_CHUNKS` chunks, as many as `rows.joinable_rows` can afford to check (fewer on a big
+        model), if the check passes; 0 (passes apart) otherwise."""
+        chunks = min(MOST_CHUNKS, (joinable_rows(self._model, self._fused()) - self._max_rows) // self._join_chunk)
+        if chunks < 1:
+            log.info("a pass of prompt chunks beside decodes would take too long to check at load on this model: "
+                     "prompt chunks run in passes of their own")
+            return 0
+        tokens = chunks * self._join_chunk
+        return tokens if joins_rows(self._model, self.rows, self._join_most(tokens), self._fused()) else 0
+
+    def _join_most(self, tokens: int) -> int:
+        return tokens + self._max_rows  # a joined pass's rows: its chunks and every decode
 
     def _fused(self) -> list:
         return self._decoder.linears() if self._decoder is not None else []
@@ -183,7 +195,7 @@ class BatchForward:
         try:
             for count in counts:
                 torch.set_num_threads(count)
-                if not joins_rows(self._model, self.rows, self._join_most(), self._fused()):
+                if not joins_rows(self._model, self.rows, self._join_most(self.joins), self._fused()):
                     return False
         finally:
             torch.set_num_threads(before)
@@ -310,7 +322,7 @@ def load_transformers(installed: InstalledModel, options: LoadOptions) -> LocalM
         window = min(window, options.context_cap)
     max_running = options.limits.running_for(model.device)
     blocks = pool_blocks(model, max_running, window)
-    forward = BatchForward(model, max_running, blocks, join_tokens=MOST_CHUNKS * options.limits.prefill_chunk)
+    forward = BatchForward(model, max_running, blocks, join_chunk=options.limits.prefill_chunk)
     scheduler = Scheduler(forward, tokenizer, eos_ids(tokenizer, model.generation_config), options.threads,
                           installed.name, options.limits, options.metrics,
                           prefix_cache_bytes=forward.pool.block_bytes * blocks // 2 if blocks else None,
