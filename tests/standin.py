@@ -301,12 +301,7 @@ class StandInForward:
             time.sleep(self.step_s)
 
     def decode(self, kvs: list[StandInKV], tokens: list[int]) -> torch.Tensor:
-        self._run()
-        self.room.take(len(kvs))  # all or none
-        self.room.used -= len(kvs)
-        for kv, token in zip(kvs, tokens):
-            kv.feed([token])
-        return torch.stack([next_logits(kv, self.reply_tokens, self.think_tokens) for kv in kvs])
+        return self._pass(kvs, [[token] for token in tokens])
 
     def prefill(self, kv: StandInKV, tokens: list[int]) -> torch.Tensor:
         self._run()
@@ -319,6 +314,9 @@ class StandInForward:
         prompt = sum(len(chunk) for chunk in chunks if len(chunk) > 1)
         if prompt > self.joins:
             raise RuntimeError(f"a joined pass of {prompt} prompt tokens is over joins={self.joins}")
+        return self._pass(kvs, chunks)
+
+    def _pass(self, kvs: list[StandInKV], chunks: list[list[int]]) -> torch.Tensor:
         self._run()
         self.room.take(sum(map(len, chunks)))  # all or none
         self.room.used -= sum(map(len, chunks))

@@ -14,7 +14,6 @@ import torch
 import torch.nn.functional as F
 
 from serge.engine import cpu_attention
-from serge.engine.generation.kvcache import SequenceKV
 from serge.engine.paged_attention import paged_attention, plain_sdpa
 
 ATTENTION = "serge_batched"
@@ -43,7 +42,7 @@ def per_sequence(layer: int, query, key, value, segments, scaling, sliding_windo
     group = heads // kv_heads
     out = query.new_zeros(1, rows, heads, dim)
     kernel = cpu_attention.op() if query.device.type == "cpu" and query.dtype == torch.float32 else None
-    if kernel is not None and all(isinstance(kv, SequenceKV) for kv, _, _ in segments):
+    if kernel is not None:
         singles = [(kv, start) for kv, start, n in segments if n == 1]  # decodes: rows 0.. of a pass
         if singles:
             _one_call(kernel, layer, query, key, value, singles, scaling, sliding_window, out)
@@ -79,7 +78,8 @@ def _one_call(kernel, layer: int, query, key, value, singles, scaling, sliding_w
     n, dim = len(singles), query.shape[3]
     rows = [start for _, start in singles]
     buffers = [kv.buffers(layer, key) for kv, _ in singles]
-    if rows == list(range(n)):  # the decodes lead the pass: views, no copies
+    leading = rows == list(range(n))
+    if leading:  # the decodes lead the pass: views, no copies
         q, k, v, o = query[0, :, :n], key[0, :, :n], value[0, :, :n], out[0, :n]
     else:
         index = torch.tensor(rows, device=query.device)
@@ -87,7 +87,7 @@ def _one_call(kernel, layer: int, query, key, value, singles, scaling, sliding_w
         o = out.new_empty(n, out.shape[2], dim)
     kernel(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), [b[0] for b in buffers], [b[1] for b in buffers],
            [kv.length for kv, _ in singles], dim**-0.5 if scaling is None else scaling, sliding_window or 0, o)
-    if rows != list(range(n)):
+    if not leading:
         out[0, index] = o
 
 

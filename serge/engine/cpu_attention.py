@@ -40,7 +40,7 @@ _ISA_FLAGS = {  # torch's own CPU capability, so a cached build never meets a CP
 }
 
 
-def cache_dir() -> Path:
+def _cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "serge" / "kernels"
 
 
@@ -63,7 +63,7 @@ def op():
         return None
     command = _command(compiler, Path("OUT"))
     key = hashlib.sha256("\0".join([torch.__version__, *command, SOURCE.read_text()]).encode()).hexdigest()[:16]
-    library = cache_dir() / f"cpu_attention-{key}.so"
+    library = _cache_dir() / f"cpu_attention-{key}.so"
     try:
         if not library.is_file():
             library.parent.mkdir(parents=True, exist_ok=True)

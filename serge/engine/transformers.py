@@ -148,10 +148,7 @@ class BatchForward:
                      "prompt chunks run in passes of their own")
             return 0
         tokens = chunks * self._join_chunk
-        return tokens if joins_rows(self._model, self.rows, self._join_most(tokens), self._fused()) else 0
-
-    def _join_most(self, tokens: int) -> int:
-        return tokens + self._max_rows  # a joined pass's rows: its chunks and every decode
+        return tokens if self._joins_at([torch.get_num_threads()], tokens) else 0
 
     def _fused(self) -> list:
         return self._decoder.linears() if self._decoder is not None else []
@@ -184,18 +181,19 @@ class BatchForward:
         rows and heads, never within a sum)."""
         if self._counts is None:
             self._counts = same_across_threads(self._model, ladder(most), self.rows, self._fused())
-            if self.joins and not self._joins_at(self._counts[1:]):
+            if self.joins and not self._joins_at(self._counts[1:], self.joins):
                 log.info("a pass of prompt chunks beside decodes changes the linear layers' bits at other "
                          "thread counts here: prompt chunks run in passes of their own")
                 self.joins = 0
         return self._counts
 
-    def _joins_at(self, counts: list[int]) -> bool:
+    def _joins_at(self, counts: list[int], tokens: int) -> bool:
+        """Whether a pass of `tokens` prompt tokens beside every decode keeps each row's bits on each of `counts`."""
         before = torch.get_num_threads()
         try:
             for count in counts:
                 torch.set_num_threads(count)
-                if not joins_rows(self._model, self.rows, self._join_most(self.joins), self._fused()):
+                if not joins_rows(self._model, self.rows, tokens + self._max_rows, self._fused()):
                     return False
         finally:
             torch.set_num_threads(before)

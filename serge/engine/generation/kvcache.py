@@ -49,10 +49,7 @@ class SequenceKV:
         n = keys.shape[1]
         if n != self._pending:
             raise RuntimeError(f"reserve({n}) was not called before writing {n} positions")
-        if self._keys[layer] is None:
-            shape = (keys.shape[0], self._capacity, keys.shape[2])
-            self._keys[layer] = keys.new_empty(shape)
-            self._values[layer] = values.new_empty(shape)
+        self._allocate(layer, keys)
         end = self.length + n
         self._keys[layer][:, self.length : end] = keys
         self._values[layer][:, self.length : end] = values
@@ -63,10 +60,14 @@ class SequenceKV:
         pass's one position (at `length`) itself; made like `like` ([..., kv_heads, rows, head_dim]) if none yet."""
         if self._pending != 1:
             raise RuntimeError("reserve(1) was not called before a one-position pass")
+        self._allocate(layer, like)
+        return self._keys[layer], self._values[layer]
+
+    def _allocate(self, layer: int, like: torch.Tensor) -> None:
+        """`layer`'s buffers at the reserved capacity, shaped from `like` ([..., kv_heads, rows, head_dim])."""
         if self._keys[layer] is None:
             shape = (like.shape[-3], self._capacity, like.shape[-1])
             self._keys[layer], self._values[layer] = like.new_empty(shape), like.new_empty(shape)
-        return self._keys[layer], self._values[layer]
 
     def advance(self) -> None:
         """The forward pass is done: what it wrote is now part of the sequence."""

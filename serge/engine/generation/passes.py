@@ -121,10 +121,13 @@ class Passes:
         first pass runs apart; a joined pass that fails runs again as its parts apart, so a failure ends
         only the sequences it belongs to and a full KV pool is met as in passes apart."""
         groups: list[list] = []
+        tokens = 0  # in the last group
         for chunk in (c for c in chunks if c[2] is None):
-            if not groups or sum(len(ids) for _, ids, _ in groups[-1]) + len(chunk[1]) > self.forward.joins:
+            if not groups or tokens + len(chunk[1]) > self.forward.joins:
                 groups.append([])
+                tokens = 0
             groups[-1].append(chunk)
+            tokens += len(chunk[1])
         if not groups:
             self._decode(decoding)
         for group in groups:
