@@ -186,7 +186,7 @@ def streaming(m: dict) -> bool:
 
 
 def status(m: dict) -> str:
-    """As the chat API words it (serge/web/chats_api.py `message_status`)."""
+    """As the chat API words it (serge/web/api/chats.py `message_status`)."""
     if m["finish_reason"] is None:
         return "complete" if m["complete"] else "streaming"
     return {"stop": "complete", "cancelled": "stopped"}.get(m["finish_reason"], m["finish_reason"])

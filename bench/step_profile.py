@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     from serge.engine.generation import scheduler as scheduler_module
     from serge.engine.generation import sequence as sequence_module
     from serge.engine.generation import stream as stream_module
-    from serge.engine.llamacpp import LlamaForward
+    from serge.engine.llamacpp.forward import LlamaForward
     from serge.settings import Settings
 
     totals: dict[str, float] = defaultdict(float)  # seconds per part; "prefilling" is 1 inside _prefill

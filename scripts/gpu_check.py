@@ -145,7 +145,7 @@ def check_paged(engine: Engine, results: dict) -> None:
     """The attention path the engine took on this device; over the paged cache (built here if the engine
     did not), the logits against per-sequence attention and greedy tokens alone against beside 15 others
     (reported, not asserted: bfloat16 kernels may differ by batch shape)."""
-    from serge.engine.transformers import BatchForward
+    from serge.engine.hf.forward import BatchForward
 
     loaded = engine.model(SMALL)
     results["attention"] = "paged" if loaded.scheduler.forward.pool is not None else "per-sequence"

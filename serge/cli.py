@@ -157,7 +157,7 @@ def _cli_error(exc: Exception) -> CliError:
     """What an expected failure says (the web's error table, which loads torch: not for a CliError); bugs raise."""
     if isinstance(exc, CliError):
         return exc
-    from serge.web.errors import problem
+    from serge.web.http.errors import problem
 
     if (answer := problem(exc)) is None:
         raise exc

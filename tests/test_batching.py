@@ -80,7 +80,7 @@ def test_a_cancelled_reply_leaves_at_once_while_the_others_continue_unchanged(en
 
 
 def test_a_rows_logits_have_the_same_bits_whatever_runs_beside_it(engine):
-    from serge.engine.transformers import BatchForward
+    from serge.engine.hf.forward import BatchForward
 
     loaded = engine.model()
     if loaded.engine != "transformers":
@@ -103,7 +103,7 @@ def test_a_rows_logits_have_the_same_bits_whatever_runs_beside_it(engine):
 
 def test_a_joined_pass_gives_each_prompt_chunk_and_decode_the_bits_of_a_pass_of_its_own(engine):
     """Where the forward `joins`, decodes and prompt chunks share a pass: each row as it would be apart."""
-    from serge.engine.transformers import BatchForward
+    from serge.engine.hf.forward import BatchForward
 
     loaded = engine.model()
     if loaded.engine != "transformers":
@@ -130,8 +130,8 @@ def test_a_joined_pass_gives_each_prompt_chunk_and_decode_the_bits_of_a_pass_of_
 def test_a_rows_logits_have_the_same_bits_at_every_thread_count_a_busy_machine_may_drop_to(engine, tmp_path_factory):
     """`generation.threads` changes the count between passes only among `thread_counts`: a reply is
     the same text whichever count ran which step, prompt chunks and decodes alike."""
-    from serge.engine.transformers import BatchForward
-    from serge.engine.llamacpp import LlamaForward
+    from serge.engine.hf.forward import BatchForward
+    from serge.engine.llamacpp.forward import LlamaForward
     from conftest import bundled_gguf
 
     loaded = engine.model()

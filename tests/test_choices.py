@@ -18,7 +18,7 @@ from openai import OpenAI
 from serge.engine import ChatRequest, Message, SamplingParams
 from serge.engine.generation import prompts
 from serge.engine.generation.scheduler import SchedulerLimits
-from serge.web.openai_models import MAX_CHOICES
+from serge.web.openai.chat_models import MAX_CHOICES
 
 from conftest import MODEL as REAL_MODEL, own_server
 from standin import NAME as MODEL, StandInForward, StandInKV, cancelled, shared_tokenizer, standin_model

@@ -1,4 +1,4 @@
-"""The CPU's decode attention op (`serge.engine.cpu_attention`): SDPA's attention within float tolerance for
+"""The CPU's decode attention op (`serge.engine.hf.cpu_attention`): SDPA's attention within float tolerance for
 mixed lengths, head layouts and a sliding window; a sequence's bits the same alone, beside others and on
 one thread or two; its new key and value written where they belong and nowhere else; a position outside
 its buffer refused; a build that fails leaves the batcher on SDPA, said in the log."""
@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from serge.engine import cpu_attention
+from serge.engine.hf import cpu_attention
 
 LENGTHS = (1, 2, 17, 300, 1025, 64)  # positions each sequence holds after this step
 
@@ -103,7 +103,7 @@ def test_a_position_outside_its_buffer_is_refused_before_anything_is_written(op)
 def test_a_build_that_fails_leaves_sdpa_in_place_and_says_so(monkeypatch, tmp_path, caplog):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.setenv("CXX", "false")  # a "compiler" that always fails
-    with caplog.at_level(logging.WARNING, logger="serge.engine.cpu_attention"):
+    with caplog.at_level(logging.WARNING, logger="serge.engine.hf.cpu_attention"):
         assert cpu_attention.op.__wrapped__() is None
     assert "runs per sequence through SDPA" in caplog.text
     assert not list(tmp_path.rglob("*.so"))

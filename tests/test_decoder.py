@@ -11,8 +11,8 @@ import logging
 import pytest
 import torch
 
-from serge.engine import decoder
-from serge.engine.transformers import BatchForward
+from serge.engine.hf import decoder
+from serge.engine.hf.forward import BatchForward
 
 PROMPTS = ([5, 9, 11, 200, 17, 3, 3, 90], list(range(1, 70)), [300, 1, 2])
 
@@ -85,7 +85,7 @@ def test_a_decoder_whose_logits_differ_is_not_used(monkeypatch, caplog):
     theirs = BatchForward(copy.deepcopy(model), max_rows=16)
     theirs._decoder = None
     forward = BatchForward(model, max_rows=16)
-    with caplog.at_level(logging.WARNING, logger="serge.engine.transformers"):
+    with caplog.at_level(logging.WARNING, logger="serge.engine.hf.forward"):
         forward.prepare()
     assert forward._decoder is None
     assert any("using transformers'" in r.getMessage() for r in caplog.records)

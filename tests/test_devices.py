@@ -10,7 +10,7 @@ import torch
 
 from serge.engine import DeviceUnavailable, resolve_device
 from serge.engine.devices import DevicePlan
-from serge.engine.transformers import BatchForward
+from serge.engine.hf.forward import BatchForward
 from serge.engine.models.library import ModelLibrary
 
 from conftest import MODEL, registry_for

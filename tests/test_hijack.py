@@ -19,9 +19,9 @@ from starlette.datastructures import Headers
 
 from serge.settings import Settings
 from serge.web.app import build_app
-from serge.web.guard import HostPolicy
-from serge.web.headers import SecurityHeaders
-from serge.web.markdown import MarkdownRenderer
+from serge.web.http.guard import HostPolicy
+from serge.web.http.headers import SecurityHeaders
+from serge.web.pages.markdown import MarkdownRenderer
 
 
 # On the stand-in model (standin.py): nothing here needs the real one.

@@ -8,7 +8,7 @@ import pytest
 
 lc = pytest.importorskip("llama_cpp")
 
-from serge.engine.llama_batch import LlamaBatch
+from serge.engine.llamacpp.batch import LlamaBatch
 
 
 @dataclass

@@ -8,10 +8,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from serge.engine import llama_memory
+from serge.engine.llamacpp import memory as llama_memory
 from serge.engine.devices import DevicePlan
 from serge.engine.generation.scheduler import SchedulerLimits
-from serge.engine.llama_memory import KV_TYPES, kv_layout, kv_type, planned_layout
+from serge.engine.llamacpp.memory import KV_TYPES, kv_layout, kv_type, planned_layout
 from serge.engine.local import LoadOptions
 from serge.engine.metrics import EngineMetrics
 from serge.engine.models.facts import ModelFacts

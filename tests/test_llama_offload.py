@@ -12,11 +12,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from serge.engine import llama_memory, llama_offload
+from serge.engine.llamacpp import memory as llama_memory, offload as llama_offload
 from serge.engine.devices import DevicePlan
 from serge.engine.engine import Engine
 from serge.engine.generation.scheduler import SchedulerLimits
-from serge.engine.llama_offload import GPU_RESERVE, Gpu, offload_for, plan_offload
+from serge.engine.llamacpp.offload import GPU_RESERVE, Gpu, offload_for, plan_offload
 from serge.engine.local import LoadOptions
 from serge.engine.metrics import EngineMetrics
 from serge.engine.models.facts import ModelFacts

@@ -15,10 +15,11 @@ from test_vision import ASK, two_images, vision_fixtures
 from tiny_gguf_vlm import IMAGE_TOKENS, write_pair
 from tiny_vlm import b64, data_url, png
 from serge.engine import (ChatRequest, EngineMetrics, InvalidRequest, Message, ModelLibrary, SamplingParams,
-                          llama_memory, read_image)
+                          read_image)
 from serge.engine.devices import resolve_device
 from serge.engine.generation.admission import SchedulerLimits
-from serge.engine.llama_vision import mtmd_available
+from serge.engine.llamacpp import memory as llama_memory
+from serge.engine.llamacpp.vision import mtmd_available
 from serge.engine.local import LoadOptions
 from serge.engine.registry import ModelRegistry
 from serge.engine.models.hub import HubSource, _choose, choose_mmproj

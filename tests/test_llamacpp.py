@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from serge.engine import ChatRequest, FinishReason, Message, ModelLibrary, SamplingParams
-from serge.engine.llama_memory import planned_layout
+from serge.engine.llamacpp.memory import planned_layout
 
 from conftest import MODEL, registry_for
 

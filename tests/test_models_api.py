@@ -13,8 +13,8 @@ from serge.engine import Engine, ModelLibrary
 from serge.engine.registry import resident_bytes
 from serge.settings import Settings
 from serge.web.app import build_app
-from serge.web.errors import ApiError
-from serge.web.models_api import require_admin
+from serge.web.http.errors import ApiError
+from serge.web.api.models import require_admin
 
 from conftest import GGUF_REPO, MODEL, TINY_REPO, ServerThread, free_port, models_dir
 

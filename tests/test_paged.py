@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from serge.engine.generation.kvcache import PrefixCache
-from serge.engine.generation.paged import BlockPool, OutOfBlocks, tables
+from serge.engine.generation.prefix_cache import PrefixCache
+from serge.engine.hf.paged import BlockPool, OutOfBlocks, tables
 
 LAYERS, HEADS, DIM, SIZE = 2, 2, 4, 4
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from serge.engine.generation.forward import OutOfKV
-from serge.engine.transformers import BatchForward
+from serge.engine.hf.forward import BatchForward
 
 LENGTHS = (5, 37, 511, 130, 600, 18)  # prompts already in the cache before the mixed pass
 

@@ -1,4 +1,4 @@
-"""The row plans' load-time checks (`serge.engine.rows`), on shapes alone: what checking joined passes may cost."""
+"""The row plans' load-time checks (`serge.engine.hf.rows`), on shapes alone: what checking joined passes may cost."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ def _shaped_like(hidden: int, intermediate: int, kv: int) -> torch.nn.Module:
 def test_the_load_time_check_for_joined_passes_shrinks_with_the_model_so_loading_stays_quick():
     """`rows.joinable_rows`: a 135M model's check affords 8 chunks of 256 beside 16 decodes; a 1.7B model's
     one; a 7B model's none (its prompt chunks keep passes of their own rather than a minute more of load)."""
-    from serge.engine.rows import joinable_rows
+    from serge.engine.hf.rows import joinable_rows
 
     assert joinable_rows(_shaped_like(576, 1536, 192)) > 8 * 256 + 16
     assert 256 + 16 <= joinable_rows(_shaped_like(2048, 8192, 2048)) < 2 * 256 + 16

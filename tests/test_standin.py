@@ -9,7 +9,7 @@ import torch
 
 from serge.engine import ChatRequest, Message, SamplingParams
 from serge.engine.generation.forward import KV, Forward
-from serge.engine.generation.kvcache import PrefixCache
+from serge.engine.generation.prefix_cache import PrefixCache
 from serge.engine.generation.prompts import build_prompt
 from serge.engine.generation.assembler import TextAssembler
 

@@ -16,7 +16,7 @@ from test_accounts_api import PASSWORDS, add_user, login
 from test_chats_api import send
 
 from serge.settings import Settings
-from serge.web.account_pages import LOGIN_ATTEMPTS_PER_MINUTE, LOGIN_ATTEMPTS_PER_PROXY_MINUTE
+from serge.web.pages.accounts import LOGIN_ATTEMPTS_PER_MINUTE, LOGIN_ATTEMPTS_PER_PROXY_MINUTE
 from serge.web.app import build_app
 
 settings, engine, server = stand_in("settings", "engine", "server")

@@ -18,8 +18,8 @@ from starlette.datastructures import Headers
 from serge.cli import main, warn_if_exposed
 from serge.settings import Settings
 from serge.store import Database
-from serge.web.auth import is_local
-from serge.web.guard import HostPolicy
+from serge.web.http.auth import is_local
+from serge.web.http.guard import HostPolicy
 
 
 def mode(path) -> int:

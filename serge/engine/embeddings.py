@@ -7,7 +7,7 @@ normalisation. Texts are cut to the model's `max_seq_length`, as sentence-transf
 cuts them, and run in batches of similar length (little padding). A request's texts
 are one job; jobs for one model run one at a time on the caller's thread, so an
 embedding never waits behind a chat's reply (chats have their own workers).
-A GGUF embedding model runs on llama.cpp instead (`llama_embeddings`), behind the
+A GGUF embedding model runs on llama.cpp instead (`llamacpp.embeddings`), behind the
 same `EmbeddingModel`. It knows nothing of HTTP; the engine hands it out like any
 other backend.
 """
@@ -15,9 +15,7 @@ other backend.
 from __future__ import annotations
 
 import json
-import logging
 import threading
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -29,10 +27,7 @@ from serge.engine.devices import DevicePlan
 from serge.engine.generation.schemas import InvalidRequest
 from serge.engine.generation.sampling import SamplingParams
 from serge.engine.info import EngineKind, LoadedInfo, where_loaded
-from serge.engine.local import LoadOptions
-from serge.engine.models.library import InstalledModel
 
-log = logging.getLogger(__name__)
 
 BATCH = 32  # texts per forward pass
 
@@ -87,35 +82,11 @@ class Encoder(Protocol):
     def close(self) -> None: ...
 
 
-class TorchEncoder:
-    """A transformers encoder and its sentence-transformers pooling: token ids in, one vector per text out."""
-
-    def __init__(self, tokenizer, model, pooling: Pooling, threads: int) -> None:
-        self.tokenizer, self.model, self.pooling, self.threads = tokenizer, model, pooling, threads
-        self.vocab_size = len(tokenizer)
-
-    def ids(self, text: str, limit: int) -> list[int]:
-        return self.tokenizer(text, truncation=True, max_length=limit)["input_ids"]
-
-    def close(self) -> None:
-        """Nothing to free: the weights go with the last reference."""
-
-    def vectors(self, batch: list[list[int]]) -> torch.Tensor:
-        torch.set_num_threads(self.threads)  # per thread under OpenMP: set where the work runs
-        width = max(map(len, batch))
-        pad = self.tokenizer.pad_token_id or 0
-        input_ids = torch.tensor([b + [pad] * (width - len(b)) for b in batch], device=self.model.device)
-        mask = torch.tensor([[1] * len(b) + [0] * (width - len(b)) for b in batch], device=self.model.device)
-        with torch.inference_mode():
-            hidden = self.model(input_ids=input_ids, attention_mask=mask).last_hidden_state
-            return self.pooling(hidden, mask).cpu()
-
-
 class EmbeddingModel:
     """A loaded embedding model behind the engine's interface: `embed`, and a clear no to chat.
 
-    Which engine runs it is its `encoder`'s business (transformers here, llama.cpp in
-    `llama_embeddings`); the checks, the batching and the bookkeeping are this class's."""
+    Which engine runs it is its `encoder`'s business (transformers in `hf.embeddings`, llama.cpp in
+    `llamacpp.embeddings`); the checks, the batching and the bookkeeping are this class's."""
 
     kind = "embedding"
 
@@ -182,22 +153,3 @@ class EmbeddingModel:
     def close(self) -> None:
         """Frees what the encoder holds outside Python (llama.cpp's model and context)."""
         self.encoder.close()
-
-
-def load_embedder(installed: InstalledModel, options: LoadOptions) -> EmbeddingModel:
-    from transformers import AutoModel, AutoTokenizer
-
-    started = time.monotonic()
-    log.info("Loading %s (embeddings) with transformers on %s ...", installed.name, options.plan.device)
-    folder = installed.path
-    tokenizer = AutoTokenizer.from_pretrained(folder)
-    model = AutoModel.from_pretrained(folder, **options.plan.load_kwargs())
-    model.eval().requires_grad_(False)
-    window = installed.facts.context_length or getattr(model.config, "max_position_embeddings", 512)
-    seconds = time.monotonic() - started
-    log.info("Loaded %s in %.1f s", installed.name, seconds)
-    return EmbeddingModel(
-        name=installed.name, encoder=TorchEncoder(tokenizer, model, Pooling.read(folder), options.threads),
-        context_window=window, dimensions=installed.facts.dimensions or model.config.hidden_size,
-        load_seconds=seconds, memory_bytes=model.get_memory_footprint(), source=installed.source,
-    )

@@ -34,7 +34,7 @@ from serge.engine.generation.images import MAX_IMAGES, ImageTooLarge
 from serge.engine.generation.prompts import Message
 from serge.engine.generation.request import ChatRequest
 from serge.engine.models.pulls import Pulls, PullStatus
-from serge.engine.llama_features import llama_cpp_available, llama_cpp_offloads, llama_cpp_sees_images
+from serge.engine.llamacpp.features import llama_cpp_available, llama_cpp_offloads, llama_cpp_sees_images
 from serge.engine.registry import Budget, ModelInUse, ModelRegistry, auto_engine, machine_memory_bytes, resident_bytes
 from serge.engine.remote import RemoteClient
 from serge.engine.embeddings import Embeddings

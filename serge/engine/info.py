@@ -82,7 +82,7 @@ class EngineStatus:
 def sees_images(facts: ModelFacts, engine: EngineKind | None, mtmd: bool) -> bool:
     """Its files carry a vision tower and its engine runs it: transformers with its own checkpoint (a GGUF
     converted for transformers keeps no projector), llama.cpp with the GGUF's mmproj where its build has mtmd
-    (`mtmd`: `llama_features.llama_cpp_sees_images()`)."""
+    (`mtmd`: `llamacpp.features.llama_cpp_sees_images()`)."""
     if not facts.vision:
         return False
     if facts.format == "transformers":

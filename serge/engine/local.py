@@ -45,7 +45,7 @@ class LoadOptions:
     kv_cache_mb: int | None = None  # llama.cpp's fixed KV cache (the transformers engine grows its own)
     memory_bytes: int | None = None  # the models' memory budget: llama.cpp sizes its default KV cache within it
     gpu_layers: int | None = None  # SERGE_GPU_LAYERS: llama.cpp's n_gpu_layers, over its own choice
-    kv_type: str = "q8_0-keys"  # SERGE_LLAMA_KV_TYPE: how llama.cpp stores keys and values (llama_memory.kv_type)
+    kv_type: str = "q8_0-keys"  # SERGE_LLAMA_KV_TYPE: how llama.cpp stores keys and values (llamacpp.memory.kv_type)
     adapt_threads: bool = True  # SERGE_ADAPT_THREADS: fewer threads while the machine is busy (generation.threads)
 
 
@@ -61,7 +61,7 @@ class LocalModel:
     memory_bytes: int  # weights (and for llama.cpp its KV cache) as loaded
     model: object | None = None  # the transformers model (never written to after load); None on llama.cpp
     processor: object | None = None  # a vision model's: turns a request's images into its pixel inputs
-    vision: object | None = None  # on llama.cpp, its `llama_vision.LlamaVision`: the same job, through mtmd
+    vision: object | None = None  # on llama.cpp, its `llamacpp.vision.LlamaVision`: the same job, through mtmd
     tool_format: ToolFormat = field(default=None)  # how its template offers tools; found at load
     source: str = ""  # where it came from, as the library says
     kind: str = "chat"
@@ -126,7 +126,7 @@ class LocalModel:
         if self.vision is not None:
             ids, pixels = self.vision.image_inputs(prompt.ids, images)
         else:
-            from serge.engine.vision import image_inputs
+            from serge.engine.hf.vision import image_inputs
 
             ids, pixels = image_inputs(self.processor, prompt.ids, images)
         room = prompt.room - (len(ids) - len(prompt.ids))

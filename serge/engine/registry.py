@@ -30,7 +30,7 @@ from serge.engine.models.library import InstalledModel, ModelLibrary
 from serge.engine.info import EngineKind
 from serge.engine.local import LoadOptions, LocalModel, ModelLoadFailed
 from serge.engine.generation.admission import EngineBusy
-from serge.engine.llama_features import llama_cpp_available, llama_cpp_offloads, llama_cpp_sees_images
+from serge.engine.llamacpp.features import llama_cpp_available, llama_cpp_offloads, llama_cpp_sees_images
 
 log = logging.getLogger(__name__)
 
@@ -149,16 +149,16 @@ class ModelRegistry:
         """Memory `installed` takes once loaded on `engine` (its own engine by default), before it is loaded."""
         engine = engine or self.engine_for(installed)
         if installed.facts.kind == "embedding" and engine == "llama.cpp":
-            from serge.engine import llama_embeddings
+            from serge.engine.llamacpp import embeddings as llama_embeddings
 
             return llama_embeddings.estimate(installed.facts)
         if installed.facts.kind == "embedding":  # float32 weights as they are, nothing packed beside them
             return installed.facts.weights_bytes + 64 * 2**20
         if engine == "llama.cpp":
-            from serge.engine import llama_memory
+            from serge.engine.llamacpp import memory as llama_memory
 
             return llama_memory.estimate(installed.facts, self.options, self._projector_bytes(installed))
-        from serge.engine import transformers
+        from serge.engine.hf import forward as transformers
 
         return transformers.estimate(installed.facts, self.options.plan)
 
@@ -171,7 +171,7 @@ class ModelRegistry:
     def device(self, installed: InstalledModel, engine: EngineKind) -> tuple[str, int]:
         """Where `installed` would run on `engine`, and the bytes it would put on a GPU (before it is loaded)."""
         if engine == "llama.cpp" and installed.facts.kind == "chat":
-            from serge.engine.llama_memory import placement
+            from serge.engine.llamacpp.memory import placement
 
             planned = placement(installed.facts, self.options, self._projector_bytes(installed))
             return planned.offload.describe(), planned.gpu_bytes
@@ -183,7 +183,7 @@ class ModelRegistry:
         """Tokens of prompt and reply a reply gets once `installed` is loaded on `engine` (before it is)."""
         facts = installed.facts
         if engine == "llama.cpp" and facts.kind == "chat":
-            from serge.engine.llama_memory import planned_layout
+            from serge.engine.llamacpp.memory import planned_layout
 
             return planned_layout(facts, self.options)[1]
         trained, cap = facts.context_length, self.options.context_cap
@@ -305,19 +305,19 @@ class ModelRegistry:
                 log.info("Unloading %s to make room for %s", ", ".join(v.model.name for v in victims), installed.name)
                 self._close(victims)
             if installed.facts.kind == "embedding" and engine == "llama.cpp":
-                from serge.engine.llama_embeddings import load_llama_embedder
+                from serge.engine.llamacpp.embeddings import load_llama_embedder
 
                 loaded = load_llama_embedder(installed, self.options)
             elif installed.facts.kind == "embedding":
-                from serge.engine.embeddings import load_embedder
+                from serge.engine.hf.embeddings import load_embedder
 
                 loaded = load_embedder(installed, self.options)
             elif engine == "llama.cpp":  # each engine's module is imported only when it loads a model
-                from serge.engine.llamacpp import load_llamacpp
+                from serge.engine.llamacpp.forward import load_llamacpp
 
                 loaded = load_llamacpp(installed, self.options)
             else:
-                from serge.engine.transformers import load_transformers
+                from serge.engine.hf.forward import load_transformers
 
                 loaded = load_transformers(installed, self.options)
             self.loads += 1

@@ -24,24 +24,24 @@ from serge.engine import Engine
 from serge.settings import Settings
 from serge.chats.documents import ChatDocuments
 from serge.store import AccountStore, ChatStore, CollectionStore, Database, DocumentStore, FileStore, ResponseStore
-from serge.web.account_pages import build_account_pages
-from serge.web.accounts_api import router as accounts_router
-from serge.web.anthropic_api import router as anthropic_router
-from serge.web.auth import Authenticate, ProxiedClient, may_see_details
-from serge.web.chats_api import router as chats_router
-from serge.web.completions_api import router as completions_router
-from serge.web.docs import install_docs
-from serge.web.embeddings_api import router as embeddings_router
-from serge.web.errors import ApiError, install_error_handlers
-from serge.web.guard import protect
-from serge.web.knowledge_api import router as knowledge_router
-from serge.web.models_api import router as models_router
-from serge.web.ollama_api import router as ollama_router
-from serge.web.openai_api import router as openai_router
-from serge.web.pages import STATIC, build_pages
-from serge.web.responses_api import router as responses_router
-from serge.web.request_log import RequestLog
-from serge.web.user_limits import UserLimits
+from serge.web.pages.accounts import build_account_pages
+from serge.web.api.accounts import router as accounts_router
+from serge.web.anthropic.api import router as anthropic_router
+from serge.web.http.auth import Authenticate, ProxiedClient, may_see_details
+from serge.web.api.chats import router as chats_router
+from serge.web.openai.completions import router as completions_router
+from serge.web.pages.docs import install_docs
+from serge.web.openai.embeddings import router as embeddings_router
+from serge.web.http.errors import ApiError, install_error_handlers
+from serge.web.http.guard import protect
+from serge.web.api.knowledge import router as knowledge_router
+from serge.web.api.models import router as models_router
+from serge.web.ollama.api import router as ollama_router
+from serge.web.openai.chat import router as openai_router
+from serge.web.pages.chat import STATIC, build_pages
+from serge.web.responses.api import router as responses_router
+from serge.web.http.request_log import RequestLog
+from serge.web.http.user_limits import UserLimits
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """The forward protocol: what the `Scheduler` asks of a model's forward passes, and of one sequence's KV.
 
-Three forwards implement it: transformers' (`transformers.BatchForward` over
-`kvcache.SequenceKV`), llama.cpp's (`llamacpp.LlamaForward` over `llamacpp.LlamaKV`)
+Three forwards implement it: transformers' (`hf.forward.BatchForward` over
+`hf.kv.SequenceKV`), llama.cpp's (`llamacpp.forward.LlamaForward` over `LlamaKV`)
 and the tests' stand-in (`tests/standin.py`). Everything above it (sampling,
 grammars, tools, stop strings, streams, prefix reuse, admission, metrics) is one
 piece of code for all of them. This module only writes the contract down; it runs nothing.
@@ -23,7 +23,7 @@ class OutOfKV(RuntimeError):
 
 
 class KV(Protocol):
-    """One sequence's keys and values, as the scheduler and `kvcache.PrefixCache` use them."""
+    """One sequence's keys and values, as the scheduler and `prefix_cache.PrefixCache` use them."""
 
     @property
     def length(self) -> int:

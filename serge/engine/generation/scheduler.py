@@ -33,7 +33,7 @@ import torch
 from serge.engine.generation.admission import EngineBusy, SchedulerLimits, Waiting
 from serge.engine.generation.forward import Forward, OutOfKV
 from serge.engine.generation.grammar import Vocabulary
-from serge.engine.generation.kvcache import PrefixCache
+from serge.engine.generation.prefix_cache import PrefixCache
 from serge.engine.generation.passes import Passes, failure_message
 from serge.engine.generation.sampling import SamplingParams
 from serge.engine.generation.schemas import InvalidRequest

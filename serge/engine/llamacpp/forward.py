@@ -1,0 +1,314 @@
+"""llama.cpp as a forward pass: GGUF weights in its own kernels, token ids in, logits out.
+
+`LlamaForward` gives the `Scheduler` what `forward.BatchForward` gives it for
+transformers, through llama-cpp-python's bindings to llama.cpp's C API: one
+context per model, one `llama_decode` per step for every sequence being decoded,
+a prompt chunk per call. So continuous batching, prefix reuse, sampling, stop
+strings and metrics are Serge's own, the same as for transformers.
+
+The KV cache is cut into slices, one per running reply (llama.cpp's
+per-sequence streams, as `llama-server --parallel` has), each the reply's whole
+context window, in the type `SERGE_LLAMA_KV_TYPE` names (`memory` plans both).
+One pool shared by every reply would hold more replies in the same memory, but
+llama.cpp attends over every used cell of a pool, masked or not: 8 streams decoded
+~20% slower from one pool here. In its own slice a reply's cells also
+stay in position order whatever the others do, so a greedy reply is the same text
+alone or batched. A finished conversation kept for prefix reuse leaves its slice for
+host memory (`llama_state_seq_get_data`) and is copied into a free slice when its
+next turn starts.
+
+Layers go to the GPU where this llama.cpp build has one (CUDA, Metal), as many as fit
+(`offload.plan_offload`); each layer's slice of the KV cache lives with its layer,
+and the logits always come back to the host, where sampling runs.
+
+A model with an mmproj GGUF beside it sees images where this build has mtmd (`vision`).
+
+Every call happens on the scheduler's worker thread. It knows nothing of prompts,
+streams or HTTP.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import logging
+import mmap
+import time
+
+import numpy as np
+import torch
+
+from serge.engine.models.library import InstalledModel
+from serge.engine.generation.sampling import SamplingParams
+from serge.engine.generation.scheduler import Scheduler
+from serge.engine.generation.threads import ladder
+from serge.engine.llamacpp.batch import LlamaBatch
+from serge.engine.llamacpp.memory import KvType, footprint, kv_layout, kv_type, placement
+from serge.engine.llamacpp.offload import plan_offload
+from serge.engine.llamacpp.vision import LlamaVision, load_vision
+from serge.engine.local import LoadOptions, LocalModel, check_chat_template, eos_ids, load_tokenizer
+
+log = logging.getLogger(__name__)
+
+
+class LlamaKV:
+    """One sequence's cells, in the KV cache slice its sequence id names; or, once the
+    prefix cache keeps it, its keys and values parked in host memory and no slice at all."""
+
+    def __init__(self, forward: LlamaForward, seq: int) -> None:
+        self._forward = forward
+        self.seq: int | None = seq
+        self.length = 0
+        self._parked: ctypes.Array | None = None
+
+    def copy(self, length: int) -> LlamaKV:
+        """A new sequence holding this one's first `length` cells, in a slice of its own: from host memory
+        when parked, else through it (the other choices of a request for n)."""
+        parked = self._parked if self._parked is not None else self._forward.park(self)
+        other = self._forward.new_kv()
+        try:
+            self._forward.restore(parked, other, length)
+        except BaseException:  # the slice it took goes back, whatever failed
+            other.release()
+            raise
+        return other
+
+    def shrink(self) -> None:
+        """Out of its slice into host memory, for the prefix cache: the slice is free for the next reply."""
+        if self.seq is not None:
+            self._parked = self._forward.park(self)
+            self._forward.free(self)
+            self.seq = None
+
+    @property
+    def nbytes(self) -> int:
+        return len(self._parked) if self._parked is not None else self.length * self._forward.bytes_per_token
+
+    def release(self) -> None:
+        self._parked = None
+        if self.seq is not None:
+            self._forward.free(self)
+            self.seq = None
+
+
+class LlamaForward:
+    """Forward passes of a llama.cpp model for sequences that each hold a `LlamaKV`."""
+
+    device = torch.device("cpu")  # the logits come back to the host; sampling runs there
+    joins = 0  # prompt chunks run in passes of their own (`Forward.joins`)
+
+    def __init__(self, path: str, threads: int, max_batch: int, gpu_layers: int = 0,
+                 kv: KvType = kv_type("f16")) -> None:
+        import llama_cpp as lc
+
+        self._lc = lc
+        logging.getLogger("llama-cpp-python").setLevel(logging.ERROR)  # its C logs go to stderr otherwise
+        lc.llama_backend_init()
+        params = lc.llama_model_default_params()
+        params.n_gpu_layers = gpu_layers  # of n_layer + 1 (the output layer); each layer's KV cache goes with it
+        # llama.cpp's AMX kernels (Intel Sapphire Rapids and later) crashed in their first matrix product
+        # on Q4_1 weights here (a segfault in ggml_backend_amx_mul_mat): keep its other repacked layouts
+        # only where the CPU has no AMX.
+        params.use_extra_bufts = b"AMX_INT8 = 1" not in lc.llama_print_system_info()
+        self._model = lc.llama_model_load_from_file(path.encode(), params)
+        if not self._model:
+            raise ValueError(f"llama.cpp could not load {path}")
+        self.vocab = lc.llama_model_get_vocab(self._model)
+        self.n_vocab = lc.llama_vocab_n_tokens(self.vocab)
+        self.n_ctx_train = lc.llama_model_n_ctx_train(self._model)
+        self.n_layer = lc.llama_model_n_layer(self._model)
+        heads = lc.llama_model_n_head(self._model)
+        head_dim = lc.llama_model_n_embd(self._model) // max(1, heads)
+        kv_heads = lc.llama_model_n_head_kv(self._model)
+        self.kv = kv
+        self.bytes_per_token = kv.bytes_per_token(2 * self.n_layer * kv_heads * head_dim * 2)
+        self.slices = 1  # `size` sets these before `prepare`
+        self.cells = 0  # per slice
+        self.max_batch = max_batch
+        self._threads = threads
+        self._ctx = None
+        self._batch = None
+        self._free_ids: list[int] = []
+        self.vision: LlamaVision | None = None  # a model with an mmproj: its images' chunks go through it
+
+    @property
+    def weights_bytes(self) -> int:
+        return self._lc.llama_model_size(self._model)
+
+    def eog_ids(self) -> set[int]:
+        lc = self._lc
+        return {t for t in (lc.llama_vocab_eos(self.vocab), lc.llama_vocab_eot(self.vocab)) if t >= 0}
+
+    def size(self, slices: int, cells: int) -> None:
+        """The KV cache's layout (see `kv_layout`), before the context exists."""
+        self.slices, self.cells = slices, cells
+        self.max_batch = max(self.max_batch, slices)  # a decode pass holds one token per slice
+
+    @property
+    def kv_bytes(self) -> int:
+        return self.slices * self.cells * self.bytes_per_token
+
+    def prepare(self) -> None:
+        """Create the context on the worker thread: llama.cpp's thread pool belongs to it."""
+        if self._ctx is not None:
+            return
+        lc = self._lc
+        params = lc.llama_context_default_params()
+        params.n_ctx = self.slices * self.cells
+        params.n_batch = params.n_ubatch = self.max_batch
+        params.n_seq_max = self.slices
+        params.n_threads = params.n_threads_batch = self._threads
+        params.kv_unified = False  # a slice of the cache per sequence id
+        params.no_perf = True
+        params.offload_kqv = True  # a layer's keys and values where the layer is (llama.cpp's default, said here)
+        params.type_k, params.type_v = self.kv.type_k, self.kv.type_v
+        params.flash_attn_type = int(self.kv.flash_attention)  # enabled or disabled, never llama.cpp's auto
+        self._ctx = lc.llama_init_from_model(self._model, params)
+        if not self._ctx:
+            raise RuntimeError(f"llama.cpp could not make a context of {self.slices} x {self.cells} cells")
+        self._mem = lc.llama_get_memory(self._ctx)
+        self._batch = LlamaBatch(lc, self.max_batch)
+        self._free_ids = list(range(self.slices - 1, -1, -1))  # lowest first: a pass's slices stay together
+
+    def thread_counts(self, most: int) -> list[int]:
+        """Every halving: ggml computes each dot product on one thread, whatever their number
+        (`tests/test_llamacpp.py` checks the logits at 1 and 2 threads)."""
+        return ladder(most)
+
+    def set_threads(self, n: int) -> None:
+        self._lc.llama_set_n_threads(self._ctx, n, n)
+        torch.set_num_threads(n)  # sampling's few tensor operations
+
+    def close(self) -> None:
+        lc = self._lc
+        if self.vision is not None:
+            self.vision.close()
+        self._batch = None  # numpy's arrays: nothing of llama.cpp's to free
+        if self._ctx is not None:
+            lc.llama_free(self._ctx)
+            self._ctx = None
+        if self._model:
+            lc.llama_model_free(self._model)
+            self._model = None
+
+    # --- sequences ---------------------------------------------------------------
+    def new_kv(self) -> LlamaKV:
+        self.prepare()
+        if not self._free_ids:
+            raise RuntimeError(f"all {self.slices} slices of llama.cpp's KV cache are in use")
+        return LlamaKV(self, self._free_ids.pop())
+
+    def park(self, kv: LlamaKV) -> ctypes.Array:
+        lc = self._lc
+        size = lc.llama_state_seq_get_size(self._ctx, kv.seq)
+        # Pages of its own, given back to the system the moment the prefix cache drops it: parked
+        # conversations of every size, taken from the heap, left it fragmented and growing.
+        buffer = (ctypes.c_uint8 * size).from_buffer(mmap.mmap(-1, max(1, size)))
+        if lc.llama_state_seq_get_data(self._ctx, buffer, size, kv.seq) != size:
+            raise RuntimeError("llama.cpp could not copy a sequence out of its KV cache")
+        return buffer
+
+    def restore(self, parked: ctypes.Array, target: LlamaKV, length: int) -> None:
+        """Parked cells back into the cache as `target`, cut to their first `length`."""
+        if self._lc.llama_state_seq_set_data(self._ctx, parked, len(parked), target.seq) == 0:
+            target.release()
+            raise RuntimeError("llama.cpp could not copy a cached conversation back into its KV cache")
+        self._lc.llama_memory_seq_rm(self._mem, target.seq, length, -1)
+        target.length = length
+
+    def free(self, kv: LlamaKV) -> None:
+        if self._ctx is not None:
+            self._lc.llama_memory_seq_rm(self._mem, kv.seq, -1, -1)
+        self._free_ids.append(kv.seq)
+
+    # --- passes ------------------------------------------------------------------
+    def decode(self, kvs: list[LlamaKV], tokens: list[int]) -> torch.Tensor:
+        """Feed one token to each sequence; next-token logits, one row per sequence: a view of llama.cpp's
+        own buffer, good until the next pass (the scheduler samples them before it runs another).
+
+        The pass lists them in slice order: out of order, llama.cpp decoded 8 streams
+        ~30% slower here."""
+        order = sorted(range(len(kvs)), key=lambda i: kvs[i].seq)
+        self._run([(kvs[i], [tokens[i]], True) for i in order])
+        logits = self._logits(len(kvs))
+        if order == list(range(len(kvs))):
+            return logits
+        return logits[torch.tensor(order).argsort()]  # back in the callers' order (a copy)
+
+    def prefill(self, kv: LlamaKV, tokens: list[int], images: dict | None = None) -> torch.Tensor:
+        """Feed a chunk of one sequence's prompt (with images: all of it, through `vision`); the logits after
+        its last token (a copy: they are kept)."""
+        if images is not None:
+            return self.vision.prefill(self, kv, tokens, images)
+        self._run([(kv, tokens, True)])
+        return self._logits(1)[0].clone()
+
+    def _run(self, work: list[tuple[LlamaKV, list[int], bool]]) -> None:
+        self.prepare()
+        n = sum(len(tokens) for _, tokens, _ in work)
+        if n > self.max_batch:
+            raise ValueError(f"a pass of {n} tokens is over llama.cpp's batch of {self.max_batch}")
+        self._batch.fill(work)
+        status = self._lc.llama_decode(self._ctx, self._batch.struct)
+        if status == 1:
+            raise RuntimeError(f"a slice of llama.cpp's KV cache ({self.cells} cells) is full")
+        if status != 0:
+            for kv, _, _ in work:  # what a failed pass left behind is part of no sequence
+                self._lc.llama_memory_seq_rm(self._mem, kv.seq, kv.length, -1)
+            raise RuntimeError(f"llama_decode failed with status {status}")
+        for kv, tokens, _ in work:
+            kv.length += len(tokens)
+
+    def _logits(self, rows: int) -> torch.Tensor:
+        """The last pass's output rows, as a view of llama.cpp's buffer (no copy)."""
+        pointer = self._lc.llama_get_logits(self._ctx)
+        return torch.from_numpy(np.ctypeslib.as_array(pointer, shape=(rows, self.n_vocab)))
+
+
+def load_llamacpp(installed: InstalledModel, options: LoadOptions) -> LocalModel:
+    """Load a GGUF model on llama.cpp, on the GPU as far as it fits, with its Hugging Face tokenizer."""
+    if installed.gguf_path is None:
+        raise ValueError(f"model {installed.name!r} has no GGUF file; llama.cpp cannot run it")
+    started = time.monotonic()
+    planned = placement(installed.facts, options).offload  # decided from the facts: n_gpu_layers is a load param
+    log.info("Loading %s with llama.cpp (%d threads; %s, as %s) ...", installed.name, options.threads,
+             planned.describe(), planned.why)
+    tokenizer = load_tokenizer(installed)
+    check_chat_template(installed.name, tokenizer)
+    forward = LlamaForward(str(installed.gguf_path), options.threads, max_batch=options.limits.prefill_chunk,
+                           gpu_layers=planned.n_gpu_layers, kv=kv_type(options.kv_type))
+    forward.size(*kv_layout(options, forward.bytes_per_token, forward.n_ctx_train or 2048, forward.weights_bytes))
+    forward.vision = load_vision(installed, forward._model, options.threads, planned.n_gpu_layers > 0, tokenizer)
+    kv_bytes = forward.kv_bytes
+    offload = planned  # the same split, counted again on the model's own numbers and its KV cache as made
+    if planned.n_gpu_layers:
+        offload = dataclasses.replace(plan_offload(forward.n_layer, forward.weights_bytes // (forward.n_layer + 1),
+                                                   kv_bytes, 0, None, planned.n_gpu_layers, planned.device),
+                                      why=planned.why)
+    memory = footprint(forward.weights_bytes + (forward.vision.nbytes if forward.vision else 0), kv_bytes, options,
+                       offload)
+    eos = eos_ids(tokenizer) | forward.eog_ids()
+    limits = dataclasses.replace(options.limits, max_running=forward.slices)
+    scheduler = Scheduler(forward, tokenizer, frozenset(eos), options.threads, installed.name, limits,
+                          options.metrics, prefix_cache_bytes=kv_bytes,  # parked in host memory
+                          adapt_threads=options.adapt_threads)
+    seconds = time.monotonic() - started
+    log.info("Loaded %s in %.1f s on %s (%d replies at once, %d tokens each; KV cache %d x %d cells of %s, %.0f MB; "
+             "%.0f MB on the GPU, %.0f MB in host memory)", installed.name, seconds, offload.describe(), forward.slices,
+             forward.cells, forward.slices, forward.cells, forward.kv.name, kv_bytes / 2**20, memory.gpu_bytes / 2**20,
+             memory.host_bytes / 2**20)
+    return LocalModel(
+        name=installed.name,
+        engine="llama.cpp",
+        tokenizer=tokenizer,
+        context_window=forward.cells,
+        defaults=installed.defaults or SamplingParams(),
+        source=installed.source,
+        scheduler=scheduler,
+        load_seconds=seconds,
+        memory_bytes=memory.total,
+        device=offload.describe(),
+        gpu_bytes=memory.gpu_bytes,
+        kv_cache=f"{forward.slices} x {forward.cells} cells, {forward.kv.name}",
+        vision=forward.vision,
+    )

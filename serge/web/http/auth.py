@@ -1,0 +1,183 @@
+"""Who is asking: every request is resolved to a user before any route runs, and metered.
+
+A request proves who it is with the cookie of a login session or, on the API, with
+a key (`Authorization: Bearer sk-serge-...`, or `x-api-key: sk-serge-...` as Anthropic's
+clients send it). While Serge has no accounts, requests
+made on this machine are the local user, as before accounts existed, and others
+are refused. Once any account exists, everything but the login page, static
+files, the health status and the metrics (whose routes decide what to show)
+needs one of the two: a page sends the browser to /login, anything else gets
+401. What a user may see is not decided here: routes pass the user's id to the
+chat service as the owner of every query.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from urllib.parse import quote
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, RedirectResponse
+from starlette.concurrency import run_in_threadpool
+
+from serge.accounts import LOCAL_USER, Accounts, LoginSessions
+from serge.store import UserRecord
+from serge.web.http.errors import ApiError, error_body
+from serge.web.http.user_limits import UserLimits
+
+SESSION_COOKIE = "serge_session"
+OPEN_PATHS = frozenset({"/login", "/api/health", "/metrics"})
+STATIC_PREFIX = "/static/"
+API_PREFIXES = ("/api/", "/v1/", "/metrics", "/openapi.json")
+STREAMING = re.compile(r"/v1/(?:chat/completions|completions|responses|messages)|/api/(?:chat|generate)"
+                       r"|/api/chats/[^/]+/(?:messages|regenerate|messages/[^/]+/edit)")
+FORWARDING_HEADERS = frozenset({b"forwarded", b"x-forwarded-for", b"x-forwarded-proto", b"x-forwarded-host",
+                                b"x-forwarded-port", b"x-forwarded-server", b"x-real-ip", b"x-client-ip",
+                                b"true-client-ip", b"cf-connecting-ip", b"x-cluster-client-ip", b"fastly-client-ip"})
+STREAM_RETRY_S = 5  # a reply's end cannot be known ahead; a short wait, then try again
+
+
+def is_local(scope) -> bool:
+    """Made on this machine and not relayed by a proxy (a local reverse proxy sends these headers)."""
+    client = scope.get("client")
+    if not client:
+        return False
+    try:
+        address = ipaddress.ip_address(client[0])
+    except ValueError:
+        return False
+    address = getattr(address, "ipv4_mapped", None) or address
+    return address.is_loopback and not any(name in FORWARDING_HEADERS for name, _ in scope["headers"])
+
+
+def peer(request: Request) -> str:
+    """The address the connection itself came from (a proxy's, when one relayed the request)."""
+    found = request.scope.get("state", {}).get("peer")
+    return found or (request.client.host if request.client else "unknown")
+
+
+class ProxiedClient:
+    """Pure ASGI, outermost: a trusted proxy's X-Forwarded-For and -Proto are believed (uvicorn's own rules,
+    SERGE_TRUSTED_PROXIES), and the connection's own address is kept as the request's `peer`, so a limit
+    can count on an address no header can change. `serge serve` runs uvicorn without its proxy handling."""
+
+    def __init__(self, app, trusted_proxies: str) -> None:
+        from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
+
+        self.app = app
+        self._believe = ProxyHeadersMiddleware(app, trusted_proxies)
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http":
+            client = scope.get("client")
+            scope.setdefault("state", {})["peer"] = client[0] if client else None
+        await self._believe(scope, receive, send)
+
+
+def current_user(request: Request) -> UserRecord:
+    user = getattr(request.state, "user", None)
+    if user is None:
+        raise ApiError(401, "log in first", code="unauthorized")
+    return user
+
+
+def owner(request: Request) -> str:
+    """Every query is scoped by owner: the signed-in user, or "local" while Serge has no accounts."""
+    return current_user(request).id
+
+
+def may_see_details(request: Request) -> bool:
+    """Admins and requests made on this machine see paths, devices and metrics."""
+    user = getattr(request.state, "user", None)
+    return bool(user and user.admin) or is_local(request.scope)
+
+
+def api_key(request: Request) -> str:
+    """The key a request carries: `Authorization: Bearer ...` (OpenAI's clients), else `x-api-key` (Anthropic's)."""
+    scheme, _, credential = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() == "bearer" and credential.strip():
+        return credential.strip()
+    return request.headers.get("x-api-key", "").strip()
+
+
+def _resolve(accounts: Accounts, sessions: LoginSessions, request: Request
+             ) -> tuple[UserRecord | None, str | None, bool, bool]:
+    """(the user or None, the id of the key used, whether a key was sent and refused, whether accounts exist)."""
+    accounts_exist = accounts.has_users()
+    credential = api_key(request)
+    if credential and request.scope["path"].startswith(API_PREFIXES):
+        if found := accounts.user_for_key(credential):
+            return found[0], found[1], False, True
+        if accounts_exist:  # with no accounts, clients may send anything ("unused")
+            return None, None, True, True
+    cookie = request.cookies.get(SESSION_COOKIE)
+    if cookie and (user := sessions.user(cookie)):
+        return user, None, False, True
+    if not accounts_exist and is_local(request.scope):
+        return LOCAL_USER, None, False, False
+    return None, None, False, accounts_exist
+
+
+class Authenticate:
+    """Pure ASGI (not BaseHTTPMiddleware), so streamed replies and disconnects pass straight through."""
+
+    def __init__(self, app, limits: UserLimits) -> None:
+        self.app = app
+        self.limits = limits
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope["path"].startswith(STATIC_PREFIX):
+            return await self.app(scope, receive, send)
+        request = Request(scope)
+        path = scope["path"]
+        state = request.app.state
+        user, key_id, bad_key, accounts_exist = await run_in_threadpool(_resolve, state.accounts, state.sessions,
+                                                                         request)
+        if bad_key:
+            return await self._refuse(scope, receive, send, 401, "the API key is not valid (revoked or mistyped); "
+                                      "create one on the settings page or with `serge keys create`", "invalid_api_key")
+        if user is None and path not in OPEN_PATHS:
+            if not accounts_exist:
+                return await self._refuse(scope, receive, send, 403, "Serge has no accounts yet, so it answers only "
+                                          "requests made on this machine; create one with `serge users add NAME`",
+                                          "no_accounts")
+            if request.method in ("GET", "HEAD") and "text/html" in request.headers.get("accept", "") \
+                    and not path.startswith(API_PREFIXES):
+                target = path + (f"?{scope['query_string'].decode('latin-1')}" if scope["query_string"] else "")
+                response = RedirectResponse(f"/login?next={quote(target, safe='')}", status_code=303)
+                return await response(scope, receive, send)
+            return await self._refuse(scope, receive, send, 401, "log in first: on the page at /login, or from a "
+                                      "program with an API key as `Authorization: Bearer sk-serge-...` or "
+                                      "`x-api-key: sk-serge-...`",
+                                      "unauthorized", {"WWW-Authenticate": 'Bearer realm="serge"'})
+        scope.setdefault("state", {})["user"] = user
+        scope["state"]["key_id"] = key_id  # for the request log
+        if user is None or user is LOCAL_USER or path in OPEN_PATHS:
+            return await self.app(scope, receive, send)
+        return await self._metered(user, scope, receive, send)
+
+    async def _metered(self, user: UserRecord, scope, receive, send):
+        wait = self.limits.take(user.id)
+        if wait:
+            return await self._refuse(scope, receive, send, 429, f"more than {self.limits.per_minute} requests in a "
+                                      f"minute (SERGE_USER_REQUESTS_PER_MINUTE); retry in {wait} s", "rate_limited",
+                                      {"Retry-After": str(wait)})
+        streaming = scope["method"] == "POST" and STREAMING.fullmatch(scope["path"]) is not None
+        if streaming and not self.limits.open_stream(user.id):
+            return await self._refuse(scope, receive, send, 429, f"you already have {self.limits.max_streams} "
+                                      "replies in progress, the most one user may run at once "
+                                      "(SERGE_USER_MAX_STREAMS); wait for one to finish", "too_many_streams",
+                                      {"Retry-After": str(STREAM_RETRY_S)})
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            if streaming:
+                self.limits.close_stream(user.id)
+
+    @staticmethod
+    async def _refuse(scope, receive, send, status: int, message: str, code: str,
+                      headers: dict[str, str] | None = None) -> None:
+        response = JSONResponse(error_body(message, status=status, code=code, path=scope["path"]), status_code=status,
+                                headers=headers)
+        await response(scope, receive, send)

@@ -1,0 +1,162 @@
+"""OpenAI's legacy `/v1/completions`: raw text in, its continuation out (no chat template).
+
+Editor autocomplete plugins speak it, with `suffix` for fill-in-the-middle where the
+model has FIM tokens (else a 400). HTTP only: the request is checked here, the
+engine's `complete` does the work, and the answer is OpenAI's `text_completion`
+shape, whole or as server-sent events ending with `data: [DONE]`. A list of
+prompts gives `n` choices each, in order (prompt i's are indices i*n to i*n+n-1);
+a prompt's n choices share its prefill. Stop strings: up to `MAX_STOP_STRINGS`,
+more than OpenAI's 4, since autocomplete plugins send more (Continue, 10 to 20).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+
+from fastapi import APIRouter, Request
+from pydantic import Field, ValidationError
+from starlette.concurrency import run_in_threadpool
+
+from serge.engine import FinishReason, GenerationRecord, SamplingParams, Stream, TokenLogprob
+from serge.web.pages.docs import TEXT_COMPLETION
+from serge.web.http.errors import ApiError
+from serge.web.http.dialects import StrictRequest, cancel_on_disconnect, failure, refused_settings, stream_response
+from serge.web.openai.chat import fingerprint, usage
+from serge.web.openai.chat_models import MAX_CHOICES
+from serge.web.http.request_log import note_generation
+
+router = APIRouter(prefix="/v1", tags=["OpenAI-compatible"])
+
+MAX_PROMPTS = 16
+MAX_PROMPT_CHARS = 100_000
+
+
+class CompletionRequest(StrictRequest):
+    model: str | None = Field(None, description="An installed chat model; the server's default when left out.")
+    prompt: str | list[str] = Field(description="Text to continue, or a list of texts (one choice each).")
+    suffix: str | None = Field(None, max_length=MAX_PROMPT_CHARS,
+                               description="Text after the gap: fill in the middle (models with FIM tokens only).")
+    max_tokens: int | None = Field(16, ge=1, description="Longest continuation, in tokens (OpenAI's default: 16).")
+    temperature: float | None = None
+    top_p: float | None = None
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    logprobs: int | None = Field(None, ge=0, le=5, description="Each token's log-probability, with this many "
+                                                               "likeliest alternatives.")
+    echo: bool = Field(False, description="Put the prompt before the continuation in the text.")
+    stream: bool = False
+    n: int = Field(1, ge=1, le=MAX_CHOICES, description=f"Choices per prompt (1 to {MAX_CHOICES}), sharing its "
+                                                        "prefill; with seed, choice i uses seed + i.")
+    user: str | None = Field(None, description="Accepted for compatibility; no effect.")
+
+    def prompts(self) -> list[str]:
+        prompts = [self.prompt] if isinstance(self.prompt, str) else self.prompt
+        if not prompts or len(prompts) > MAX_PROMPTS:
+            raise ApiError(400, f"prompt needs 1 to {MAX_PROMPTS} texts", code="invalid_value", param="prompt")
+        for i, text in enumerate(prompts):
+            if len(text) > MAX_PROMPT_CHARS:
+                raise ApiError(400, f"prompt[{i}] is {len(text)} characters; the limit is {MAX_PROMPT_CHARS}",
+                               code="invalid_value", param="prompt")
+        return prompts
+
+    def sampling(self) -> SamplingParams:
+        try:
+            return SamplingParams(temperature=self.temperature, top_p=self.top_p, max_new_tokens=self.max_tokens,
+                                  stop=self.stop, seed=self.seed, frequency_penalty=self.frequency_penalty,
+                                  presence_penalty=self.presence_penalty, logprobs=self.logprobs)
+        except ValidationError as exc:
+            raise refused_settings(exc, {"max_new_tokens": "max_tokens"}) from None
+
+
+def _finish(record: GenerationRecord) -> str:
+    return "length" if record.finish_reason is FinishReason.LENGTH else "stop"
+
+
+def _logprobs(tokens: list[TokenLogprob], offset: int) -> dict:
+    """The legacy shape: parallel lists, and each token's place in the text."""
+    offsets, at = [], offset
+    for t in tokens:
+        offsets.append(at)
+        at += len(t.token)
+    return {"tokens": [t.token for t in tokens], "token_logprobs": [t.logprob for t in tokens],
+            "top_logprobs": [{a.token: a.logprob for a in t.top} for t in tokens], "text_offset": offsets}
+
+
+@router.post("/completions", responses=TEXT_COMPLETION, summary="Continue a text (the legacy completions API; suffix: fill in the middle)")
+async def completions(body: CompletionRequest, request: Request):
+    prompts, params = body.prompts(), body.sampling()
+    engine = request.app.state.engine
+    streams: list[Stream] = []
+    try:
+        for text in prompts:  # all queued at once: they decode in one batch
+            streams.append(await run_in_threadpool(engine.complete, body.model, text, params, body.suffix, body.n))
+    except BaseException:
+        for stream in streams:
+            stream.cancel()
+        raise
+    name = streams[0].model
+    note_generation(request, name, streams[0])
+    completion_id, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
+    wants = body.logprobs is not None
+
+    def head(text: str) -> str:
+        return text if body.echo and not body.suffix else ""
+
+    n = body.n
+    if not body.stream:
+        choices, counts = [], [0, 0, 0]
+        watcher = cancel_on_disconnect(request, *streams)
+        try:
+            for at, (text, stream) in enumerate(zip(prompts, streams)):
+                tokens: list[list[TokenLogprob]] = [[] for _ in range(n)]
+                async for delta in stream.adeltas():
+                    tokens[delta.choice].extend(delta.tokens)
+                prefix = head(text)
+                for choice, record in enumerate(stream.records):
+                    if record.finish_reason is FinishReason.ERROR:
+                        raise failure(record)
+                    choices.append({"index": at * n + choice, "text": prefix + record.text,
+                                    "finish_reason": _finish(record),
+                                    "logprobs": _logprobs(tokens[choice], len(prefix)) if wants else None})
+                counts = [a + b for a, b in zip(counts, usage(stream.records).values())]
+        finally:
+            watcher.cancel()
+            for stream in streams:
+                stream.cancel()
+        return {"id": completion_id, "object": "text_completion", "created": created, "model": name,
+                "system_fingerprint": fingerprint(name), "choices": choices,
+                "usage": dict(zip(("prompt_tokens", "completion_tokens", "total_tokens"), counts))}
+
+    def chunk(index: int, text: str, finish: str | None = None, tokens: list[TokenLogprob] | None = None,
+              offset: int = 0) -> str:
+        choice = {"index": index, "text": text, "finish_reason": finish,
+                  "logprobs": _logprobs(tokens, offset) if wants and tokens else None}
+        return "data: " + json.dumps({"id": completion_id, "object": "text_completion", "created": created,
+                                      "model": name, "system_fingerprint": fingerprint(name),
+                                      "choices": [choice]}) + "\n\n"
+
+    async def events():
+        for at, (text, stream) in enumerate(zip(prompts, streams)):
+            sent = [head(text)] * n
+            for choice in range(n):
+                if sent[choice]:
+                    yield chunk(at * n + choice, sent[choice])
+            async for delta in stream.adeltas():
+                if delta.text:
+                    yield chunk(at * n + delta.choice, delta.text, tokens=list(delta.tokens),
+                                offset=len(sent[delta.choice]))
+                    sent[delta.choice] += delta.text
+            records = stream.records
+            if failed := next((r for r in records if r.finish_reason is FinishReason.ERROR), None):
+                yield "data: " + json.dumps({"error": {"message": f"generation failed: {failed.error}",
+                                                       "type": "server_error"}}) + "\n\n"
+                break
+            for choice, record in enumerate(records):
+                yield chunk(at * n + choice, "", _finish(record))
+        yield "data: [DONE]\n\n"
+
+    return stream_response(events(), *streams)
