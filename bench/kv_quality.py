@@ -1,5 +1,5 @@
 """What each llama.cpp KV type (SERGE_LLAMA_KV_TYPE) costs in quality: the bundled GGUF's perplexity over
-the repo's own prose (README, docs, bench/README), 6,000 tokens in one 8,192-token window, per third of it.
+the repo's own prose (README, docs/, bench/README), 6,000 tokens in one 8,192-token window, per third of it.
 
     python -m bench.kv_quality            # a table on stdout, JSON in bench/results/kv-quality-<date>.json
 
@@ -57,7 +57,8 @@ def nll(gguf: Path, text: str, type_k: int, type_v: int, flash: bool) -> tuple[f
 
 def main() -> None:
     gguf = installed_gguf()
-    text = "".join((REPO / p).read_text() for p in ("README.md", "docs/chats.md", "bench/README.md"))
+    pages = ["README.md", *sorted(str(p.relative_to(REPO)) for p in (REPO / "docs").glob("*.md")), "bench/README.md"]
+    text = "".join((REPO / p).read_text() for p in pages)
     rows = []
     print("| KV type | perplexity | vs f16 | NLL first / middle / last third |\n|---|---:|---:|---|")
     for name, k, v, flash in TYPES:
