@@ -40,7 +40,7 @@ def _runtime(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", dest="default_model", help="model to serve by default (SERGE_DEFAULT_MODEL)")
     p.add_argument("--threads", dest="torch_threads", type=int,
                    help="most threads per model, torch and llama.cpp, fewer while the machine is busy "
-                        "(SERGE_TORCH_THREADS; default: half the CPUs)")
+                        "(SERGE_TORCH_THREADS; default: one per physical core)")
     p.add_argument("--engine", choices=["auto", "transformers", "llama.cpp"],
                    help="local engine (SERGE_ENGINE; default auto: llama.cpp for GGUF models unless on CUDA)")
 

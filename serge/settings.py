@@ -23,17 +23,31 @@ def _default_data_dir() -> Path:
     return Path(base) / "serge"
 
 
-def _default_threads() -> int:
-    """Half the usable CPUs: about the physical cores on SMT machines, and a core left free on small ones.
+def physical_cores(usable: set[int], cpus: Path = Path("/sys/devices/system/cpu")) -> int:
+    """The physical cores among the `usable` CPUs, as llama.cpp counts them: one per distinct set of SMT
+    siblings. Where the topology cannot be read, llama.cpp's own guess: all of up to 4 CPUs, else half."""
+    cores = set()
+    for cpu in usable:
+        try:
+            cores.add((cpus / f"cpu{cpu}" / "topology" / "thread_siblings").read_text().strip())
+        except OSError:
+            return len(usable) if len(usable) <= 4 else len(usable) // 2
+    return max(1, len(cores))
 
-    Measured on a 2-core machine shared with other work: 2 torch threads decoded 5-10x
-    slower than 1, while an idle machine gains little from the second thread.
+
+def _default_threads() -> int:
+    """One thread per physical core this process may run on.
+
+    Half the CPUs was the rule before: right on SMT machines, but a 2-vCPU machine with one thread per core
+    ran on one of its two cores, at about half llama-server's speed (llama.cpp counts physical cores). A busy
+    machine is handled by the worker's governor (`generation/threads.py`), which lowers the count while the
+    cores are taken.
     """
     try:
-        usable = len(os.sched_getaffinity(0))
-    except AttributeError:  # macOS
-        usable = os.cpu_count() or 1
-    return max(1, usable // 2)
+        usable = set(os.sched_getaffinity(0))
+    except AttributeError:  # macOS: no affinity; llama.cpp's guess from the CPU count
+        usable = set(range(os.cpu_count() or 1))
+    return physical_cores(usable)
 
 
 def _names(value):
@@ -125,7 +139,7 @@ class Settings(BaseSettings):
     torch_threads: int = Field(
         default_factory=_default_threads,
         ge=1,
-        description="Threads per model worker (torch and llama.cpp); default half the CPUs. More than the free cores is much slower.",
+        description="Threads per model worker (torch and llama.cpp); default one per physical core (as llama.cpp counts them), fewer while the machine is busy.",
     )
     adapt_threads: bool = Field(
         True,

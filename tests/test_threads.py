@@ -136,3 +136,28 @@ def test_the_scheduler_runs_its_passes_on_fewer_threads_when_the_machine_is_crow
         assert scheduler.metrics.registry.get_sample_value("serge_worker_threads", {"model": "crowded"}) == 1
     finally:
         scheduler.close()
+
+
+def _topology(root, siblings: dict[int, str]):
+    for cpu, mask in siblings.items():
+        (root / f"cpu{cpu}" / "topology").mkdir(parents=True)
+        (root / f"cpu{cpu}" / "topology" / "thread_siblings").write_text(mask + "\n")
+    return root
+
+
+def test_the_default_thread_count_is_one_per_physical_core_as_llama_cpp_counts_them(tmp_path):
+    from serge.settings import physical_cores
+
+    smt = _topology(tmp_path / "smt", {0: "3", 1: "3", 2: "c", 3: "c"})  # 2 cores, 2 threads each
+    assert physical_cores({0, 1, 2, 3}, smt) == 2
+    assert physical_cores({0, 2}, smt) == 2  # one thread of each core usable: still both cores
+    lone = _topology(tmp_path / "lone", {0: "1", 1: "2"})  # a 2-vCPU machine, one thread per core
+    assert physical_cores({0, 1}, lone) == 2
+    assert physical_cores({1}, lone) == 1
+
+
+def test_without_a_readable_topology_the_count_is_llama_cpps_guess(tmp_path):
+    from serge.settings import physical_cores
+
+    assert physical_cores({0, 1}, tmp_path) == 2
+    assert physical_cores(set(range(16)), tmp_path) == 8
