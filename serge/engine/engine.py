@@ -24,7 +24,7 @@ from prometheus_client import generate_latest
 
 from serge.engine.backend import Backend
 from serge.engine.devices import DevicePlan, resolve_device
-from serge.engine.info import EngineStatus, ModelInfo, sees_images
+from serge.engine.info import EngineStatus, ModelInfo
 from serge.engine.models.hub import PullProgress
 from serge.engine.models.errors import ModelNotFound
 from serge.engine.models.library import InstalledModel, ModelLibrary
@@ -34,8 +34,9 @@ from serge.engine.generation.images import MAX_IMAGES, ImageTooLarge
 from serge.engine.generation.prompts import Message
 from serge.engine.generation.request import ChatRequest
 from serge.engine.models.pulls import Pulls, PullStatus
-from serge.engine.llamacpp.features import llama_cpp_available, llama_cpp_offloads, llama_cpp_sees_images
-from serge.engine.registry import Budget, ModelInUse, ModelRegistry, auto_engine, machine_memory_bytes, resident_bytes
+from serge.engine.families import local_families, prefers_gguf
+from serge.engine.llamacpp.options import LlamaOptions
+from serge.engine.registry import Budget, ModelInUse, ModelRegistry, machine_memory_bytes, resident_bytes
 from serge.engine.remote import RemoteClient
 from serge.engine.embeddings import Embeddings
 from serge.engine.generation.schemas import InvalidRequest
@@ -57,9 +58,11 @@ class Engine:
         self._limits = SchedulerLimits.from_settings(settings)
         budget = self._budget()
         options = LoadOptions(self.plan, settings.torch_threads, settings.context_window, self._limits,
-                              self.metrics, settings.llama_kv_cache_mb, budget.memory_bytes, settings.gpu_layers,
-                              settings.llama_kv_type, settings.adapt_threads)
-        self._registry = ModelRegistry(self._library, options, settings.engine, settings.model_engines, budget)
+                              self.metrics, memory_bytes=budget.memory_bytes, adapt_threads=settings.adapt_threads)
+        llama = LlamaOptions.over(options, kv_cache_mb=settings.llama_kv_cache_mb, gpu_layers=settings.gpu_layers,
+                                  kv_type=settings.llama_kv_type)
+        self._registry = ModelRegistry(self._library, options, settings.engine, settings.model_engines, budget,
+                                       local_families(options, llama))
         self._remote = RemoteClient(settings.remote_timeout_s)
         # Models that are not in the library: remote servers' and those given in code. Fixed at start.
         self._fixed: dict[str, Backend] = {**self._remote.backends(settings.remote_models), **(backends or {})}
@@ -127,14 +130,15 @@ class Engine:
             window = loaded.context_window if loaded else self._registry.window(m, engine)
             device, gpu_bytes = ((loaded.device or self.plan.device, loaded.gpu_bytes) if loaded
                                  else self._registry.device(m, engine))
+            vision = self._registry.sees_images(m, engine)
         except ValueError:  # SERGE_MODEL_ENGINES asks for an engine that cannot run it
-            engine, memory, window, device, gpu_bytes = None, None, None, None, None
+            engine, memory, window, device, gpu_bytes, vision = None, None, None, None, None, False
         default = m.name in (self.default_model, self.settings.default_embedding_model)
         return ModelInfo(m.name, engine, m.source, m.size_bytes, m.created, default,
                          loaded is not None, remote=False, facts=m.facts, memory_bytes=memory,
                          busy=self._registry.in_use(m.name), defaults=loaded.defaults if loaded else m.defaults,
                          context_window=window, kind=m.facts.kind, device=device, gpu_bytes=gpu_bytes,
-                         vision=sees_images(m.facts, engine, engine == "llama.cpp" and llama_cpp_sees_images()))
+                         vision=vision)
 
     def _fixed_info(self, name: str) -> ModelInfo:
         backend = self._fixed[name]
@@ -197,12 +201,8 @@ class Engine:
     # --- the library ------------------------------------------------------------------
     @property
     def prefers_gguf(self) -> bool:
-        """Take a catalog model's GGUF where llama.cpp will serve it: `auto_engine`'s choice for a GGUF here."""
-        engine = self.settings.engine
-        if engine != "auto":
-            return engine == "llama.cpp"
-        installed = llama_cpp_available()
-        return auto_engine(True, self.plan.device_type, installed, installed and llama_cpp_offloads())[0] == "llama.cpp"
+        """Take a catalog model's GGUF where llama.cpp will serve it: `families.auto_engine`'s choice for a GGUF."""
+        return prefers_gguf(self.settings.engine, self.plan.device_type)
 
     def pull(self, spec: str, name: str | None = None, progress: PullProgress | None = None,
              log: Callable[[str], None] = print) -> ModelInfo:

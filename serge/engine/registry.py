@@ -2,9 +2,11 @@
 
 `ModelRegistry.get` loads an installed model once, under a per-name lock, however
 many requests ask for it at the same moment, and hands out the same read-only
-`LocalModel` to all of them. It decides which local engine serves a model: the
-setting for that model, else (`auto_engine`) llama.cpp for a GGUF on every device
-its build has (CUDA, Metal, the CPU), else transformers.
+`LocalModel` to all of them. Which local engine serves a model is the setting for
+that model, else (`families.auto_engine`) llama.cpp for a GGUF on every device its
+build has (CUDA, Metal, the CPU), else transformers; everything else about a model
+(memory, placement, window, the load itself) it asks that engine's `Family`, and
+never branches on which family it holds.
 
 Loaded models stay within a `Budget`: at most `max_models`, and their memory
 (estimated before a load, measured after) within `memory_bytes`. Loading one more
@@ -26,29 +28,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from serge.engine.families import Family, choose_engine, local_families
 from serge.engine.models.library import InstalledModel, ModelLibrary
 from serge.engine.info import EngineKind
 from serge.engine.local import LoadOptions, LocalModel, ModelLoadFailed
 from serge.engine.generation.admission import EngineBusy
-from serge.engine.llamacpp.features import llama_cpp_available, llama_cpp_offloads, llama_cpp_sees_images
 
 log = logging.getLogger(__name__)
-
-
-def auto_engine(gguf: bool, device_type: str, llama_installed: bool, llama_offloads: bool) -> tuple[EngineKind, str]:
-    """`engine: auto`'s choice for a chat model, and why: llama.cpp for a GGUF on the CPU, on Apple's Metal and on
-    any GPU its build can offload to; transformers for the rest, and for a GGUF on CUDA only when llama.cpp's
-    build has no GPU offload (transformers dequantizes the GGUF, in several times its memory)."""
-    if not gguf:
-        return "transformers", "the model is not a GGUF"
-    if not llama_installed:
-        return "transformers", "llama-cpp-python is not installed"
-    if device_type == "cuda" and not llama_offloads:
-        return "transformers", ("the device is CUDA and this llama.cpp build has no GPU offload (rebuild it with "
-                                "CMAKE_ARGS=-DGGML_CUDA=on, see the README); transformers runs the GGUF dequantized")
-    if llama_offloads and device_type != "cpu":
-        return "llama.cpp", "the model is a GGUF and llama.cpp's build offloads to the GPU"
-    return "llama.cpp", "the model is a GGUF"
 
 
 def machine_memory_bytes() -> int:
@@ -108,9 +94,11 @@ class _Loaded:
 
 class ModelRegistry:
     def __init__(self, library: ModelLibrary, options: LoadOptions, engine: str = "auto",
-                 model_engines: dict[str, str] | None = None, budget: Budget | None = None) -> None:
+                 model_engines: dict[str, str] | None = None, budget: Budget | None = None,
+                 families: dict[EngineKind, Family] | None = None) -> None:
         self.library = library
         self.options = options
+        self.families = families or local_families(options)
         self.budget = budget or Budget(max_models=2, memory_bytes=machine_memory_bytes() // 2)
         self._engine = engine
         self._model_engines = dict(model_engines or {})
@@ -126,68 +114,31 @@ class ModelRegistry:
     def engine_for(self, installed: InstalledModel) -> EngineKind:
         """Which local engine serves this model."""
         wanted = self._model_engines.get(installed.name, self._engine)
-        if installed.facts.kind == "embedding":  # a GGUF on llama.cpp, a sentence-transformers folder on torch
-            if installed.gguf_path is not None and not llama_cpp_available():
-                raise ValueError(f"model {installed.name!r} is a GGUF embedding model, which runs on llama.cpp; "
-                                 f"install llama-cpp-python to serve it")
-            return "llama.cpp" if installed.gguf_path is not None else "transformers"
-        if wanted == "auto":
-            gguf = installed.gguf_path is not None
-            installed_llama = gguf and llama_cpp_available()
-            engine, why = auto_engine(gguf, self.options.plan.device_type, installed_llama,
-                                      installed_llama and llama_cpp_offloads())
-            if gguf and engine == "transformers" and installed.name not in self._told:
-                self._told.add(installed.name)
-                log.warning("%s is a GGUF, served by transformers: %s", installed.name, why)
-            return engine
-        if wanted == "llama.cpp" and installed.gguf_path is None:
-            raise ValueError(f"model {installed.name!r} has no GGUF file; llama.cpp cannot run it "
-                             f"(use the transformers engine for it)")
-        return wanted
+        engine, why = choose_engine(installed, wanted, self.options.plan.device_type)
+        if why and installed.name not in self._told:
+            self._told.add(installed.name)
+            log.warning("%s is a GGUF, served by %s: %s", installed.name, engine, why)
+        return engine
+
+    def family(self, installed: InstalledModel, engine: EngineKind | None = None) -> Family:
+        """The family that serves `installed` (on `engine`, where the caller has chosen it)."""
+        return self.families[engine or self.engine_for(installed)]
 
     def estimate(self, installed: InstalledModel, engine: EngineKind | None = None) -> int:
         """Memory `installed` takes once loaded on `engine` (its own engine by default), before it is loaded."""
-        engine = engine or self.engine_for(installed)
-        if installed.facts.kind == "embedding" and engine == "llama.cpp":
-            from serge.engine.llamacpp import embeddings as llama_embeddings
-
-            return llama_embeddings.estimate(installed.facts)
-        if installed.facts.kind == "embedding":  # float32 weights as they are, nothing packed beside them
-            return installed.facts.weights_bytes + 64 * 2**20
-        if engine == "llama.cpp":
-            from serge.engine.llamacpp import memory as llama_memory
-
-            return llama_memory.estimate(installed.facts, self.options, self._projector_bytes(installed))
-        from serge.engine.hf import forward as transformers
-
-        return transformers.estimate(installed.facts, self.options.plan)
-
-    @staticmethod
-    def _projector_bytes(installed: InstalledModel) -> int:
-        """A vision GGUF's mmproj file, which llama.cpp loads beside the weights where its build has mtmd."""
-        projector = installed.mmproj_path
-        return projector.stat().st_size if projector is not None and llama_cpp_sees_images() else 0
+        return self.family(installed, engine).estimate(installed)
 
     def device(self, installed: InstalledModel, engine: EngineKind) -> tuple[str, int]:
         """Where `installed` would run on `engine`, and the bytes it would put on a GPU (before it is loaded)."""
-        if engine == "llama.cpp" and installed.facts.kind == "chat":
-            from serge.engine.llamacpp.memory import placement
-
-            planned = placement(installed.facts, self.options, self._projector_bytes(installed))
-            return planned.offload.describe(), planned.gpu_bytes
-        plan = self.options.plan
-        on_gpu = plan.device_type != "cpu" and (engine != "llama.cpp" or llama_cpp_offloads())
-        return plan.device if on_gpu else "cpu", self.estimate(installed, engine) if on_gpu else 0
+        return self.family(installed, engine).placement(installed)
 
     def window(self, installed: InstalledModel, engine: EngineKind) -> int | None:
         """Tokens of prompt and reply a reply gets once `installed` is loaded on `engine` (before it is)."""
-        facts = installed.facts
-        if engine == "llama.cpp" and facts.kind == "chat":
-            from serge.engine.llamacpp.memory import planned_layout
+        return self.family(installed, engine).window(installed)
 
-            return planned_layout(facts, self.options)[1]
-        trained, cap = facts.context_length, self.options.context_cap
-        return min(trained, cap) if trained and cap and installed.facts.kind == "chat" else trained or cap
+    def sees_images(self, installed: InstalledModel, engine: EngineKind) -> bool:
+        """Whether `installed` on `engine` would take images."""
+        return self.family(installed, engine).sees_images(installed)
 
     # --- handing models out ----------------------------------------------------------
     def get(self, name: str) -> LocalModel:
@@ -295,8 +246,8 @@ class ModelRegistry:
         return victims
 
     def _load(self, installed: InstalledModel) -> LocalModel:
-        engine = self.engine_for(installed)
-        need = self.estimate(installed)
+        family = self.family(installed)
+        need = family.estimate(installed)
         with self._guard:
             victims = self._make_room(installed, need)
         self.loading.add(installed.name)
@@ -304,22 +255,7 @@ class ModelRegistry:
             if victims:
                 log.info("Unloading %s to make room for %s", ", ".join(v.model.name for v in victims), installed.name)
                 self._close(victims)
-            if installed.facts.kind == "embedding" and engine == "llama.cpp":
-                from serge.engine.llamacpp.embeddings import load_llama_embedder
-
-                loaded = load_llama_embedder(installed, self.options)
-            elif installed.facts.kind == "embedding":
-                from serge.engine.hf.embeddings import load_embedder
-
-                loaded = load_embedder(installed, self.options)
-            elif engine == "llama.cpp":  # each engine's module is imported only when it loads a model
-                from serge.engine.llamacpp.forward import load_llamacpp
-
-                loaded = load_llamacpp(installed, self.options)
-            else:
-                from serge.engine.hf.forward import load_transformers
-
-                loaded = load_transformers(installed, self.options)
+            loaded = family.load(installed)  # each family imports its engine only when it loads a model
             self.loads += 1
             return loaded
         except BaseException as exc:

@@ -65,7 +65,6 @@ import torch
 from serge.engine.hf import cpu_attention
 from serge.engine.hf.batch_attention import install, per_sequence
 from serge.engine.hf.decoder import Decoder
-from serge.engine.devices import DevicePlan
 from serge.engine.generation.forward import OutOfKV
 from serge.engine.hf.kv import SequenceKV
 from serge.engine.hf.paged import BLOCK_SIZE, BlockPool, PagedKV
@@ -73,7 +72,6 @@ from serge.engine.generation.passes import MOST_CHUNKS
 from serge.engine.generation.scheduler import Scheduler
 from serge.engine.generation.sampling import SamplingParams
 from serge.engine.local import LoadOptions, LocalModel, ModelLoadFailed, check_chat_template, eos_ids
-from serge.engine.models.facts import ModelFacts
 from serge.engine.models.library import InstalledModel
 from serge.engine.hf.paged_attention import PagedPass
 from serge.engine.generation.threads import ladder
@@ -353,11 +351,3 @@ def _check_vision(name: str, processor) -> None:
         raise ModelLoadFailed(name, f"model {name!r} places image tokens with 3-D rotary positions, which "
                                     f"Serge's batcher does not give yet; use a LLaVA-style, SmolVLM or Gemma 3 model")
 
-
-def estimate(facts: ModelFacts, plan: DevicePlan) -> int:
-    """Memory the model takes once loaded on `plan`'s device, from its facts (before it is loaded)."""
-    if not facts.parameters:
-        return facts.weights_bytes * 2
-    bytes_per_parameter = {"8bit": 1.0, "4bit": 0.5}.get(plan.quantization, plan.dtype.itemsize)
-    packed = 2 if plan.device_type == "cpu" and plan.dtype_name == "float32" else 1  # the oneDNN copy
-    return int(facts.parameters * bytes_per_parameter * packed)
