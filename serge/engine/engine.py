@@ -1,8 +1,8 @@
 """The engine's front door: messages in, a `Stream` of reply text out; and the model library's operations.
 
 Every kind of model (transformers, llama.cpp, a remote OpenAI-compatible server,
-a stand-in in tests) is a `Backend` with one method that matters, `submit`; a
-request's model name becomes a backend in one place (`_backend`), and the layers
+a stand-in in tests) is a `backend.ChatBackend` or an `EmbeddingBackend`; a
+request's model name becomes a backend of the kind it needs in one place (`_backend`), and the layers
 above call only `Engine`'s own methods and never reach into its library,
 registry, pulls or backends. It knows nothing of HTTP, SQL or who is asking
 (whether a caller may pull or delete models is the web layer's to decide).
@@ -22,7 +22,7 @@ from pathlib import Path
 
 from prometheus_client import generate_latest
 
-from serge.engine.backend import Backend
+from serge.engine.backend import Backend, ChatBackend
 from serge.engine.devices import DevicePlan, resolve_device
 from serge.engine.info import EngineStatus, ModelInfo
 from serge.engine.models.hub import PullProgress
@@ -90,7 +90,7 @@ class Engine:
             return self._fixed_info(name)
         return self._local_info(self._library.find(name))
 
-    def model(self, name: str | None = None) -> Backend:
+    def model(self, name: str | None = None) -> ChatBackend:
         """The model by name (the default for None), loading a local one on first use."""
         with self._backend(name) as backend:
             return backend
@@ -144,8 +144,8 @@ class Engine:
         backend = self._fixed[name]
         return ModelInfo(name, backend.engine, backend.source, None, 0.0, name == self.default_model, True,
                          remote=backend.engine == "remote", kind=backend.kind,
-                         context_window=getattr(backend, "context_window", None),
-                         vision=bool(getattr(backend, "vision", False)))
+                         context_window=backend.context_window,
+                         vision=backend.kind == "chat" and backend.sees_images)
 
     def _check_sees(self, name: str | None, images: int) -> None:
         """InvalidRequest unless the model takes images, naming the installed ones that do; ImageTooLarge

@@ -79,6 +79,11 @@ class LocalModel:
         object.__setattr__(self, "_fim", fim_tokens(self.tokenizer))
         object.__setattr__(self, "thinks", template_thinks(self.tokenizer))
 
+    @property
+    def sees_images(self) -> bool:
+        """Whether its engine takes a message's images: a processor (transformers) or mtmd (llama.cpp)."""
+        return self.processor is not None or self.vision is not None
+
     def loaded_info(self, busy: bool, plan: DevicePlan) -> LoadedInfo:
         """Its row in /api/health, with llama.cpp's KV cache layout (transformers grows its own: none to tell)."""
         device, gpu_bytes = where_loaded(self.device, self.gpu_bytes, self.memory_bytes, plan)

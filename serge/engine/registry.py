@@ -2,7 +2,7 @@
 
 `ModelRegistry.get` loads an installed model once, under a per-name lock, however
 many requests ask for it at the same moment, and hands out the same read-only
-`LocalModel` to all of them. Which local engine serves a model is the setting for
+model (`backend.LoadedModel`) to all of them. Which local engine serves a model is the setting for
 that model, else (`families.auto_engine`) llama.cpp for a GGUF on every device its
 build has (CUDA, Metal, the CPU), else transformers; everything else about a model
 (memory, placement, window, the load itself) it asks that engine's `Family`, and
@@ -28,10 +28,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from serge.engine.backend import LoadedModel
 from serge.engine.families import Family, choose_engine, local_families
 from serge.engine.models.library import InstalledModel, ModelLibrary
 from serge.engine.info import EngineKind
-from serge.engine.local import LoadOptions, LocalModel, ModelLoadFailed
+from serge.engine.local import LoadOptions, ModelLoadFailed
 from serge.engine.generation.admission import EngineBusy
 
 log = logging.getLogger(__name__)
@@ -83,7 +84,7 @@ class ModelInUse(RuntimeError):
 
 @dataclass
 class _Loaded:
-    model: LocalModel
+    model: LoadedModel
     last_used: float
     leases: int = 0
 
@@ -141,12 +142,12 @@ class ModelRegistry:
         return self.family(installed, engine).sees_images(installed)
 
     # --- handing models out ----------------------------------------------------------
-    def get(self, name: str) -> LocalModel:
+    def get(self, name: str) -> LoadedModel:
         with self.lease(name) as loaded:
             return loaded
 
     @contextmanager
-    def lease(self, name: str) -> Iterator[LocalModel]:
+    def lease(self, name: str) -> Iterator[LoadedModel]:
         """The loaded model, which is not unloaded while the caller holds it (to submit a request)."""
         entry = self._take(name)
         try:
@@ -178,7 +179,7 @@ class ModelRegistry:
                 entry.last_used = time.monotonic()
             return entry
 
-    def loaded(self) -> dict[str, LocalModel]:
+    def loaded(self) -> dict[str, LoadedModel]:
         with self._guard:
             return {name: entry.model for name, entry in self._models.items()}
 
@@ -245,7 +246,7 @@ class ModelRegistry:
         self._reserved[installed.name] = need
         return victims
 
-    def _load(self, installed: InstalledModel) -> LocalModel:
+    def _load(self, installed: InstalledModel) -> LoadedModel:
         family = self.family(installed)
         need = family.estimate(installed)
         with self._guard:
