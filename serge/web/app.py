@@ -23,6 +23,7 @@ from serge.chats import ChatService, Indexer, Knowledge
 from serge.engine import Engine
 from serge.settings import Settings
 from serge.chats.documents import ChatDocuments
+from serge.chats.responses import StoredResponses
 from serge.store import AccountStore, ChatStore, CollectionStore, Database, DocumentStore, FileStore, ResponseStore
 from serge.web.pages.accounts import build_account_pages
 from serge.web.api.accounts import router as accounts_router
@@ -75,7 +76,7 @@ def build_app(settings: Settings, engine: Engine) -> FastAPI:
         app.state.knowledge = Knowledge(collections, indexer)
         app.state.chats = ChatService(ChatStore(database), engine, documents, app.state.knowledge)
         app.state.chats.recover()  # replies cut off by a crash are shown as interrupted
-        app.state.responses = ResponseStore(database)
+        app.state.responses = StoredResponses(ResponseStore(database))
         loader = threading.Thread(target=_warm_up, args=(app.state.engine, app), name="serge-warm-up", daemon=True)
         loader.start()
         try:
