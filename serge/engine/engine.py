@@ -96,15 +96,36 @@ class Engine:
             return backend
 
     @contextmanager
-    def _backend(self, name: str | None, kind: str = "chat") -> Iterator[Backend]:
+    def _backend(self, name: str | None, kind: str = "chat", user: str | None = None) -> Iterator[Backend]:
+        """A backend of `kind`, not unloaded while the caller holds it (see `_open`)."""
+        backend, let_go = self._open(name, kind, user)
+        try:
+            yield backend
+        finally:
+            let_go()
+
+    def _reply(self, name: str | None, user: str, start: Callable[[Backend], Stream]) -> Stream:
+        """The stream `start` begins on the chat model `name`, which holds its lease until the reply has
+        finished: a model is idle exactly when its last lease ends."""
+        backend, let_go = self._open(name, "chat", user)
+        try:
+            stream = start(backend)
+        except BaseException:
+            let_go()
+            raise
+        stream.when_done(let_go)
+        stream.model = backend.name
+        return stream
+
+    def _open(self, name: str | None, kind: str, user: str | None) -> tuple[Backend, Callable[[], None]]:
         """The one place a name becomes a backend of `kind`: a fixed one, or the library's, loaded and leased
-        (not unloaded while the caller holds it) by the registry. InvalidRequest for a model of another kind."""
+        (not unloaded until the returned function is called) by the registry, which counts `user` as using it
+        (None: not counted). InvalidRequest for a model of another kind."""
         name = name or (self.default_model if kind == "chat" else self.settings.default_embedding_model)
         if (fixed := self._fixed.get(name)) is not None:
             if fixed.kind != kind:
                 raise self._wrong_kind(name, fixed.kind, kind)
-            yield fixed
-            return
+            return fixed, lambda: None
         loaded = self._registry.loaded().get(name)
         if loaded is None:  # not loaded: its files say its kind, before anything loads
             installed = self._library.find(name)
@@ -113,8 +134,7 @@ class Engine:
             has = loaded.kind
         if has != kind:
             raise self._wrong_kind(name, has, kind)
-        with self._registry.lease(name) as local:
-            yield local
+        return self._registry.hold(name, user)
 
     def _wrong_kind(self, name: str, has: str, wanted: str) -> InvalidRequest:
         able = [m.name for m in self.models() if m.kind == wanted]
@@ -173,24 +193,18 @@ class Engine:
         or n) or EngineBusy before anything runs."""
         if images := sum(len(m.images) for m in request.messages):
             self._check_sees(model, images)
-        with self._backend(model) as backend:  # not unloaded between loading and queueing the request
-            stream = backend.submit(request)
-        stream.model = backend.name
-        return stream
+        return self._reply(model, request.user or "", lambda backend: backend.submit(request))
 
     def complete(self, model: str | None, prompt: str, params: SamplingParams | None = None,
-                 suffix: str | None = None, n: int = 1) -> Stream:
+                 suffix: str | None = None, n: int = 1, user: str | None = None) -> Stream:
         """Continue raw text (no chat template), in `n` choices as `chat` gives them; `suffix`: fill in the
-        middle, for models with FIM tokens."""
-        with self._backend(model) as backend:
-            stream = backend.complete(prompt, params, suffix, n)
-        stream.model = backend.name
-        return stream
+        middle, for models with FIM tokens. `user`: who asks, as `ChatRequest.user`."""
+        return self._reply(model, user or "", lambda backend: backend.complete(prompt, params, suffix, n))
 
-    def embed(self, model: str | None, texts: list[str] | list[list[int]], dimensions: int | None = None
-              ) -> Embeddings:
+    def embed(self, model: str | None, texts: list[str] | list[list[int]], dimensions: int | None = None,
+              user: str | None = None) -> Embeddings:
         """One vector per text (or list of token ids), from an embedding model (the default one for None)."""
-        with self._backend(model, "embedding") as backend:
+        with self._backend(model, "embedding", user or "") as backend:
             return backend.embed(texts, dimensions)
 
     def count_tokens(self, model: str | None, messages: Sequence[Message], tools: Tools | None = None) -> int:
@@ -232,6 +246,14 @@ class Engine:
         if name in self._fixed:
             return False
         return self._registry.unload(self._library.find(name).name)
+
+    def unload_when_idle(self, name: str, user: str, admin: bool) -> bool:
+        """Unload a local model once its replies have ended (Ollama's keep_alive 0): any model for an admin; for a
+        plain user only one no one else has used lately (`registry.RECENT_S`), so one user cannot unload a model
+        others are using. False when it was not theirs to unload or is not a local model; ModelNotFound."""
+        if name in self._fixed:
+            return False
+        return self._registry.unload_when_idle(self._library.find(name).name, user, admin)
 
     def remove(self, name: str) -> None:
         """Unload (if idle) and delete an installed model; ModelInUse while it answers, ModelNotFound if absent."""

@@ -13,7 +13,12 @@ Loaded models stay within a `Budget`: at most `max_models`, and their memory
 first unloads the least recently used idle ones; a model with a reply running or
 queued, or one being handed to a request (`lease`), is never unloaded. When no
 room can be made the load is refused (`EngineBusy`), never squeezed in.
-Nothing about a request is stored here.
+
+A reply holds its lease until it has finished (`hold`), so "the last lease ends" is the
+moment a model falls idle: `unload_when_idle` (Ollama's `keep_alive: 0`) unloads it then,
+with no clock polled. Who leased a model recently is kept, by an opaque user id, so that
+one user's unload does not take a model from others who are using it; nothing else
+about a request is stored here.
 """
 
 from __future__ import annotations
@@ -26,7 +31,8 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from serge.engine.backend import LoadedModel
 from serge.engine.families import Family, choose_engine, local_families
@@ -82,11 +88,17 @@ class ModelInUse(RuntimeError):
     """The model is answering, queued for, or loading; it cannot be removed now."""
 
 
+UNLOAD_WAIT_S = 120.0  # an unload asked while others' replies run: done when they end, if within this long
+RECENT_S = 300.0  # a plain user's unload leaves a model loaded that someone else used within this long
+
+
 @dataclass
 class _Loaded:
     model: LoadedModel
     last_used: float
     leases: int = 0
+    used_by: dict[str, float] = field(default_factory=dict)  # user -> when they last leased it (monotonic)
+    unload_by: float | None = None  # unload when idle, if before this (monotonic)
 
     @property
     def busy(self) -> bool:
@@ -147,36 +159,66 @@ class ModelRegistry:
             return loaded
 
     @contextmanager
-    def lease(self, name: str) -> Iterator[LoadedModel]:
-        """The loaded model, which is not unloaded while the caller holds it (to submit a request)."""
-        entry = self._take(name)
+    def lease(self, name: str, user: str | None = None) -> Iterator[LoadedModel]:
+        """The loaded model, which is not unloaded while the caller holds it; `user` (an opaque id, "" for one
+        who does not say) is counted as using it now."""
+        model, let_go = self.hold(name, user)
         try:
-            yield entry.model
+            yield model
         finally:
-            with self._guard:
-                entry.leases -= 1
+            let_go()
 
-    def _take(self, name: str) -> _Loaded:
-        if (entry := self._leased(name)) is not None:
+    def hold(self, name: str, user: str | None = None) -> tuple[LoadedModel, Callable[[], None]]:
+        """The loaded model, and the function that ends this lease (once; later calls do nothing): for a lease
+        that outlives a call, such as a reply's until it has finished."""
+        entry = self._take(name, user)
+        ended = threading.Event()
+
+        def let_go() -> None:
+            if not ended.is_set():
+                ended.set()
+                self._let_go(entry)
+
+        return entry.model, let_go
+
+    def _let_go(self, entry: _Loaded) -> None:
+        """A lease ends: where an unload waits for this model to fall idle and it has, unload it now (on a
+        thread of its own: this may be the model's own worker, finishing a reply)."""
+        with self._guard:
+            entry.leases -= 1
+            if entry.unload_by is None or entry.busy:
+                return
+            if time.monotonic() > entry.unload_by or self._models.get(entry.model.name) is not entry:
+                entry.unload_by = None
+                return
+            victims = [self._models.pop(entry.model.name)]
+        threading.Thread(target=self._close, args=(victims,), name="serge-unload", daemon=True).start()
+
+    def _take(self, name: str, user: str | None = None) -> _Loaded:
+        if (entry := self._leased(name, user)) is not None:
             return entry
         installed = self.library.find(name)  # ModelNotFound before any lock is taken
         with self._guard:
             lock = self._locks.setdefault(installed.name, threading.Lock())
         with lock:
-            if (entry := self._leased(installed.name)) is not None:
+            if (entry := self._leased(installed.name, user)) is not None:
                 return entry
             loaded = self._load(installed)
             with self._guard:
                 self._reserved.pop(installed.name, None)
                 entry = self._models[installed.name] = _Loaded(loaded, time.monotonic(), leases=1)
+                if user is not None:
+                    entry.used_by[user] = entry.last_used
             return entry
 
-    def _leased(self, name: str) -> _Loaded | None:
+    def _leased(self, name: str, user: str | None) -> _Loaded | None:
         with self._guard:
             entry = self._models.get(name)
             if entry is not None:
                 entry.leases += 1
                 entry.last_used = time.monotonic()
+                if user is not None:
+                    entry.used_by[user] = entry.last_used
             return entry
 
     def loaded(self) -> dict[str, LoadedModel]:
@@ -201,6 +243,28 @@ class ModelRegistry:
                 raise ModelInUse(f"model {name!r} is answering {entry.model.pending} request(s)")
             victims = [self._models.pop(name)]
             del entry
+        self._close(victims)
+        return True
+
+    def unload_when_idle(self, name: str, user: str, admin: bool, wait_s: float = UNLOAD_WAIT_S) -> bool:
+        """Unload a model once its last lease ends (now, if it is idle), where that ends within `wait_s`. An admin
+        may unload any model; a plain `user` only one no one else has used within `RECENT_S`, so that one user
+        cannot unload a model others are using. False (and nothing changed) when it is not theirs to unload;
+        True otherwise, loaded or not."""
+        with self._guard:
+            entry = self._models.get(name)
+            if entry is None:
+                return True
+            now = time.monotonic()
+            others = [u for u, t in entry.used_by.items() if u != user and now - t < RECENT_S]
+            if not admin and others:
+                log.info("%s stays loaded: %s asked to unload it, but %d other user(s) used it in the last %.0f s",
+                         name, user, len(others), RECENT_S)
+                return False
+            if entry.busy:
+                entry.unload_by = now + wait_s
+                return True
+            victims = [self._models.pop(name)]
         self._close(victims)
         return True
 
