@@ -29,6 +29,7 @@ from serge.web.http.dialects import cancel_on_disconnect, stream_response
 from serge.web.http.errors import ApiError
 from serge.web.ollama.library import router as library_router
 from serge.web.openai.embeddings import MAX_INPUTS as MAX_EMBED_INPUTS
+from serge.web.openai.logprobs import token_logprob
 from serge.web.ollama.models import (ERRORS_DOC, NDJSON, OllamaChatRequest, OllamaEmbeddingsRequest, OllamaEmbedRequest,
                                      OllamaGenerateRequest, keep_alive_zero, library_name, ollama_name, stream_doc)
 from serge.web.http.request_log import note_generation
@@ -70,9 +71,7 @@ def _unload_when_idle(request: Request, name: str) -> asyncio.Future:
 
 
 def _logprobs(tokens: list[TokenLogprob]) -> list[dict]:
-    return [{"token": t.token, "logprob": t.logprob, "bytes": list(t.bytes),
-             "top_logprobs": [{"token": a.token, "logprob": a.logprob, "bytes": list(a.bytes)} for a in t.top]}
-            for t in tokens]
+    return [token_logprob(t) for t in tokens]
 
 
 def _tool_calls(record: GenerationRecord) -> list[dict]:

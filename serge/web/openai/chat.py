@@ -24,6 +24,7 @@ from serge.web.http.dialects import cancel_on_disconnect, failure, stream_respon
 from serge.web.pages.docs import COMPLETION
 from serge.web.http.errors import ApiError, error_body
 from serge.web.openai.chat_models import HARMLESS, MAX_CHOICES, REFUSED, ChatCompletionRequest
+from serge.web.openai.logprobs import token_logprob
 from serge.web.http.request_log import note_generation
 
 router = APIRouter(prefix="/v1", tags=["OpenAI-compatible"])
@@ -64,13 +65,8 @@ def _finish_reason(record: GenerationRecord) -> str:
     return "tool_calls" if record.tool_calls else "stop"
 
 
-def _token(t: TokenLogprob) -> dict:
-    return {"token": t.token, "logprob": t.logprob, "bytes": list(t.bytes),
-            "top_logprobs": [{"token": a.token, "logprob": a.logprob, "bytes": list(a.bytes)} for a in t.top]}
-
-
 def _logprobs(tokens: list[TokenLogprob]) -> dict:
-    return {"content": [_token(t) for t in tokens], "refusal": None}
+    return {"content": [token_logprob(t) for t in tokens], "refusal": None}
 
 
 COMPLETIONS_DOC = f"""OpenAI's chat completions. Every field listed here is implemented, except
