@@ -1,6 +1,6 @@
 """llama.cpp as a forward pass: GGUF weights in its own kernels, token ids in, logits out.
 
-`LlamaForward` gives the `Scheduler` what `forward.BatchForward` gives it for
+`LlamaForward` gives the `Scheduler` what `hf.forward.BatchForward` gives it for
 transformers, through llama-cpp-python's bindings to llama.cpp's C API: one
 context per model, one `llama_decode` per step for every sequence being decoded,
 a prompt chunk per call. So continuous batching, prefix reuse, sampling, stop
