@@ -28,6 +28,8 @@ from serge.store import AccountStore, ChatStore, CollectionStore, Database, Docu
 from serge.web.pages.accounts import build_account_pages
 from serge.web.api.accounts import router as accounts_router
 from serge.web.anthropic.api import router as anthropic_router
+from serge.web.anthropic.errors import ANTHROPIC_ERRORS
+from serge.web.ollama.errors import OLLAMA_ERRORS
 from serge.web.http.auth import Authenticate, ProxiedClient, may_see_details
 from serge.web.api.chats import router as chats_router
 from serge.web.openai.completions import router as completions_router
@@ -104,7 +106,7 @@ def build_app(settings: Settings, engine: Engine) -> FastAPI:
     app.add_middleware(RequestLog)  # one line for every answer, refusals included
     app.add_middleware(ProxiedClient, trusted_proxies=settings.trusted_proxies)  # outermost: who the client is
     install_docs(app)
-    install_error_handlers(app)
+    install_error_handlers(app, (OLLAMA_ERRORS, ANTHROPIC_ERRORS))  # each dialect's own shape
     app.include_router(openai_router)
     app.include_router(anthropic_router)
     app.include_router(embeddings_router)

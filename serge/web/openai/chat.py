@@ -22,7 +22,7 @@ from serge import __version__
 from serge.engine import ChatRequest, Engine, FinishReason, GenerationRecord, ModelInfo, TokenLogprob
 from serge.web.http.dialects import cancel_on_disconnect, failure, stream_response, think_for
 from serge.web.pages.docs import COMPLETION
-from serge.web.http.errors import ApiError, error_body
+from serge.web.http.errors import ApiError, openai_error
 from serge.web.openai.chat_models import HARMLESS, MAX_CHOICES, REFUSED, ChatCompletionRequest
 from serge.web.openai.logprobs import token_logprob
 from serge.web.http.request_log import note_generation
@@ -156,7 +156,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
                 pending[delta.choice] = []
         records = stream.records
         if failed := next((r for r in records if r.finish_reason is FinishReason.ERROR), None):
-            yield f"data: {json.dumps(error_body(f'generation failed: {failed.error}', status=500))}\n\n"
+            yield f"data: {json.dumps(openai_error(f'generation failed: {failed.error}', 500))}\n\n"
         else:
             for index, record in enumerate(records):
                 yield chunk(index, {}, _finish_reason(record), tokens=pending[index], seed=record.seed)
