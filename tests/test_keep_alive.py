@@ -106,3 +106,14 @@ def test_an_unload_that_waits_longer_than_it_may_leaves_the_model_loaded(registr
     let_go()
     let_go()  # a second call does nothing
     assert NAME in registry.loaded() and not registry.in_use(NAME)
+
+
+def test_a_reply_lets_go_of_its_model_before_its_reader_hears_the_end(registry):
+    """So a client that deletes or unloads a model the moment its reply ends is not told the model is busy."""
+    for _ in range(3):
+        model, let_go = registry.hold(NAME, "alice")
+        stream = model.submit(ChatRequest([Message("user", "Hi")], SamplingParams(max_new_tokens=2)))
+        stream.when_done(lambda: time.sleep(0.1))  # other end-of-reply work, slow
+        stream.when_done(let_go)
+        stream.text()
+        assert not registry.in_use(NAME)

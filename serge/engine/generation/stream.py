@@ -159,17 +159,17 @@ class Stream:
         self._unfinished -= 1
         if self._unfinished:
             return
+        with self._when_done_lock:
+            then, self._when_done = self._when_done, None
+        for call in then:  # before the readers hear of the end: a lease ends before a client can ask again
+            call()
         self._done.set()
         self._deltas.put(_END)
         self._notify()
-        with self._when_done_lock:
-            then, self._when_done = self._when_done, None
-        for call in then:
-            call()
 
     def when_done(self, call: Callable[[], None]) -> None:
-        """Call `call` once, when the last choice has finished (now, if it has): on the worker's thread, so it
-        must be quick (the engine ends a reply's lease on its model with it)."""
+        """Call `call` once, when the last choice has finished (now, if it has), before the stream reads as
+        done: on the worker's thread, so it must be quick (the engine ends a reply's lease on its model with it)."""
         with self._when_done_lock:
             if self._when_done is not None:
                 self._when_done.append(call)
