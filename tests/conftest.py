@@ -43,7 +43,7 @@ import pytest
 import uvicorn
 
 from serge.engine import Engine, ModelLibrary, SchedulerLimits
-from serge.engine.local import LoadOptions
+from serge.engine.llamacpp.options import LlamaOptions
 from serge.engine.registry import ModelRegistry
 from serge.settings import Settings
 from serge.web.app import build_app
@@ -189,13 +189,13 @@ def both_engines(request, engines):
     return engines(request.param)
 
 
-def load_options(engine: Engine, **limits) -> LoadOptions:
+def load_options(engine: Engine, **limits) -> LlamaOptions:
     """What `engine` loads models with, with other scheduler limits."""
     s = engine.settings
-    return LoadOptions(engine.plan, s.torch_threads, s.context_window,
-                       SchedulerLimits.from_settings(s).__class__(**{**vars(SchedulerLimits.from_settings(s)), **limits}),
-                       engine.metrics, s.llama_kv_cache_mb, engine._budget().memory_bytes, s.gpu_layers,
-                       s.llama_kv_type)
+    return LlamaOptions(engine.plan, s.torch_threads, s.context_window,
+                        SchedulerLimits.from_settings(s).__class__(**{**vars(SchedulerLimits.from_settings(s)), **limits}),
+                        engine.metrics, memory_bytes=engine._budget().memory_bytes, kv_cache_mb=s.llama_kv_cache_mb,
+                        gpu_layers=s.gpu_layers, kv_type=s.llama_kv_type)
 
 
 def registry_for(engine: Engine, kind: str | None = None, **limits) -> ModelRegistry:

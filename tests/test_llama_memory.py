@@ -12,7 +12,7 @@ from serge.engine.llamacpp import memory as llama_memory
 from serge.engine.devices import DevicePlan
 from serge.engine.generation.scheduler import SchedulerLimits
 from serge.engine.llamacpp.memory import KV_TYPES, kv_layout, kv_type, planned_layout
-from serge.engine.local import LoadOptions
+from serge.engine.llamacpp.options import LlamaOptions
 from serge.engine.metrics import EngineMetrics
 from serge.engine.models.facts import ModelFacts
 from serge.settings import Settings
@@ -22,10 +22,10 @@ BUNDLED_F16 = 23_040  # SmolLM2-135M: 2 x 30 layers x 3 KV heads x 64 x 2 bytes
 WEIGHTS = 100 * MB
 
 
-def _options(**changes) -> LoadOptions:
-    base = LoadOptions(DevicePlan("cpu", torch.float32), 1, None, SchedulerLimits(), EngineMetrics(),
+def _options(**changes) -> LlamaOptions:
+    base = LlamaOptions(DevicePlan("cpu", torch.float32), 1, None, SchedulerLimits(), EngineMetrics(),
                        memory_bytes=16 * GB)
-    return LoadOptions(**{**vars(base), **changes})
+    return LlamaOptions(**{**vars(base), **changes})
 
 
 @pytest.mark.parametrize("name, f16, expected", [

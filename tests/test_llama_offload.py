@@ -17,10 +17,11 @@ from serge.engine.devices import DevicePlan
 from serge.engine.engine import Engine
 from serge.engine.generation.scheduler import SchedulerLimits
 from serge.engine.llamacpp.offload import GPU_RESERVE, Gpu, offload_for, plan_offload
-from serge.engine.local import LoadOptions
+from serge.engine.llamacpp.options import LlamaOptions
 from serge.engine.metrics import EngineMetrics
 from serge.engine.models.facts import ModelFacts
-from serge.engine.registry import ModelRegistry, auto_engine
+from serge.engine.families import auto_engine
+from serge.engine.registry import ModelRegistry
 from serge.settings import Settings
 
 MB, GB = 2**20, 2**30
@@ -109,9 +110,9 @@ def test_the_gpus_are_read_from_llama_cpps_device_list(cuda_build):
     assert (plan.n_gpu_layers, plan.kv, plan.device) == (31, "gpu", "CUDA0")
 
 
-def _options(budget: int | None = 64 * GB, gpu_layers: int | None = None, device: str = "cpu") -> LoadOptions:
+def _options(budget: int | None = 64 * GB, gpu_layers: int | None = None, device: str = "cpu") -> LlamaOptions:
     plan = DevicePlan(device, torch.float32)
-    return LoadOptions(plan, 1, None, SchedulerLimits(), EngineMetrics(), memory_bytes=budget, gpu_layers=gpu_layers)
+    return LlamaOptions(plan, 1, None, SchedulerLimits(), EngineMetrics(), memory_bytes=budget, gpu_layers=gpu_layers)
 
 
 FACTS = ModelFacts("gguf", "llama", 7 * 10**9, "Q4_K_M", 31 * LAYER, 8192, True, kv_bytes_per_token=131072,
@@ -155,11 +156,9 @@ def test_auto_serves_a_gguf_with_llama_cpp_on_every_device_its_build_has(gguf, d
 @pytest.mark.parametrize("offloads", [True, False])
 def test_pulls_prefer_the_gguf_exactly_where_the_registry_serves_a_gguf_with_llama_cpp(monkeypatch, device,
                                                                                        offloads):
-    import serge.engine.engine as engine_module
-    import serge.engine.registry as registry_module
+    import serge.engine.families as families_module
 
-    for module in (engine_module, registry_module):
-        monkeypatch.setattr(module, "llama_cpp_offloads", lambda: offloads)
+    monkeypatch.setattr(families_module, "llama_cpp_offloads", lambda: offloads)
     engine = object.__new__(Engine)  # prefers_gguf reads only the settings and the device plan
     engine.settings, engine.plan = Settings(), DevicePlan(device, torch.float32)
     registry = ModelRegistry(None, _options(device=device))

@@ -20,7 +20,7 @@ from serge.engine.devices import resolve_device
 from serge.engine.generation.admission import SchedulerLimits
 from serge.engine.llamacpp import memory as llama_memory
 from serge.engine.llamacpp.vision import mtmd_available
-from serge.engine.local import LoadOptions
+from serge.engine.llamacpp.options import LlamaOptions
 from serge.engine.registry import ModelRegistry
 from serge.engine.models.hub import HubSource, _choose, choose_mmproj
 
@@ -52,7 +52,7 @@ def test_an_imported_gguf_brings_its_mmproj_and_is_listed_as_seeing_where_llama_
 def test_the_memory_estimate_before_a_load_counts_the_mmproj_llama_cpp_loads_beside_the_weights(engine):
     library = ModelLibrary(engine.settings.models_path)
     installed = library.find(NAME)
-    options = LoadOptions(resolve_device("cpu", "float32"), 1, 512, SchedulerLimits(), EngineMetrics())
+    options = LlamaOptions(resolve_device("cpu", "float32"), 1, 512, SchedulerLimits(), EngineMetrics())
     registry = ModelRegistry(library, options, "llama.cpp")
     projector = installed.mmproj_path.stat().st_size if mtmd_available() else 0  # without mtmd it is never loaded
     assert projector or not mtmd_available()

@@ -335,6 +335,25 @@ def test_keep_alive_zero_unloads_the_model_once_it_is_idle(real_settings, tmp_pa
         assert unloaded.done_reason == "unload"
 
 
+@pytest.mark.real_model
+def test_a_plain_users_keep_alive_zero_leaves_loaded_the_model_another_user_is_using(real_settings,
+                                                                                     tmp_path_factory):
+    own = Settings(data_dir=tmp_path_factory.mktemp("keep-alive-shared"), models_dir=real_settings.models_dir,
+                   torch_threads=real_settings.torch_threads, port=free_port())
+    with Engine(own) as engine, ServerThread(build_app(own, engine), own.port) as running:
+        add_user(own.data_dir, "alice")  # the first account: an admin
+        add_user(own.data_dir, "bob")
+        alice, bob = (ollama.Client(host=running.url, timeout=300, headers={
+            "Authorization": f"Bearer {serge(own.data_dir, 'keys', 'create', name, '--name', 'ollama').strip()}"})
+            for name in ("alice", "bob"))
+        assert alice.chat(model=REAL, messages=HELLO, options=QUICK).done
+        assert bob.chat(model=REAL, messages=HELLO, options=QUICK, keep_alive=0).done
+        assert bob.generate(model=REAL, keep_alive=0).done_reason == "unload"
+        assert REAL_LATEST in [m.model for m in bob.ps().models], "bob unloaded the model alice is using"
+        assert alice.generate(model=REAL, keep_alive=0).done_reason == "unload"
+        assert alice.ps().models == [], "an admin's keep_alive 0 unloads it"
+
+
 def test_a_chat_longer_than_the_window_loses_its_oldest_turns_and_says_so(small_standin_server):
     long_chat = []
     for i in range(40):

@@ -3,7 +3,7 @@
 from serge.engine.models.catalog import CATALOG
 from serge.engine.devices import DevicePlan, DeviceUnavailable, resolve_device
 from serge.engine.embeddings import Embeddings
-from serge.engine.backend import Backend
+from serge.engine.backend import Backend, ChatBackend, EmbeddingBackend, LoadedModel
 from serge.engine.engine import Engine
 from serge.engine.info import EngineStatus, LoadedInfo, ModelInfo, params_text, size_text
 from serge.engine.models.facts import ModelFacts
@@ -28,6 +28,9 @@ from serge.engine.generation.tools import Tool, Tools
 __all__ = [
     "ANTHROPIC_NAMES",
     "Backend",
+    "ChatBackend",
+    "EmbeddingBackend",
+    "LoadedModel",
     "CATALOG",
     "ChatRequest",
     "ContextTooLong",

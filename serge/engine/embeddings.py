@@ -83,7 +83,7 @@ class Encoder(Protocol):
 
 
 class EmbeddingModel:
-    """A loaded embedding model behind the engine's interface: `embed`, and a clear no to chat.
+    """A loaded embedding model behind the engine's interface (`backend.EmbeddingBackend`): `embed`.
 
     Which engine runs it is its `encoder`'s business (transformers in `hf.embeddings`, llama.cpp in
     `llamacpp.embeddings`); the checks, the batching and the bookkeeping are this class's."""
@@ -142,13 +142,6 @@ class EmbeddingModel:
             raise InvalidRequest(f"input holds a token id outside this model's vocabulary (0 to "
                                  f"{self.encoder.vocab_size - 1})", "input")
         return list(text[: self.context_window])
-
-    # --- what a chat model does, refused ---------------------------------------------
-    def submit(self, *_, **__):
-        raise InvalidRequest(f"{self.name} is an embedding model: it turns text into vectors (/v1/embeddings) "
-                             f"and cannot chat", "model")
-
-    count_tokens = complete = submit
 
     def close(self) -> None:
         """Frees what the encoder holds outside Python (llama.cpp's model and context)."""

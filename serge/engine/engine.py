@@ -1,8 +1,8 @@
 """The engine's front door: messages in, a `Stream` of reply text out; and the model library's operations.
 
 Every kind of model (transformers, llama.cpp, a remote OpenAI-compatible server,
-a stand-in in tests) is a `Backend` with one method that matters, `submit`; a
-request's model name becomes a backend in one place (`_backend`), and the layers
+a stand-in in tests) is a `backend.ChatBackend` or an `EmbeddingBackend`; a
+request's model name becomes a backend of the kind it needs in one place (`_backend`), and the layers
 above call only `Engine`'s own methods and never reach into its library,
 registry, pulls or backends. It knows nothing of HTTP, SQL or who is asking
 (whether a caller may pull or delete models is the web layer's to decide).
@@ -22,9 +22,9 @@ from pathlib import Path
 
 from prometheus_client import generate_latest
 
-from serge.engine.backend import Backend
+from serge.engine.backend import Backend, ChatBackend
 from serge.engine.devices import DevicePlan, resolve_device
-from serge.engine.info import EngineStatus, ModelInfo, sees_images
+from serge.engine.info import EngineStatus, ModelInfo
 from serge.engine.models.hub import PullProgress
 from serge.engine.models.errors import ModelNotFound
 from serge.engine.models.library import InstalledModel, ModelLibrary
@@ -34,8 +34,9 @@ from serge.engine.generation.images import MAX_IMAGES, ImageTooLarge
 from serge.engine.generation.prompts import Message
 from serge.engine.generation.request import ChatRequest
 from serge.engine.models.pulls import Pulls, PullStatus
-from serge.engine.llamacpp.features import llama_cpp_available, llama_cpp_offloads, llama_cpp_sees_images
-from serge.engine.registry import Budget, ModelInUse, ModelRegistry, auto_engine, machine_memory_bytes, resident_bytes
+from serge.engine.families import local_families, prefers_gguf
+from serge.engine.llamacpp.options import LlamaOptions
+from serge.engine.registry import Budget, ModelInUse, ModelRegistry, machine_memory_bytes, resident_bytes
 from serge.engine.remote import RemoteClient
 from serge.engine.embeddings import Embeddings
 from serge.engine.generation.schemas import InvalidRequest
@@ -57,9 +58,11 @@ class Engine:
         self._limits = SchedulerLimits.from_settings(settings)
         budget = self._budget()
         options = LoadOptions(self.plan, settings.torch_threads, settings.context_window, self._limits,
-                              self.metrics, settings.llama_kv_cache_mb, budget.memory_bytes, settings.gpu_layers,
-                              settings.llama_kv_type, settings.adapt_threads)
-        self._registry = ModelRegistry(self._library, options, settings.engine, settings.model_engines, budget)
+                              self.metrics, memory_bytes=budget.memory_bytes, adapt_threads=settings.adapt_threads)
+        llama = LlamaOptions.over(options, kv_cache_mb=settings.llama_kv_cache_mb, gpu_layers=settings.gpu_layers,
+                                  kv_type=settings.llama_kv_type)
+        self._registry = ModelRegistry(self._library, options, settings.engine, settings.model_engines, budget,
+                                       local_families(options, llama))
         self._remote = RemoteClient(settings.remote_timeout_s)
         # Models that are not in the library: remote servers' and those given in code. Fixed at start.
         self._fixed: dict[str, Backend] = {**self._remote.backends(settings.remote_models), **(backends or {})}
@@ -87,21 +90,42 @@ class Engine:
             return self._fixed_info(name)
         return self._local_info(self._library.find(name))
 
-    def model(self, name: str | None = None) -> Backend:
+    def model(self, name: str | None = None) -> ChatBackend:
         """The model by name (the default for None), loading a local one on first use."""
         with self._backend(name) as backend:
             return backend
 
     @contextmanager
-    def _backend(self, name: str | None, kind: str = "chat") -> Iterator[Backend]:
+    def _backend(self, name: str | None, kind: str = "chat", user: str | None = None) -> Iterator[Backend]:
+        """A backend of `kind`, not unloaded while the caller holds it (see `_open`)."""
+        backend, let_go = self._open(name, kind, user)
+        try:
+            yield backend
+        finally:
+            let_go()
+
+    def _reply(self, name: str | None, user: str, start: Callable[[Backend], Stream]) -> Stream:
+        """The stream `start` begins on the chat model `name`, which holds its lease until the reply has
+        finished: a model is idle exactly when its last lease ends."""
+        backend, let_go = self._open(name, "chat", user)
+        try:
+            stream = start(backend)
+        except BaseException:
+            let_go()
+            raise
+        stream.when_done(let_go)
+        stream.model = backend.name
+        return stream
+
+    def _open(self, name: str | None, kind: str, user: str | None) -> tuple[Backend, Callable[[], None]]:
         """The one place a name becomes a backend of `kind`: a fixed one, or the library's, loaded and leased
-        (not unloaded while the caller holds it) by the registry. InvalidRequest for a model of another kind."""
+        (not unloaded until the returned function is called) by the registry, which counts `user` as using it
+        (None: not counted). InvalidRequest for a model of another kind."""
         name = name or (self.default_model if kind == "chat" else self.settings.default_embedding_model)
         if (fixed := self._fixed.get(name)) is not None:
             if fixed.kind != kind:
                 raise self._wrong_kind(name, fixed.kind, kind)
-            yield fixed
-            return
+            return fixed, lambda: None
         loaded = self._registry.loaded().get(name)
         if loaded is None:  # not loaded: its files say its kind, before anything loads
             installed = self._library.find(name)
@@ -110,8 +134,7 @@ class Engine:
             has = loaded.kind
         if has != kind:
             raise self._wrong_kind(name, has, kind)
-        with self._registry.lease(name) as local:
-            yield local
+        return self._registry.hold(name, user)
 
     def _wrong_kind(self, name: str, has: str, wanted: str) -> InvalidRequest:
         able = [m.name for m in self.models() if m.kind == wanted]
@@ -127,21 +150,22 @@ class Engine:
             window = loaded.context_window if loaded else self._registry.window(m, engine)
             device, gpu_bytes = ((loaded.device or self.plan.device, loaded.gpu_bytes) if loaded
                                  else self._registry.device(m, engine))
+            vision = self._registry.sees_images(m, engine)
         except ValueError:  # SERGE_MODEL_ENGINES asks for an engine that cannot run it
-            engine, memory, window, device, gpu_bytes = None, None, None, None, None
+            engine, memory, window, device, gpu_bytes, vision = None, None, None, None, None, False
         default = m.name in (self.default_model, self.settings.default_embedding_model)
         return ModelInfo(m.name, engine, m.source, m.size_bytes, m.created, default,
                          loaded is not None, remote=False, facts=m.facts, memory_bytes=memory,
                          busy=self._registry.in_use(m.name), defaults=loaded.defaults if loaded else m.defaults,
                          context_window=window, kind=m.facts.kind, device=device, gpu_bytes=gpu_bytes,
-                         vision=sees_images(m.facts, engine, engine == "llama.cpp" and llama_cpp_sees_images()))
+                         vision=vision)
 
     def _fixed_info(self, name: str) -> ModelInfo:
         backend = self._fixed[name]
         return ModelInfo(name, backend.engine, backend.source, None, 0.0, name == self.default_model, True,
                          remote=backend.engine == "remote", kind=backend.kind,
-                         context_window=getattr(backend, "context_window", None),
-                         vision=bool(getattr(backend, "vision", False)))
+                         context_window=backend.context_window,
+                         vision=backend.kind == "chat" and backend.sees_images)
 
     def _check_sees(self, name: str | None, images: int) -> None:
         """InvalidRequest unless the model takes images, naming the installed ones that do; ImageTooLarge
@@ -169,24 +193,18 @@ class Engine:
         or n) or EngineBusy before anything runs."""
         if images := sum(len(m.images) for m in request.messages):
             self._check_sees(model, images)
-        with self._backend(model) as backend:  # not unloaded between loading and queueing the request
-            stream = backend.submit(request)
-        stream.model = backend.name
-        return stream
+        return self._reply(model, request.user or "", lambda backend: backend.submit(request))
 
     def complete(self, model: str | None, prompt: str, params: SamplingParams | None = None,
-                 suffix: str | None = None, n: int = 1) -> Stream:
+                 suffix: str | None = None, n: int = 1, user: str | None = None) -> Stream:
         """Continue raw text (no chat template), in `n` choices as `chat` gives them; `suffix`: fill in the
-        middle, for models with FIM tokens."""
-        with self._backend(model) as backend:
-            stream = backend.complete(prompt, params, suffix, n)
-        stream.model = backend.name
-        return stream
+        middle, for models with FIM tokens. `user`: who asks, as `ChatRequest.user`."""
+        return self._reply(model, user or "", lambda backend: backend.complete(prompt, params, suffix, n))
 
-    def embed(self, model: str | None, texts: list[str] | list[list[int]], dimensions: int | None = None
-              ) -> Embeddings:
+    def embed(self, model: str | None, texts: list[str] | list[list[int]], dimensions: int | None = None,
+              user: str | None = None) -> Embeddings:
         """One vector per text (or list of token ids), from an embedding model (the default one for None)."""
-        with self._backend(model, "embedding") as backend:
+        with self._backend(model, "embedding", user or "") as backend:
             return backend.embed(texts, dimensions)
 
     def count_tokens(self, model: str | None, messages: Sequence[Message], tools: Tools | None = None) -> int:
@@ -197,12 +215,8 @@ class Engine:
     # --- the library ------------------------------------------------------------------
     @property
     def prefers_gguf(self) -> bool:
-        """Take a catalog model's GGUF where llama.cpp will serve it: `auto_engine`'s choice for a GGUF here."""
-        engine = self.settings.engine
-        if engine != "auto":
-            return engine == "llama.cpp"
-        installed = llama_cpp_available()
-        return auto_engine(True, self.plan.device_type, installed, installed and llama_cpp_offloads())[0] == "llama.cpp"
+        """Take a catalog model's GGUF where llama.cpp will serve it: `families.auto_engine`'s choice for a GGUF."""
+        return prefers_gguf(self.settings.engine, self.plan.device_type)
 
     def pull(self, spec: str, name: str | None = None, progress: PullProgress | None = None,
              log: Callable[[str], None] = print) -> ModelInfo:
@@ -232,6 +246,14 @@ class Engine:
         if name in self._fixed:
             return False
         return self._registry.unload(self._library.find(name).name)
+
+    def unload_when_idle(self, name: str, user: str, admin: bool) -> bool:
+        """Unload a local model once its replies have ended (Ollama's keep_alive 0): any model for an admin; for a
+        plain user only one no one else has used lately (`registry.RECENT_S`), so one user cannot unload a model
+        others are using. False when it was not theirs to unload or is not a local model; ModelNotFound."""
+        if name in self._fixed:
+            return False
+        return self._registry.unload_when_idle(self._library.find(name).name, user, admin)
 
     def remove(self, name: str) -> None:
         """Unload (if idle) and delete an installed model; ModelInUse while it answers, ModelNotFound if absent."""

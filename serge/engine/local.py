@@ -1,11 +1,12 @@
 """A model on this machine behind the engine's one interface: messages in, a `Stream` out.
 
 `LocalModel` pairs a tokenizer (chat template, detokenizing) with a `Scheduler`
-over a forward pass, either transformers' (`forward.BatchForward`) or llama.cpp's
-(`llamacpp.LlamaForward`). Prompt building, tools, sampling, grammars, logprobs,
+over a forward pass, either transformers' (`hf.forward.BatchForward`) or llama.cpp's
+(`llamacpp.forward.LlamaForward`). Prompt building, tools, sampling, grammars, logprobs,
 stop strings, prefix reuse, admission and metrics are the same code for both;
 only the loader differs.
-This module does not decide which engine serves a model: the registry does.
+This module does not decide which engine serves a model (the registry does, through `families`),
+nor load one (each family's package does).
 """
 
 from __future__ import annotations
@@ -35,17 +36,16 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class LoadOptions:
-    """What every local load needs besides the model itself."""
+    """What every local load needs besides the model itself, whichever family loads it. A family that needs more
+    extends it (llama.cpp's KV cache and layer split: `llamacpp.options.LlamaOptions`); the torch family needs
+    nothing more."""
 
     plan: DevicePlan
     threads: int
     context_cap: int | None
     limits: SchedulerLimits
     metrics: EngineMetrics
-    kv_cache_mb: int | None = None  # llama.cpp's fixed KV cache (the transformers engine grows its own)
     memory_bytes: int | None = None  # the models' memory budget: llama.cpp sizes its default KV cache within it
-    gpu_layers: int | None = None  # SERGE_GPU_LAYERS: llama.cpp's n_gpu_layers, over its own choice
-    kv_type: str = "q8_0-keys"  # SERGE_LLAMA_KV_TYPE: how llama.cpp stores keys and values (llamacpp.memory.kv_type)
     adapt_threads: bool = True  # SERGE_ADAPT_THREADS: fewer threads while the machine is busy (generation.threads)
 
 
@@ -78,6 +78,11 @@ class LocalModel:
         object.__setattr__(self, "_mid_system", template_takes_mid_system(self.tokenizer))
         object.__setattr__(self, "_fim", fim_tokens(self.tokenizer))
         object.__setattr__(self, "thinks", template_thinks(self.tokenizer))
+
+    @property
+    def sees_images(self) -> bool:
+        """Whether its engine takes a message's images: a processor (transformers) or mtmd (llama.cpp)."""
+        return self.processor is not None or self.vision is not None
 
     def loaded_info(self, busy: bool, plan: DevicePlan) -> LoadedInfo:
         """Its row in /api/health, with llama.cpp's KV cache layout (transformers grows its own: none to tell)."""
@@ -196,6 +201,13 @@ def eos_ids(tokenizer, generation_config=None) -> frozenset[int]:
     if tokenizer.eos_token_id is not None:
         ids.add(tokenizer.eos_token_id)
     return frozenset(ids)
+
+
+def trained_window(installed: InstalledModel, cap: int | None) -> int | None:
+    """A family's window when it takes the model's trained context as it is: within SERGE_CONTEXT_WINDOW for a
+    chat model (an embedding model cuts its texts to its own)."""
+    trained = installed.facts.context_length
+    return min(trained, cap) if trained and cap and installed.facts.kind == "chat" else trained or cap
 
 
 class ModelLoadFailed(RuntimeError):

@@ -2,16 +2,23 @@
 
 `ModelRegistry.get` loads an installed model once, under a per-name lock, however
 many requests ask for it at the same moment, and hands out the same read-only
-`LocalModel` to all of them. It decides which local engine serves a model: the
-setting for that model, else (`auto_engine`) llama.cpp for a GGUF on every device
-its build has (CUDA, Metal, the CPU), else transformers.
+model (`backend.LoadedModel`) to all of them. Which local engine serves a model is the setting for
+that model, else (`families.auto_engine`) llama.cpp for a GGUF on every device its
+build has (CUDA, Metal, the CPU), else transformers; everything else about a model
+(memory, placement, window, the load itself) it asks that engine's `Family`, and
+never branches on which family it holds.
 
 Loaded models stay within a `Budget`: at most `max_models`, and their memory
 (estimated before a load, measured after) within `memory_bytes`. Loading one more
 first unloads the least recently used idle ones; a model with a reply running or
 queued, or one being handed to a request (`lease`), is never unloaded. When no
 room can be made the load is refused (`EngineBusy`), never squeezed in.
-Nothing about a request is stored here.
+
+A reply holds its lease until it has finished (`hold`), so "the last lease ends" is the
+moment a model falls idle: `unload_when_idle` (Ollama's `keep_alive: 0`) unloads it then,
+with no clock polled. Who leased a model recently is kept, by an opaque user id, so that
+one user's unload does not take a model from others who are using it; nothing else
+about a request is stored here.
 """
 
 from __future__ import annotations
@@ -24,31 +31,17 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
+from serge.engine.backend import LoadedModel
+from serge.engine.families import Family, choose_engine, local_families
 from serge.engine.models.library import InstalledModel, ModelLibrary
 from serge.engine.info import EngineKind
-from serge.engine.local import LoadOptions, LocalModel, ModelLoadFailed
+from serge.engine.local import LoadOptions, ModelLoadFailed
 from serge.engine.generation.admission import EngineBusy
-from serge.engine.llamacpp.features import llama_cpp_available, llama_cpp_offloads, llama_cpp_sees_images
 
 log = logging.getLogger(__name__)
-
-
-def auto_engine(gguf: bool, device_type: str, llama_installed: bool, llama_offloads: bool) -> tuple[EngineKind, str]:
-    """`engine: auto`'s choice for a chat model, and why: llama.cpp for a GGUF on the CPU, on Apple's Metal and on
-    any GPU its build can offload to; transformers for the rest, and for a GGUF on CUDA only when llama.cpp's
-    build has no GPU offload (transformers dequantizes the GGUF, in several times its memory)."""
-    if not gguf:
-        return "transformers", "the model is not a GGUF"
-    if not llama_installed:
-        return "transformers", "llama-cpp-python is not installed"
-    if device_type == "cuda" and not llama_offloads:
-        return "transformers", ("the device is CUDA and this llama.cpp build has no GPU offload (rebuild it with "
-                                "CMAKE_ARGS=-DGGML_CUDA=on, see the README); transformers runs the GGUF dequantized")
-    if llama_offloads and device_type != "cpu":
-        return "llama.cpp", "the model is a GGUF and llama.cpp's build offloads to the GPU"
-    return "llama.cpp", "the model is a GGUF"
 
 
 def machine_memory_bytes() -> int:
@@ -95,11 +88,17 @@ class ModelInUse(RuntimeError):
     """The model is answering, queued for, or loading; it cannot be removed now."""
 
 
+UNLOAD_WAIT_S = 120.0  # an unload asked while others' replies run: done when they end, if within this long
+RECENT_S = 300.0  # a plain user's unload leaves a model loaded that someone else used within this long
+
+
 @dataclass
 class _Loaded:
-    model: LocalModel
+    model: LoadedModel
     last_used: float
     leases: int = 0
+    used_by: dict[str, float] = field(default_factory=dict)  # user -> when they last leased it (monotonic)
+    unload_by: float | None = None  # unload when idle, if before this (monotonic)
 
     @property
     def busy(self) -> bool:
@@ -108,9 +107,11 @@ class _Loaded:
 
 class ModelRegistry:
     def __init__(self, library: ModelLibrary, options: LoadOptions, engine: str = "auto",
-                 model_engines: dict[str, str] | None = None, budget: Budget | None = None) -> None:
+                 model_engines: dict[str, str] | None = None, budget: Budget | None = None,
+                 families: dict[EngineKind, Family] | None = None) -> None:
         self.library = library
         self.options = options
+        self.families = families or local_families(options)
         self.budget = budget or Budget(max_models=2, memory_bytes=machine_memory_bytes() // 2)
         self._engine = engine
         self._model_engines = dict(model_engines or {})
@@ -126,108 +127,101 @@ class ModelRegistry:
     def engine_for(self, installed: InstalledModel) -> EngineKind:
         """Which local engine serves this model."""
         wanted = self._model_engines.get(installed.name, self._engine)
-        if installed.facts.kind == "embedding":  # a GGUF on llama.cpp, a sentence-transformers folder on torch
-            if installed.gguf_path is not None and not llama_cpp_available():
-                raise ValueError(f"model {installed.name!r} is a GGUF embedding model, which runs on llama.cpp; "
-                                 f"install llama-cpp-python to serve it")
-            return "llama.cpp" if installed.gguf_path is not None else "transformers"
-        if wanted == "auto":
-            gguf = installed.gguf_path is not None
-            installed_llama = gguf and llama_cpp_available()
-            engine, why = auto_engine(gguf, self.options.plan.device_type, installed_llama,
-                                      installed_llama and llama_cpp_offloads())
-            if gguf and engine == "transformers" and installed.name not in self._told:
-                self._told.add(installed.name)
-                log.warning("%s is a GGUF, served by transformers: %s", installed.name, why)
-            return engine
-        if wanted == "llama.cpp" and installed.gguf_path is None:
-            raise ValueError(f"model {installed.name!r} has no GGUF file; llama.cpp cannot run it "
-                             f"(use the transformers engine for it)")
-        return wanted
+        engine, why = choose_engine(installed, wanted, self.options.plan.device_type)
+        if why and installed.name not in self._told:
+            self._told.add(installed.name)
+            log.warning("%s is a GGUF, served by %s: %s", installed.name, engine, why)
+        return engine
+
+    def family(self, installed: InstalledModel, engine: EngineKind | None = None) -> Family:
+        """The family that serves `installed` (on `engine`, where the caller has chosen it)."""
+        return self.families[engine or self.engine_for(installed)]
 
     def estimate(self, installed: InstalledModel, engine: EngineKind | None = None) -> int:
         """Memory `installed` takes once loaded on `engine` (its own engine by default), before it is loaded."""
-        engine = engine or self.engine_for(installed)
-        if installed.facts.kind == "embedding" and engine == "llama.cpp":
-            from serge.engine.llamacpp import embeddings as llama_embeddings
-
-            return llama_embeddings.estimate(installed.facts)
-        if installed.facts.kind == "embedding":  # float32 weights as they are, nothing packed beside them
-            return installed.facts.weights_bytes + 64 * 2**20
-        if engine == "llama.cpp":
-            from serge.engine.llamacpp import memory as llama_memory
-
-            return llama_memory.estimate(installed.facts, self.options, self._projector_bytes(installed))
-        from serge.engine.hf import forward as transformers
-
-        return transformers.estimate(installed.facts, self.options.plan)
-
-    @staticmethod
-    def _projector_bytes(installed: InstalledModel) -> int:
-        """A vision GGUF's mmproj file, which llama.cpp loads beside the weights where its build has mtmd."""
-        projector = installed.mmproj_path
-        return projector.stat().st_size if projector is not None and llama_cpp_sees_images() else 0
+        return self.family(installed, engine).estimate(installed)
 
     def device(self, installed: InstalledModel, engine: EngineKind) -> tuple[str, int]:
         """Where `installed` would run on `engine`, and the bytes it would put on a GPU (before it is loaded)."""
-        if engine == "llama.cpp" and installed.facts.kind == "chat":
-            from serge.engine.llamacpp.memory import placement
-
-            planned = placement(installed.facts, self.options, self._projector_bytes(installed))
-            return planned.offload.describe(), planned.gpu_bytes
-        plan = self.options.plan
-        on_gpu = plan.device_type != "cpu" and (engine != "llama.cpp" or llama_cpp_offloads())
-        return plan.device if on_gpu else "cpu", self.estimate(installed, engine) if on_gpu else 0
+        return self.family(installed, engine).placement(installed)
 
     def window(self, installed: InstalledModel, engine: EngineKind) -> int | None:
         """Tokens of prompt and reply a reply gets once `installed` is loaded on `engine` (before it is)."""
-        facts = installed.facts
-        if engine == "llama.cpp" and facts.kind == "chat":
-            from serge.engine.llamacpp.memory import planned_layout
+        return self.family(installed, engine).window(installed)
 
-            return planned_layout(facts, self.options)[1]
-        trained, cap = facts.context_length, self.options.context_cap
-        return min(trained, cap) if trained and cap and installed.facts.kind == "chat" else trained or cap
+    def sees_images(self, installed: InstalledModel, engine: EngineKind) -> bool:
+        """Whether `installed` on `engine` would take images."""
+        return self.family(installed, engine).sees_images(installed)
 
     # --- handing models out ----------------------------------------------------------
-    def get(self, name: str) -> LocalModel:
+    def get(self, name: str) -> LoadedModel:
         with self.lease(name) as loaded:
             return loaded
 
     @contextmanager
-    def lease(self, name: str) -> Iterator[LocalModel]:
-        """The loaded model, which is not unloaded while the caller holds it (to submit a request)."""
-        entry = self._take(name)
+    def lease(self, name: str, user: str | None = None) -> Iterator[LoadedModel]:
+        """The loaded model, which is not unloaded while the caller holds it; `user` (an opaque id, "" for one
+        who does not say) is counted as using it now."""
+        model, let_go = self.hold(name, user)
         try:
-            yield entry.model
+            yield model
         finally:
-            with self._guard:
-                entry.leases -= 1
+            let_go()
 
-    def _take(self, name: str) -> _Loaded:
-        if (entry := self._leased(name)) is not None:
+    def hold(self, name: str, user: str | None = None) -> tuple[LoadedModel, Callable[[], None]]:
+        """The loaded model, and the function that ends this lease (once; later calls do nothing): for a lease
+        that outlives a call, such as a reply's until it has finished."""
+        entry = self._take(name, user)
+        ended = threading.Event()
+
+        def let_go() -> None:
+            if not ended.is_set():
+                ended.set()
+                self._let_go(entry)
+
+        return entry.model, let_go
+
+    def _let_go(self, entry: _Loaded) -> None:
+        """A lease ends: where an unload waits for this model to fall idle and it has, unload it now (on a
+        thread of its own: this may be the model's own worker, finishing a reply)."""
+        with self._guard:
+            entry.leases -= 1
+            if entry.unload_by is None or entry.busy:
+                return
+            if time.monotonic() > entry.unload_by or self._models.get(entry.model.name) is not entry:
+                entry.unload_by = None
+                return
+            victims = [self._models.pop(entry.model.name)]
+        threading.Thread(target=self._close, args=(victims,), name="serge-unload", daemon=True).start()
+
+    def _take(self, name: str, user: str | None = None) -> _Loaded:
+        if (entry := self._leased(name, user)) is not None:
             return entry
         installed = self.library.find(name)  # ModelNotFound before any lock is taken
         with self._guard:
             lock = self._locks.setdefault(installed.name, threading.Lock())
         with lock:
-            if (entry := self._leased(installed.name)) is not None:
+            if (entry := self._leased(installed.name, user)) is not None:
                 return entry
             loaded = self._load(installed)
             with self._guard:
                 self._reserved.pop(installed.name, None)
                 entry = self._models[installed.name] = _Loaded(loaded, time.monotonic(), leases=1)
+                if user is not None:
+                    entry.used_by[user] = entry.last_used
             return entry
 
-    def _leased(self, name: str) -> _Loaded | None:
+    def _leased(self, name: str, user: str | None) -> _Loaded | None:
         with self._guard:
             entry = self._models.get(name)
             if entry is not None:
                 entry.leases += 1
                 entry.last_used = time.monotonic()
+                if user is not None:
+                    entry.used_by[user] = entry.last_used
             return entry
 
-    def loaded(self) -> dict[str, LocalModel]:
+    def loaded(self) -> dict[str, LoadedModel]:
         with self._guard:
             return {name: entry.model for name, entry in self._models.items()}
 
@@ -249,6 +243,28 @@ class ModelRegistry:
                 raise ModelInUse(f"model {name!r} is answering {entry.model.pending} request(s)")
             victims = [self._models.pop(name)]
             del entry
+        self._close(victims)
+        return True
+
+    def unload_when_idle(self, name: str, user: str, admin: bool, wait_s: float = UNLOAD_WAIT_S) -> bool:
+        """Unload a model once its last lease ends (now, if it is idle), where that ends within `wait_s`. An admin
+        may unload any model; a plain `user` only one no one else has used within `RECENT_S`, so that one user
+        cannot unload a model others are using. False (and nothing changed) when it is not theirs to unload;
+        True otherwise, loaded or not."""
+        with self._guard:
+            entry = self._models.get(name)
+            if entry is None:
+                return True
+            now = time.monotonic()
+            others = [u for u, t in entry.used_by.items() if u != user and now - t < RECENT_S]
+            if not admin and others:
+                log.info("%s stays loaded: %s asked to unload it, but %d other user(s) used it in the last %.0f s",
+                         name, user, len(others), RECENT_S)
+                return False
+            if entry.busy:
+                entry.unload_by = now + wait_s
+                return True
+            victims = [self._models.pop(name)]
         self._close(victims)
         return True
 
@@ -294,9 +310,9 @@ class ModelRegistry:
         self._reserved[installed.name] = need
         return victims
 
-    def _load(self, installed: InstalledModel) -> LocalModel:
-        engine = self.engine_for(installed)
-        need = self.estimate(installed)
+    def _load(self, installed: InstalledModel) -> LoadedModel:
+        family = self.family(installed)
+        need = family.estimate(installed)
         with self._guard:
             victims = self._make_room(installed, need)
         self.loading.add(installed.name)
@@ -304,22 +320,7 @@ class ModelRegistry:
             if victims:
                 log.info("Unloading %s to make room for %s", ", ".join(v.model.name for v in victims), installed.name)
                 self._close(victims)
-            if installed.facts.kind == "embedding" and engine == "llama.cpp":
-                from serge.engine.llamacpp.embeddings import load_llama_embedder
-
-                loaded = load_llama_embedder(installed, self.options)
-            elif installed.facts.kind == "embedding":
-                from serge.engine.hf.embeddings import load_embedder
-
-                loaded = load_embedder(installed, self.options)
-            elif engine == "llama.cpp":  # each engine's module is imported only when it loads a model
-                from serge.engine.llamacpp.forward import load_llamacpp
-
-                loaded = load_llamacpp(installed, self.options)
-            else:
-                from serge.engine.hf.forward import load_transformers
-
-                loaded = load_transformers(installed, self.options)
+            loaded = family.load(installed)  # each family imports its engine only when it loads a model
             self.loads += 1
             return loaded
         except BaseException as exc:

@@ -52,6 +52,8 @@ class RemoteBackend:
 
     engine = "remote"
     kind = "chat"
+    context_window = None  # the server's own
+    sees_images = False  # Serge does not ask what the server's model sees: images are refused before it
 
     def __init__(self, client: RemoteClient, name: str, remote: RemoteModel) -> None:
         self.name = name

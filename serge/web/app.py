@@ -23,10 +23,13 @@ from serge.chats import ChatService, Indexer, Knowledge
 from serge.engine import Engine
 from serge.settings import Settings
 from serge.chats.documents import ChatDocuments
+from serge.chats.responses import StoredResponses
 from serge.store import AccountStore, ChatStore, CollectionStore, Database, DocumentStore, FileStore, ResponseStore
 from serge.web.pages.accounts import build_account_pages
 from serge.web.api.accounts import router as accounts_router
 from serge.web.anthropic.api import router as anthropic_router
+from serge.web.anthropic.errors import ANTHROPIC_ERRORS
+from serge.web.ollama.errors import OLLAMA_ERRORS
 from serge.web.http.auth import Authenticate, ProxiedClient, may_see_details
 from serge.web.api.chats import router as chats_router
 from serge.web.openai.completions import router as completions_router
@@ -75,7 +78,7 @@ def build_app(settings: Settings, engine: Engine) -> FastAPI:
         app.state.knowledge = Knowledge(collections, indexer)
         app.state.chats = ChatService(ChatStore(database), engine, documents, app.state.knowledge)
         app.state.chats.recover()  # replies cut off by a crash are shown as interrupted
-        app.state.responses = ResponseStore(database)
+        app.state.responses = StoredResponses(ResponseStore(database))
         loader = threading.Thread(target=_warm_up, args=(app.state.engine, app), name="serge-warm-up", daemon=True)
         loader.start()
         try:
@@ -103,7 +106,7 @@ def build_app(settings: Settings, engine: Engine) -> FastAPI:
     app.add_middleware(RequestLog)  # one line for every answer, refusals included
     app.add_middleware(ProxiedClient, trusted_proxies=settings.trusted_proxies)  # outermost: who the client is
     install_docs(app)
-    install_error_handlers(app)
+    install_error_handlers(app, (OLLAMA_ERRORS, ANTHROPIC_ERRORS))  # each dialect's own shape
     app.include_router(openai_router)
     app.include_router(anthropic_router)
     app.include_router(embeddings_router)

@@ -1,20 +1,23 @@
 """A scheduler step's work over the sequences that run: one decode pass, prompt chunks, and sampling.
 
-`Passes` is the part of `scheduler.Scheduler` that runs a step once the worker has admitted and
-started what fits: every decoding sequence's token in one `Forward.decode` and their next tokens
+`Step` runs a step for its `scheduler.Scheduler` once the worker has admitted and started what fits: every decoding sequence's token in one `Forward.decode` and their next tokens
 sampled at once from its rows (before any other pass, which may reuse the forward's buffer), then
 prompt chunks, each prompt's first token sampled as soon as its last chunk has run (the readers
 woken with the news so far before each chunk's pass, not at the step's end), then the
 sequences given logits otherwise (a prefix-cache hit, another choice's prompt) sampled at once.
 A forward that `joins` runs the decodes and the chunks in shared passes of up to that many prompt
 tokens instead (`Forward.run`): one pass reads the weights once for all of them.
-A failure ends its sequence alone; the scheduler's `_leave` takes it out of the batch. It knows
-nothing of the queue, the worker thread or the prefix cache's policy: that is the scheduler's.
+A failure ends its sequence alone. What a step may change of the batch it asks its owner (`Batch`):
+take a sequence out (`leave`), make KV room (`make_room`), give a prompt's KV to its other choices
+(`share`). It knows nothing of the queue, the worker thread or the prefix cache's policy: those are
+the scheduler's.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -35,17 +38,30 @@ def failure_message(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-class Passes:
-    """The step of a `Scheduler` (which makes the attributes below and `_leave`, `_make_room`, `_share`)."""
+@dataclass(frozen=True)
+class Batch:
+    """The batch a step works on, and the scheduler's verbs that change it (the worker thread's alone)."""
 
-    forward: Forward
-    _running: list[Sequence]
-    _chunk: int
-    _m: ModelMetrics
-    _threads: Threads
-    _wakeups: Wakeups
+    running: list[Sequence]  # the scheduler's list, as it is now: a step reads it, the verbs change it
+    leave: Callable[..., None]  # (seq, reason, error=None): out of the batch now, its stream ended
+    make_room: Callable[..., bool]  # (exc, failing=None): KV room made (False: `failing`, or all, ended)
+    share: Callable[[Sequence], None]  # choice 0's prompt is in: its other choices take a copy
 
-    def _step(self) -> None:
+
+class Step:
+    """One step of the worker's loop over `batch` (made on the worker thread, used there alone)."""
+
+    def __init__(self, forward: Forward, batch: Batch, chunk: int, metrics: ModelMetrics, threads: Threads,
+                 wakeups: Wakeups) -> None:
+        self.forward = forward
+        self._running = batch.running
+        self._leave, self._make_room, self._share = batch.leave, batch.make_room, batch.share
+        self._chunk = chunk
+        self._m = metrics
+        self._threads = threads
+        self._wakeups = wakeups
+
+    def __call__(self) -> None:
         for seq in [s for s in self._running if s.stream.cancelled]:
             self._leave(seq, FinishReason.CANCELLED)
         decoding = [s for s in self._running if s.feed is not None and s.prefilled >= s.context_length]

@@ -5,8 +5,9 @@ Each loaded model gets one `Scheduler` and so one worker thread, not a thread pe
 step the worker admits what fits in `max_running`, runs one forward pass over every sequence
 being decoded, prefills about `prefill_chunk` prompt tokens while others decode (every waiting
 prompt when none do), and samples every row at once, each with its own settings and generator
-(that step is `passes.Passes`; the worker holds its readers' wake-ups to one per event loop a pass), on
-as many threads as the machine has free (`threads.Threads`).
+(that step is `passes.Step`, given the batch and the verbs that change it; the worker holds its
+readers' wake-ups to one per event loop a pass), on as many threads as the machine has free
+(`threads.Threads`).
 A sequence that finishes, stops, fails or is cancelled leaves the batch in the same step; its
 KV goes to the prefix cache, from which the chat's next turn takes what it shares. A request
 for n choices runs its prompt once: choice 0 prefills it and the others start from a copy of
@@ -34,7 +35,7 @@ from serge.engine.generation.admission import EngineBusy, SchedulerLimits, Waiti
 from serge.engine.generation.forward import Forward, OutOfKV
 from serge.engine.generation.grammar import Vocabulary
 from serge.engine.generation.prefix_cache import PrefixCache
-from serge.engine.generation.passes import Passes, failure_message
+from serge.engine.generation.passes import Batch, Step, failure_message
 from serge.engine.generation.sampling import SamplingParams
 from serge.engine.generation.schemas import InvalidRequest
 from serge.engine.generation.sequence import ReplyReader, Sequence
@@ -47,7 +48,7 @@ from serge.engine.metrics import EngineMetrics
 log = logging.getLogger(__name__)
 
 
-class Scheduler(Passes):
+class Scheduler:
     def __init__(
         self,
         forward: Forward,
@@ -152,7 +153,9 @@ class Scheduler(Passes):
         torch.set_num_threads(self._most_threads)  # per thread under OpenMP: set it where the work runs
         self.forward.prepare()  # measured with this thread's kernels, before any request waits on it
         counts = self.forward.thread_counts(self._most_threads) if self._adapt_threads else [self._most_threads]
-        self._threads = Threads(counts, self.forward.set_threads, self._m.threads.set)  # the worker's alone
+        threads = Threads(counts, self.forward.set_threads, self._m.threads.set)
+        self._step = Step(self.forward, Batch(self._running, self._leave, self._make_room, self._share),
+                          self._chunk, self._m, threads, self._wakeups)  # the worker's alone
         while True:
             with self._lock:
                 while not self._closing and not self._waiting and not self._running:

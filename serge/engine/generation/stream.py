@@ -131,6 +131,8 @@ class Stream:
         self.created = time.monotonic()
         self._queue_position: int | None = None
         self._watchers: list[Callable[[], None]] = []  # each wakes a reader's event loop
+        self._when_done: list[Callable[[], None]] | None = []  # None once they have been called
+        self._when_done_lock = threading.Lock()
         self._wakeups = wakeups if wakeups is not None else Wakeups()  # the scheduler's: one per loop per step
         # Messages of the conversation left out of the prompt to fit the context (set by the engine).
         self.dropped_messages = 0
@@ -157,9 +159,22 @@ class Stream:
         self._unfinished -= 1
         if self._unfinished:
             return
+        with self._when_done_lock:
+            then, self._when_done = self._when_done, None
+        for call in then:  # before the readers hear of the end: a lease ends before a client can ask again
+            call()
         self._done.set()
         self._deltas.put(_END)
         self._notify()
+
+    def when_done(self, call: Callable[[], None]) -> None:
+        """Call `call` once, when the last choice has finished (now, if it has), before the stream reads as
+        done: on the worker's thread, so it must be quick (the engine ends a reply's lease on its model with it)."""
+        with self._when_done_lock:
+            if self._when_done is not None:
+                self._when_done.append(call)
+                return
+        call()
 
     @property
     def queue_position(self) -> int | None:

@@ -8,7 +8,7 @@ each (sequence, key head) as one work item of the same sequential code, so a row
 bits it gets alone and on any thread count by construction. Measured on 2 cores (smollm2-135m's
 shapes, 16 sequences of ~300 positions, 30 layers): 14.0 ms a step where the per-sequence
 SDPA calls took 30.3 (the keys and values read once: 8.6 ms at this machine's bandwidth).
-A pass that joins prompt chunks to the decodes (`transformers.BatchForward.run`) gives it every
+A pass that joins prompt chunks to the decodes (`hf.forward.BatchForward.run`) gives it every
 one-token row, the chunks going to SDPA, so a decode's row is computed alike in either pass.
 
 It is compiled once per machine (a few seconds, with the C++ compiler llama-cpp-python's

@@ -1,57 +1,27 @@
-"""The transformers engine: its loader, its memory estimate, and its forward passes over many sequences
-at once, each getting the numbers it would get alone.
+"""The transformers engine's forward passes over many sequences at once, each row getting the numbers it would
+get alone, and its loader (`load_transformers`).
 
-Continuous batching must not change what anyone is answered: greedy decoding of
-a prompt gives the same text whether it runs alone or beside fifteen others. A
-plain batch cannot promise that: the BLAS library picks another kernel, and so
-another order of summation, for a matrix of 1 row than for 8, so a row's result
-depends on how many rows were beside it, and a near-tie between two tokens can
-flip. Here, therefore:
+Continuous batching must not change what anyone is answered: greedy decoding of a prompt gives the
+same text alone or beside fifteen others. A plain batch cannot promise that (the BLAS library picks
+another kernel, and so another order of summation, for 1 row than for 8), so `BatchForward`:
 
-- the sequences being decoded share one forward pass, with their tokens packed
-  into one row each (no padding between them);
-- on a CPU in float32 the model's linear layers are swapped, once at load, for
-  ones that run oneDNN's kernels on the weight packed for them (a second copy of
-  those weights in memory): measured invariant for any row count from 2, and a
-  decode step took 44 ms alone, 56 ms for 8 sequences and 85 ms for 16 on 2
-  cores, where MKL's kernels (which torch's linear uses) needed multiples of 4
-  rows and took 83, 90 and 122 ms, and fixed tiles of 2 rows took 96, 239 and 419;
-- at load, the linear layers are measured: which row counts give every row the
-  same bits as any other of those counts, on this machine's kernels and thread
-  count (`RowPlan`); every decode batch is padded with dummy rows to such a count;
-- attention runs per sequence, over that sequence's own `SequenceKV`, with the
-  same shapes whether it is alone or not (an attention function registered with
-  transformers, which `decoder.Decoder` calls too where it runs the model: a
-  Llama-style model on a CPU, float32, checked against transformers' logits at load);
-  on a CPU in float32 a decode pass attends in one call per layer through
-  `cpu_attention`'s op, each (sequence, key head) by the same sequential code, so
-  a row keeps its bits alone, beside others and on any thread count: a step of
-  8 / 16 sequences of ~250 positions took 48 / 64 ms where SDPA per sequence took
-  58 / 82 (2 threads, alternated in one process);
-- a prompt chunk's attention has shapes that depend only on that sequence's prompt;
-  where the linear layers were measured at load (`rows.joins_rows`, at every thread
-  count the worker may use) to give a row its bits anywhere in a pass of up to
-  `joins` prompt tokens beside the decodes, chunks share the decodes' pass (`run`),
-  and every pass, and the rows its output head sees, is padded to the row plan;
-  elsewhere a chunk runs in a pass of its own. Eight prompts of 219 tokens took 214 ms
-  each in passes of their own and 191-199 two to eight to a pass (2 threads); `joins` is
-  `MOST_CHUNKS` chunks, so a step's chunks share one pass (fewer on a model too big to
-  check that many rows quickly: `rows.joinable_rows`).
+- packs the decoding sequences' tokens into one row each, with no padding between them;
+- on a CPU in float32, runs the linear layers on oneDNN's kernels over a weight packed for them
+  (`rows.pack_for_onednn`, a second copy of those weights), and pads every batch with dummy rows
+  to a row count measured at load to give every row the same bits (`rows.RowPlan`);
+- attends per sequence over its own `kv.SequenceKV` with shapes that do not depend on its
+  neighbours (`batch_attention`; in one call per layer through `cpu_attention`'s op on a CPU in
+  float32; a Llama-style model there runs through `decoder.Decoder`, checked against
+  transformers' logits at load);
+- runs prompt chunks in the decodes' pass (`run`) only where the linear layers were measured at
+  load to keep a row's bits in a pass that size (`rows.joins_rows`, `rows.joinable_rows`);
+  elsewhere a chunk runs in a pass of its own;
+- on a CUDA GPU, pages the KV instead (`paged.BlockPool`) and attends for the whole pass in one
+  call per layer (`paged_attention`).
 
-On a CUDA GPU, where a step is bound by launching kernels rather than by
-memory, the KV is paged instead (`generation.paged`) and each layer attends for
-every sequence of the pass in one call (`paged_attention`). On this project's
-2-core CPU that path measured 1.11x / 1.51x / 1.81x the time of a decode step at
-1 / 8 / 16 sequences of ~270 positions (smollm2-135m, float32, one thread): gathering
-the blocks copies every key and value once more per layer, and attention there is
-bound by memory; a batched SDPA over keys already contiguous saved only 8%, and
-FlexAttention compiled for the CPU took 34 s to compile and twice the time. One call
-per layer over a pool of per-sequence slots (no copy, keys padded to the longest and
-met in 64-key blocks so that a row keeps its own bits) took 1.10x / 1.14x / 1.12x a
-decode step's time at 1 / 8 / 16 sequences of ~250 positions (2 threads, the two
-alternated in one process): the blocked value products cost what the calls saved.
-
-This module knows nothing of streams, sampling or scheduling: `LocalModel` and the `Scheduler` do that.
+Why each choice, with the measurements behind it: bench/README.md ("The transformers engine's
+batched forward"). This module knows nothing of streams, sampling or scheduling (`local.LocalModel`
+and `generation.scheduler.Scheduler` do that), nor estimates memory before a load (`hf.family`).
 """
 
 from __future__ import annotations
@@ -65,7 +35,6 @@ import torch
 from serge.engine.hf import cpu_attention
 from serge.engine.hf.batch_attention import install, per_sequence
 from serge.engine.hf.decoder import Decoder
-from serge.engine.devices import DevicePlan
 from serge.engine.generation.forward import OutOfKV
 from serge.engine.hf.kv import SequenceKV
 from serge.engine.hf.paged import BLOCK_SIZE, BlockPool, PagedKV
@@ -73,7 +42,6 @@ from serge.engine.generation.passes import MOST_CHUNKS
 from serge.engine.generation.scheduler import Scheduler
 from serge.engine.generation.sampling import SamplingParams
 from serge.engine.local import LoadOptions, LocalModel, ModelLoadFailed, check_chat_template, eos_ids
-from serge.engine.models.facts import ModelFacts
 from serge.engine.models.library import InstalledModel
 from serge.engine.hf.paged_attention import PagedPass
 from serge.engine.generation.threads import ladder
@@ -353,11 +321,3 @@ def _check_vision(name: str, processor) -> None:
         raise ModelLoadFailed(name, f"model {name!r} places image tokens with 3-D rotary positions, which "
                                     f"Serge's batcher does not give yet; use a LLaVA-style, SmolVLM or Gemma 3 model")
 
-
-def estimate(facts: ModelFacts, plan: DevicePlan) -> int:
-    """Memory the model takes once loaded on `plan`'s device, from its facts (before it is loaded)."""
-    if not facts.parameters:
-        return facts.weights_bytes * 2
-    bytes_per_parameter = {"8bit": 1.0, "4bit": 0.5}.get(plan.quantization, plan.dtype.itemsize)
-    packed = 2 if plan.device_type == "cpu" and plan.dtype_name == "float32" else 1  # the oneDNN copy
-    return int(facts.parameters * bytes_per_parameter * packed)

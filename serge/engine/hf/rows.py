@@ -161,7 +161,7 @@ def joinable_rows(model, extra: list[torch.nn.Module] = ()) -> int:
 def joins_rows(model, plan: RowPlan, most: int, extra: list[torch.nn.Module] = ()) -> bool:
     """Whether every linear layer (but the output head, which sees one row per sequence) gives a row the bits
     it gets at rows `plan.least`.. of its own anywhere in a pass of up to `most` rows, on this thread count:
-    then prompt chunks and decodes may share a pass (`transformers.BatchForward.joins`)."""
+    then prompt chunks and decodes may share a pass (`forward.BatchForward.joins`)."""
     if plan.step != 1:
         return False
     modules = _join_checked(model, list(extra))

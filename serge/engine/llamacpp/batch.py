@@ -4,7 +4,7 @@ llama-cpp-python's `llama_batch_init` gives ctypes arrays that Python fills one 
 foreign call) at a time, five per token, and a separate allocation per token for its sequence
 ids. Here each field is one numpy array that the struct points into, every token has one
 sequence id (a slot of `seq_id`), and each sequence of a pass is a few slice assignments (no
-foreign call per token). It knows nothing of contexts, KV cache or logits: that is `llamacpp.LlamaForward`'s.
+foreign call per token). It knows nothing of contexts, KV cache or logits: that is `forward.LlamaForward`'s.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """llama.cpp as a forward pass: GGUF weights in its own kernels, token ids in, logits out.
 
-`LlamaForward` gives the `Scheduler` what `forward.BatchForward` gives it for
+`LlamaForward` gives the `Scheduler` what `hf.forward.BatchForward` gives it for
 transformers, through llama-cpp-python's bindings to llama.cpp's C API: one
 context per model, one `llama_decode` per step for every sequence being decoded,
 a prompt chunk per call. So continuous batching, prefix reuse, sampling, stop
@@ -46,7 +46,8 @@ from serge.engine.llamacpp.batch import LlamaBatch
 from serge.engine.llamacpp.memory import KvType, footprint, kv_layout, kv_type, placement
 from serge.engine.llamacpp.offload import plan_offload
 from serge.engine.llamacpp.vision import LlamaVision, load_vision
-from serge.engine.local import LoadOptions, LocalModel, check_chat_template, eos_ids, load_tokenizer
+from serge.engine.llamacpp.options import LlamaOptions
+from serge.engine.local import LocalModel, check_chat_template, eos_ids, load_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -265,7 +266,7 @@ class LlamaForward:
         return torch.from_numpy(np.ctypeslib.as_array(pointer, shape=(rows, self.n_vocab)))
 
 
-def load_llamacpp(installed: InstalledModel, options: LoadOptions) -> LocalModel:
+def load_llamacpp(installed: InstalledModel, options: LlamaOptions) -> LocalModel:
     """Load a GGUF model on llama.cpp, on the GPU as far as it fits, with its Hugging Face tokenizer."""
     if installed.gguf_path is None:
         raise ValueError(f"model {installed.name!r} has no GGUF file; llama.cpp cannot run it")

@@ -14,7 +14,7 @@ from types import MappingProxyType
 from typing import get_args
 
 from serge.engine.llamacpp.offload import Offload, offload_for
-from serge.engine.local import LoadOptions
+from serge.engine.llamacpp.options import LlamaOptions
 from serge.engine.models.facts import ModelFacts
 from serge.settings import Settings
 
@@ -56,7 +56,7 @@ def kv_type(name: str) -> KvType:
     return KvType(name, keys, values, flash_attention=name == "q8_0")
 
 
-def kv_layout(options: LoadOptions, bytes_per_token: int, trained: int, weights_bytes: int) -> tuple[int, int]:
+def kv_layout(options: LlamaOptions, bytes_per_token: int, trained: int, weights_bytes: int) -> tuple[int, int]:
     """Slices of the KV cache (replies at once) and cells per slice (their context window),
     for a model trained on `trained` tokens of context, `bytes_per_token` in the cache's type.
 
@@ -90,14 +90,14 @@ class Footprint:
         return self.host_bytes + self.gpu_bytes
 
 
-def planned_layout(facts: ModelFacts, options: LoadOptions) -> tuple[int, int, int]:
+def planned_layout(facts: ModelFacts, options: LlamaOptions) -> tuple[int, int, int]:
     """Slices, cells per slice and bytes per token the loader will make for `facts` (before it is loaded)."""
     per_token = kv_type(options.kv_type).bytes_per_token(facts.kv_bytes_per_token or 0)
     slices, cells = kv_layout(options, max(1, per_token), facts.context_length or 2048, facts.weights_bytes)
     return slices, cells, per_token
 
 
-def placement(facts: ModelFacts, options: LoadOptions, projector_bytes: int = 0) -> Footprint:
+def placement(facts: ModelFacts, options: LlamaOptions, projector_bytes: int = 0) -> Footprint:
     """Where the model would go and what it would take, from its facts (before it is loaded): the loader's own
     layout, on the GPUs llama.cpp sees now, and a vision model's projector (its mmproj file, `projector_bytes`)
     counted with the weights, as the loader counts it."""
@@ -107,12 +107,12 @@ def placement(facts: ModelFacts, options: LoadOptions, projector_bytes: int = 0)
     return footprint(facts.weights_bytes + projector_bytes, kv_bytes, options, offload)
 
 
-def estimate(facts: ModelFacts, options: LoadOptions, projector_bytes: int = 0) -> int:
+def estimate(facts: ModelFacts, options: LlamaOptions, projector_bytes: int = 0) -> int:
     """Memory the model takes once loaded, host and GPU together (see `placement` for the two apart)."""
     return placement(facts, options, projector_bytes).total
 
 
-def footprint(weights_bytes: int, kv_bytes: int, options: LoadOptions, offload: Offload | None = None) -> Footprint:
+def footprint(weights_bytes: int, kv_bytes: int, options: LlamaOptions, offload: Offload | None = None) -> Footprint:
     """Memory a loaded model takes: weights, its KV cache, and the conversations parked beside it (in host
     memory, always); what `offload` puts on the GPU is counted there and not on the host. (llama.cpp keeps
     no host copy of an offloaded layer; its compute buffers are left out of both, `GPU_RESERVE` aside.)"""

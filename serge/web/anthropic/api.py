@@ -4,7 +4,7 @@ HTTP only: the request is checked and translated by `anthropic.models`, the engi
 through its one door (`Engine.chat`, `Engine.count_tokens`), and this module writes the reply in
 Anthropic's shapes: a message with text and tool_use blocks, or the event stream Anthropic's
 clients read (message_start, ping, content_block_start / _delta / _stop, message_delta,
-message_stop). Errors take Anthropic's shape through `error_body` (see `errors.anthropic_error`).
+message_stop). Errors take Anthropic's shape (`errors.ANTHROPIC_ERRORS`, which the app registers).
 A conversation that does not fit is refused, never cut (clients such as Claude Code manage their
 own context); max_tokens above what the window leaves is capped to it, since clients set it for
 the largest hosted models. A client that goes away cancels its generation.
@@ -24,7 +24,7 @@ from starlette.concurrency import run_in_threadpool
 from serge.engine import ChatRequest, Engine, FinishReason, GenerationRecord, Stream
 from serge.web.http.dialects import cancel_on_disconnect, failure, stream_response
 from serge.web.anthropic.models import NO_EFFECT_FIELDS, CountTokensRequest, MessagesRequest
-from serge.web.http.errors import error_body
+from serge.web.anthropic.errors import anthropic_error
 from serge.web.http.request_log import note_generation
 
 # --- the reply ------------------------------------------------------------------------------------------
@@ -234,8 +234,7 @@ async def _events(stream: Stream, message_id: str, prompt_tokens: int):
                            delta={"type": "input_json_delta", "partial_json": call.arguments})
     record = stream.record
     if record.finish_reason is FinishReason.ERROR:
-        error = error_body(f"generation failed: {record.error}", status=502 if record.remote_error else 500,
-                           path="/v1/messages")
+        error = anthropic_error(f"generation failed: {record.error}", 502 if record.remote_error else 500)
         yield _sse("error", error=error["error"])
         return
     if open_kind is None:  # an empty reply is still one (empty) text block

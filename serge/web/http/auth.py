@@ -178,6 +178,6 @@ class Authenticate:
     @staticmethod
     async def _refuse(scope, receive, send, status: int, message: str, code: str,
                       headers: dict[str, str] | None = None) -> None:
-        response = JSONResponse(error_body(message, status=status, code=code, path=scope["path"]), status_code=status,
+        response = JSONResponse(error_body(message, status=status, code=code, scope=scope), status_code=status,
                                 headers=headers)
         await response(scope, receive, send)

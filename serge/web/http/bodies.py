@@ -23,6 +23,7 @@ from starlette.responses import JSONResponse
 
 from serge.documents import MAX_FILE_BYTES, FileTooLarge
 from serge.web.http.errors import error_body
+from serge.web.http.asgi import HttpMiddleware
 
 MAX_INT = 2**63 - 1
 JSON_APIS = ("/api/", "/v1/")  # paths whose bodies are JSON only
@@ -119,24 +120,22 @@ def is_json(content_type: str) -> bool:
     return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
 
 
-def _refuse(path: str, status: int, message: str, code: str, param: str | None = None) -> JSONResponse:
-    return JSONResponse(error_body(message, status=status, code=code, param=param, path=path), status_code=status)
+def _refuse(scope, status: int, message: str, code: str, param: str | None = None) -> JSONResponse:
+    return JSONResponse(error_body(message, status=status, code=code, param=param, scope=scope), status_code=status)
 
 
-class BodyCheck:
+class BodyCheck(HttpMiddleware):
     def __init__(self, app, max_bytes: int, max_upload_bytes: int = 0) -> None:
-        self.app = app
+        super().__init__(app)
         self.max_bytes = max_bytes
         self.max_upload_bytes = max(max_bytes, max_upload_bytes)  # a file sent to a chat
 
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
+    async def http(self, scope, receive, send):
         headers = Headers(scope=scope)
         limit, cap = self.max_bytes, "SERGE_MAX_REQUEST_BYTES sets the cap"
         if is_upload(scope["path"], headers.get("content-type")):
             limit, cap = self.max_upload_bytes, "a file may be at most that large, less its form"
-        too_large = _refuse(scope["path"], 413, f"the request body is larger than {limit} bytes; send less "
+        too_large = _refuse(scope, 413, f"the request body is larger than {limit} bytes; send less "
                                  f"({cap})", "request_too_large")
         declared = headers.get("content-length", "")
         if declared.isdigit() and int(declared) > limit:
@@ -158,13 +157,13 @@ class BodyCheck:
 
         content_type = headers.get("content-type")
         if body and content_type is None and scope["path"].startswith(JSON_APIS):
-            return await _refuse(scope["path"], 415, "the body has no Content-Type; this API reads JSON: send it with "
+            return await _refuse(scope, 415, "the body has no Content-Type; this API reads JSON: send it with "
                                       "Content-Type: application/json", "unsupported_media_type")(scope, receive, send)
         if body and (content_type is None or is_json(content_type)):
             problem = json_problem(body)
             if problem is not None:
                 message, field = problem
-                return await _refuse(scope["path"], 400, message, "invalid_json", field)(scope, receive, send)
+                return await _refuse(scope, 400, message, "invalid_json", field)(scope, receive, send)
 
         replayed = False
 

@@ -4,12 +4,15 @@ Routes raise `ApiError`, or let the exceptions of the layers below through:
 `ERRORS` says once what each of those means (status, code, field), for every
 router and for the CLI's exit messages. The handlers here turn them into
 `{"error": {"message", "type", "param", "code"}}`, with a 4xx status for anything
-the client can fix. (Other dialects format the same `ApiError` in their own shape.)
+the client can fix. A dialect with a shape of its own declares it (`ErrorShape`: its
+paths and its body) and the app registers it (`install_error_handlers`); this module
+names no dialect's paths.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -54,50 +57,38 @@ class ErrorResponse(BaseModel):
     error: ErrorDetail
 
 
-def _openai_error(message: str, status: int, code: str | None, param: str | None) -> dict:
+def openai_error(message: str, status: int, code: str | None = None, param: str | None = None) -> dict:
     kind = "invalid_request_error" if status < 500 else "server_error"
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
-def _ollama_error(message: str, status: int, code: str | None, param: str | None) -> dict:
-    return {"error": message}
+@dataclass(frozen=True)
+class ErrorShape:
+    """A dialect's error body (message, status, code, param -> JSON) and the paths that answer in it: each a
+    path, or a folder of paths."""
 
+    paths: tuple[str, ...]
+    body: Callable[[str, int, str | None, str | None], dict]
 
-# Ollama's routes sit beside Serge's own /api/*, so they are named one by one (those Serge does not serve
-# too, so an Ollama client reads why). /api/chat is Ollama's; /api/chats, Serge's.
-OLLAMA_PATHS = ("/api/chat", "/api/generate", "/api/embed", "/api/embeddings", "/api/tags", "/api/show", "/api/ps",
-                "/api/version", "/api/pull", "/api/delete", "/api/copy", "/api/create", "/api/push", "/api/blobs")
-# Anthropic's error types, by status; other statuses: invalid_request_error below 500, api_error from it.
-ANTHROPIC_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-                         404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error",
-                         500: "api_error", 503: "overloaded_error", 529: "overloaded_error"}
-
-
-def anthropic_error(message: str, status: int, code: str | None, param: str | None) -> dict:
-    kind = ANTHROPIC_ERROR_TYPES.get(status, "invalid_request_error" if status < 500 else "api_error")
-    return {"type": "error", "error": {"type": kind, "message": message}}
-
-
-# Each API dialect answers errors in its own shape: (a path or a folder of paths, how its body looks).
-# Anything else (Serge's own API, the pages, /v1's OpenAI routes) answers in OpenAI's shape.
-DIALECT_ERRORS: tuple[tuple[str, Callable[[str, int, str | None, str | None], dict]], ...] = (
-    *((path, _ollama_error) for path in OLLAMA_PATHS),
-    ("/v1/messages", anthropic_error),
-)
+    def owns(self, path: str) -> bool:
+        return any(path == prefix or path.startswith(prefix + "/") for prefix in self.paths)
 
 
 def error_body(message: str, *, status: int, code: str | None = None, param: str | None = None,
-               path: str = "") -> dict:
-    """An error's body in the shape of the API that `path` belongs to; every refusal, of every layer, is made here."""
-    for prefix, shape in DIALECT_ERRORS:
-        if path == prefix or path.startswith(prefix + "/"):
-            return shape(message, status, code, param)
-    return _openai_error(message, status, code, param)
+               scope: dict | None = None) -> dict:
+    """An error's body in the shape of the API the request (`scope`) belongs to: a registered dialect's, else
+    OpenAI's (Serge's own API, the pages, /v1's OpenAI routes). Every refusal, of every layer, is made here."""
+    if scope is not None and "app" in scope:
+        path = scope.get("path", "")
+        for shape in getattr(scope["app"].state, "error_shapes", ()):
+            if shape.owns(path):
+                return shape.body(message, status, code, param)
+    return openai_error(message, status, code, param)
 
 
 def error_response(request: Request, status: int, message: str, code: str | None = None, param: str | None = None,
                    headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse(error_body(message, status=status, code=code, param=param, path=request.url.path),
+    return JSONResponse(error_body(message, status=status, code=code, param=param, scope=request.scope),
                         status_code=status, headers=headers)
 
 
@@ -172,7 +163,10 @@ def problem(exc: Exception) -> ApiError | None:
     return ApiError(status, message, code=code, param=getattr(exc, "param", None) or param, headers=headers)
 
 
-def install_error_handlers(app: FastAPI) -> None:
+def install_error_handlers(app: FastAPI, shapes: Sequence[ErrorShape] = ()) -> None:
+    """Answer every known error in OpenAI's shape, or in the shape of the dialect (`shapes`) a path belongs to."""
+    app.state.error_shapes = tuple(shapes)
+
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, exc: ApiError):
         return error_response(request, exc.status, exc.message, exc.code, exc.param, exc.headers)

@@ -64,8 +64,8 @@ class Refusal:
     message: str
     code: str
 
-    def response(self, path: str) -> JSONResponse:
-        return JSONResponse(error_body(self.message, status=self.status, code=self.code, path=path),
+    def response(self, scope) -> JSONResponse:
+        return JSONResponse(error_body(self.message, status=self.status, code=self.code, scope=scope),
                             status_code=self.status)
 
 
@@ -145,7 +145,7 @@ class Guard:
             refusal = self.policy.check(scope["method"], scope["path"], Headers(scope=scope),
                                         scope.get("scheme", "http"))
             if refusal is not None:
-                return await refusal.response(scope["path"])(scope, receive, send)
+                return await refusal.response(scope)(scope, receive, send)
         await self.app(scope, receive, send)
 
 

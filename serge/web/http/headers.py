@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 
 from serge.web.http.errors import error_body
+from serge.web.http.asgi import HttpMiddleware
 
 POLICY = "; ".join([
     "default-src 'self'",
@@ -43,13 +44,8 @@ def with_security_headers(headers: list[tuple[bytes, bytes]]) -> list[tuple[byte
     return [*headers, *((name, value) for name, value in HEADERS if name not in present)]
 
 
-class SecurityHeaders:
-    def __init__(self, app) -> None:
-        self.app = app
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
+class SecurityHeaders(HttpMiddleware):
+    async def http(self, scope, receive, send):
         started = False
 
         async def send_with_headers(message):
@@ -63,13 +59,13 @@ class SecurityHeaders:
             await self.app(scope, receive, send_with_headers)
         except Exception:
             if not started:
-                await _server_error(send_with_headers, scope["path"])
+                await _server_error(send_with_headers, scope)
             raise  # the server logs it; nothing more is sent
 
 
-async def _server_error(send, path: str) -> None:
+async def _server_error(send, scope) -> None:
     body = json.dumps(error_body("the server failed on this request; it is logged, and it is a bug in Serge",
-                                 status=500, code="internal_error", path=path)).encode()
+                                 status=500, code="internal_error", scope=scope)).encode()
     await send({"type": "http.response.start", "status": 500,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
     await send({"type": "http.response.body", "body": body})

@@ -26,6 +26,7 @@ import uuid
 from fastapi import Request
 
 from serge.engine import Stream
+from serge.web.http.asgi import HttpMiddleware
 
 log = logging.getLogger("serge.requests")
 
@@ -55,15 +56,10 @@ def logfmt(fields: dict[str, object]) -> str:
     return " ".join(f"{k}={_value(v)}" for k, v in fields.items() if v is not None)
 
 
-class RequestLog:
+class RequestLog(HttpMiddleware):
     """Pure ASGI, outermost: it sees every answer, refusals by the guard and the throttle included."""
 
-    def __init__(self, app) -> None:
-        self.app = app
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
+    async def http(self, scope, receive, send):
         given = dict(scope["headers"]).get(HEADER, b"")
         request_id = given.decode() if _CALLER_ID.fullmatch(given) else uuid.uuid4().hex[:16]
         started = time.monotonic()

@@ -22,12 +22,14 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
-from serge.engine import (ChatRequest, Engine, FinishReason, GenerationRecord, ModelInUse, ModelNotFound, Stream,
+from serge.engine import (ChatRequest, Engine, FinishReason, GenerationRecord, ModelNotFound, Stream,
                           TokenLogprob)
+from serge.web.http.auth import current_user, owner
 from serge.web.http.dialects import cancel_on_disconnect, stream_response
 from serge.web.http.errors import ApiError
 from serge.web.ollama.library import router as library_router
 from serge.web.openai.embeddings import MAX_INPUTS as MAX_EMBED_INPUTS
+from serge.web.openai.logprobs import token_logprob
 from serge.web.ollama.models import (ERRORS_DOC, NDJSON, OllamaChatRequest, OllamaEmbeddingsRequest, OllamaEmbedRequest,
                                      OllamaGenerateRequest, keep_alive_zero, library_name, ollama_name, stream_doc)
 from serge.web.http.request_log import note_generation
@@ -36,11 +38,6 @@ log = logging.getLogger(__name__)
 
 router = APIRouter(tags=["Ollama-compatible"])
 router.include_router(library_router)
-
-UNLOAD_WAIT_S = 120.0  # keep_alive 0 while other replies run: unload once they are done, within this long
-_UNLOAD_POLL_S = 0.5
-_unloading: set[asyncio.Task] = set()  # keep_alive 0 tasks waiting for their model to be idle
-
 
 def _engine(request: Request) -> Engine:
     return request.app.state.engine
@@ -59,31 +56,22 @@ def _record(name: str) -> dict:
     return {"model": ollama_name(name), "created_at": now()}
 
 
-def _unload_when_idle(engine: Engine, name: str) -> None:
-    """keep_alive 0: unload `name` now, or as soon as the replies it is running are done."""
-    async def unload() -> None:
-        deadline = time.monotonic() + UNLOAD_WAIT_S
-        while True:
-            try:
-                await run_in_threadpool(engine.unload, name)
-                return
-            except ModelInUse:
-                if time.monotonic() > deadline:
-                    log.info("keep_alive 0: %s stayed busy for %.0f s; left loaded", name, UNLOAD_WAIT_S)
-                    return
-            except ModelNotFound:  # removed meanwhile
-                return
-            await asyncio.sleep(_UNLOAD_POLL_S)
+def _unload_when_idle(request: Request, name: str) -> asyncio.Future:
+    """keep_alive 0: ask the engine to unload `name` once its replies are done (a plain user's ask is refused
+    where others use the model: `Engine.unload_when_idle`); the unload runs on a thread of its own."""
+    user = current_user(request)
 
-    task = asyncio.get_running_loop().create_task(unload())
-    _unloading.add(task)
-    task.add_done_callback(_unloading.discard)
+    def unload() -> None:
+        try:
+            _engine(request).unload_when_idle(name, user.id, user.admin)
+        except ModelNotFound:  # removed meanwhile
+            pass
+
+    return asyncio.get_running_loop().run_in_executor(None, unload)
 
 
 def _logprobs(tokens: list[TokenLogprob]) -> list[dict]:
-    return [{"token": t.token, "logprob": t.logprob, "bytes": list(t.bytes),
-             "top_logprobs": [{"token": a.token, "logprob": a.logprob, "bytes": list(a.bytes)} for a in t.top]}
-            for t in tokens]
+    return [token_logprob(t) for t in tokens]
 
 
 def _tool_calls(record: GenerationRecord) -> list[dict]:
@@ -117,7 +105,7 @@ async def _answer(request: Request, stream: Stream, *, chat: bool, streamed: boo
                   started: float, load_s: float, unload: bool) -> StreamingResponse | JSONResponse:
     """The reply as Ollama writes it: a record per piece of text (`message` on /api/chat, `response` on
     /api/generate), the tool calls in one record, then the last one with the statistics; or all in one object."""
-    engine, name = _engine(request), stream.model
+    name = stream.model
     note_generation(request, name, stream)
 
     def piece(text: str, calls: list[dict] | None = None, thinking: str = "") -> dict:
@@ -141,7 +129,7 @@ async def _answer(request: Request, stream: Stream, *, chat: bool, streamed: boo
         finally:
             watcher.cancel()
             if unload:
-                _unload_when_idle(engine, name)
+                _unload_when_idle(request, name)
         record = stream.record
         if record.finish_reason is FinishReason.ERROR:
             status, message = _failure(record)
@@ -171,18 +159,17 @@ async def _answer(request: Request, stream: Stream, *, chat: bool, streamed: boo
             yield line({**_record(name), **piece(""), **last(record)})
         finally:
             if unload:
-                _unload_when_idle(engine, name)
+                _unload_when_idle(request, name)
 
     return stream_response(lines(), stream, media_type=NDJSON)
 
 
 async def _load_or_unload(request: Request, name: str, unload: bool, piece: dict) -> JSONResponse:
     """An empty request: load the model (Ollama's warm-up), or unload it with keep_alive 0."""
-    engine = _engine(request)
     if unload:
-        _unload_when_idle(engine, name)
+        await _unload_when_idle(request, name)
     else:
-        await run_in_threadpool(engine.model, name)
+        await run_in_threadpool(_engine(request).model, name)
     return JSONResponse({**_record(name), **piece, "done": True, "done_reason": "unload" if unload else "load"})
 
 
@@ -214,7 +201,8 @@ async def chat(body: OllamaChatRequest, request: Request):
     params, num_ctx = body.sampling()
     response_format = body.response_format()
     ask = ChatRequest(messages, params, tools, response_format, trim=body.truncate is not False,
-                      think=None if body.think is None else body.think is not False, cap=True, window=num_ctx)
+                      think=None if body.think is None else body.think is not False, cap=True, window=num_ctx,
+                      user=owner(request))
     stream = await run_in_threadpool(engine.chat, name, ask)
     return await _answer(request, stream, chat=True, streamed=body.streamed, logprobs=bool(body.logprobs),
                          started=started, load_s=time.monotonic() - started, unload=unload)
@@ -242,10 +230,12 @@ async def generate(body: OllamaGenerateRequest, request: Request):
                            code="invalid_value", param="format")
         if num_ctx is not None:
             log.debug("Ollama /api/generate: num_ctx has no effect on a raw prompt")
-        stream = await run_in_threadpool(engine.complete, name, body.prompt or "", params, body.suffix)
+        stream = await run_in_threadpool(engine.complete, name, body.prompt or "", params, body.suffix,
+                                         user=owner(request))
     else:
         messages = await run_in_threadpool(body.conversation)
-        ask = ChatRequest(messages, params, response_format=response_format, cap=True, window=num_ctx)
+        ask = ChatRequest(messages, params, response_format=response_format, cap=True, window=num_ctx,
+                          user=owner(request))
         stream = await run_in_threadpool(engine.chat, name, ask)
     return await _answer(request, stream, chat=False, streamed=body.streamed, logprobs=bool(body.logprobs),
                          started=started, load_s=time.monotonic() - started, unload=unload)
@@ -261,7 +251,7 @@ def _texts(texts: list[str]) -> list[str]:
 async def _embed(request: Request, model: str | None, texts: list[str], dimensions: int | None = None):
     engine = _engine(request)
     name = library_name(engine, model or engine.settings.default_embedding_model)
-    return await run_in_threadpool(engine.embed, name, texts, dimensions)
+    return await run_in_threadpool(engine.embed, name, texts, dimensions, owner(request))
 
 
 @router.post("/api/embed", summary="Ollama: embeddings for one text or many", responses=ERRORS_DOC)

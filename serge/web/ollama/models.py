@@ -175,7 +175,9 @@ class _Generation(_Open):
         "num_predict, temperature, top_k, top_p, min_p, repeat_penalty, presence_penalty, frequency_penalty, seed, "
         f"stop (up to {MAX_STOP_STRINGS}); num_ctx caps prompt + reply (it never grows the model's window). Others "
         "are ignored, as Ollama ignores options it does not know."))
-    keep_alive: float | str | None = Field(None, description="0 unloads the model once it is idle; other "
+    keep_alive: float | str | None = Field(None, description="0 unloads the model once it is idle (an admin's "
+                                                             "0 always; a plain user's only where no one else "
+                                                             "used the model in the last 5 minutes); other "
                                                              "durations have no effect (Serge unloads by its "
                                                              "memory budget).")
     think: bool | Literal["high", "medium", "low"] | None = Field(None, description=(

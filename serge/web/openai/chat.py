@@ -22,8 +22,9 @@ from serge import __version__
 from serge.engine import ChatRequest, Engine, FinishReason, GenerationRecord, ModelInfo, TokenLogprob
 from serge.web.http.dialects import cancel_on_disconnect, failure, stream_response, think_for
 from serge.web.pages.docs import COMPLETION
-from serge.web.http.errors import ApiError, error_body
+from serge.web.http.errors import ApiError, openai_error
 from serge.web.openai.chat_models import HARMLESS, MAX_CHOICES, REFUSED, ChatCompletionRequest
+from serge.web.openai.logprobs import token_logprob
 from serge.web.http.request_log import note_generation
 
 router = APIRouter(prefix="/v1", tags=["OpenAI-compatible"])
@@ -64,13 +65,8 @@ def _finish_reason(record: GenerationRecord) -> str:
     return "tool_calls" if record.tool_calls else "stop"
 
 
-def _token(t: TokenLogprob) -> dict:
-    return {"token": t.token, "logprob": t.logprob, "bytes": list(t.bytes),
-            "top_logprobs": [{"token": a.token, "logprob": a.logprob, "bytes": list(a.bytes)} for a in t.top]}
-
-
 def _logprobs(tokens: list[TokenLogprob]) -> dict:
-    return {"content": [_token(t) for t in tokens], "refusal": None}
+    return {"content": [token_logprob(t) for t in tokens], "refusal": None}
 
 
 COMPLETIONS_DOC = f"""OpenAI's chat completions. Every field listed here is implemented, except
@@ -160,7 +156,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
                 pending[delta.choice] = []
         records = stream.records
         if failed := next((r for r in records if r.finish_reason is FinishReason.ERROR), None):
-            yield f"data: {json.dumps(error_body(f'generation failed: {failed.error}', status=500))}\n\n"
+            yield f"data: {json.dumps(openai_error(f'generation failed: {failed.error}', 500))}\n\n"
         else:
             for index, record in enumerate(records):
                 yield chunk(index, {}, _finish_reason(record), tokens=pending[index], seed=record.seed)

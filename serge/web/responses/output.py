@@ -17,6 +17,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from serge.engine import Delta, FinishReason, GenerationRecord, TokenLogprob
+from serge.web.openai.logprobs import token_logprob
 from serge.web.responses.items import new_id
 from serge.web.responses.models import CreateResponse, FunctionChoice
 
@@ -76,11 +77,6 @@ def response_object(response_id: str, created_at: int, model: str, status: str, 
     }
 
 
-def _logprob(t: TokenLogprob) -> dict:
-    return {"token": t.token, "logprob": t.logprob, "bytes": list(t.bytes),
-            "top_logprobs": [{"token": a.token, "logprob": a.logprob, "bytes": list(a.bytes)} for a in t.top]}
-
-
 class OutputItems:
     """A reply's output items, made from its deltas; `add` and `finish` return the events for each step."""
 
@@ -118,7 +114,7 @@ class OutputItems:
                 events += self._open_message()
             part = self._message["content"][0]
             part["text"] += delta.text
-            logprobs = [_logprob(t) for t in self._tokens]
+            logprobs = [token_logprob(t) for t in self._tokens]
             self._tokens = []
             if self._logprobs:
                 part["logprobs"] += logprobs
