@@ -23,6 +23,7 @@ from serge.chats import ChatService, Indexer, Knowledge
 from serge.engine import Engine
 from serge.settings import Settings
 from serge.chats.documents import ChatDocuments
+from serge.chats.lookup import Lookup
 from serge.store import AccountStore, ChatStore, CollectionStore, Database, DocumentStore, FileStore, ResponseStore
 from serge.web.pages.accounts import build_account_pages
 from serge.web.api.accounts import router as accounts_router
@@ -42,6 +43,7 @@ from serge.web.pages.chat import STATIC, build_pages
 from serge.web.responses.api import router as responses_router
 from serge.web.http.request_log import RequestLog
 from serge.web.http.user_limits import UserLimits
+from serge.web.mcp import install_mcp
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +81,9 @@ def build_app(settings: Settings, engine: Engine) -> FastAPI:
         loader = threading.Thread(target=_warm_up, args=(app.state.engine, app), name="serge-warm-up", daemon=True)
         loader.start()
         try:
-            yield
+            # /mcp: what agents may look up, and the MCP SDK's task group for its requests
+            async with mcp.running(Lookup(app.state.knowledge, documents, app.state.chats)):
+                yield
         finally:
             app.state.chats.close()  # replies in progress are stopped and saved as incomplete
             indexer.close()  # between two batches: the next start goes on from there
@@ -117,6 +121,7 @@ def build_app(settings: Settings, engine: Engine) -> FastAPI:
     app.include_router(build_pages())
     app.include_router(build_account_pages(limits))
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
+    mcp = install_mcp(app)  # /mcp: the user's knowledge, for other agents
 
     @app.get("/api/health", tags=["system"],
              summary="Is the server ready; what is loaded, on what device, for admins and this machine")
