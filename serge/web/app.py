@@ -25,6 +25,8 @@ from serge.settings import Settings
 from serge.chats.documents import ChatDocuments
 from serge.chats.lookup import Lookup
 from serge.store import AccountStore, ChatStore, CollectionStore, Database, DocumentStore, FileStore, ResponseStore
+from serge.store.tools import ToolServerStore
+from serge.tools import ToolServers
 from serge.web.pages.accounts import build_account_pages
 from serge.web.api.accounts import router as accounts_router
 from serge.web.anthropic.api import router as anthropic_router
@@ -77,6 +79,8 @@ def build_app(settings: Settings, engine: Engine) -> FastAPI:
         app.state.knowledge = Knowledge(collections, indexer)
         app.state.chats = ChatService(ChatStore(database), engine, documents, app.state.knowledge)
         app.state.chats.recover()  # replies cut off by a crash are shown as interrupted
+        app.state.tools = ToolServers.of(ToolServerStore(database), settings)  # MCP servers start on first use
+        await app.state.tools.start()
         app.state.responses = ResponseStore(database)
         loader = threading.Thread(target=_warm_up, args=(app.state.engine, app), name="serge-warm-up", daemon=True)
         loader.start()
@@ -86,6 +90,7 @@ def build_app(settings: Settings, engine: Engine) -> FastAPI:
                 yield
         finally:
             app.state.chats.close()  # replies in progress are stopped and saved as incomplete
+            await app.state.tools.close()  # the MCP servers Serge started stop with it
             indexer.close()  # between two batches: the next start goes on from there
             database.close()
         loader.join()
