@@ -28,6 +28,7 @@ from serge.web.http.errors import ApiError
 from serge.web.http.dialects import cancel_on_disconnect, failure, stream_response
 from serge.web.http.request_log import note_generation, note_tools_left_out
 from serge.web.responses.items import conversation, new_id
+from serge.web.responses.mcp_api import mcp_response
 from serge.web.responses.models import HARMLESS, HOSTED, CreateResponse
 from serge.web.responses.output import (DeletedResponse, InputItemList, OutputItems, ResponseOut, echo,
                                         response_object, status_of, usage)
@@ -78,16 +79,21 @@ def _store(request: Request) -> ResponseStore:
     return request.app.state.responses
 
 
+async def history_of(body: CreateResponse, request: Request, user: str) -> list[dict]:
+    """The items of the stored chain `previous_response_id` continues, oldest first (none without one)."""
+    if not body.previous_response_id:
+        return []
+    try:
+        chain = await run_in_threadpool(_store(request).chain, user, body.previous_response_id)
+    except ResponseNotFound as exc:
+        raise ApiError(404, f"previous_response_id: {exc}", code="previous_response_not_found",
+                       param="previous_response_id") from None
+    return [item for r in chain for item in (*r.input_items, *r.output_items)]
+
+
 async def _start(body: CreateResponse, request: Request, user: str) -> tuple[Stream, list[dict]]:
     """The stream of the reply, and this request's input items as they will be stored."""
-    history: list[dict] = []
-    if body.previous_response_id:
-        try:
-            chain = await run_in_threadpool(_store(request).chain, user, body.previous_response_id)
-        except ResponseNotFound as exc:
-            raise ApiError(404, f"previous_response_id: {exc}", code="previous_response_not_found",
-                           param="previous_response_id") from None
-        history = [item for r in chain for item in (*r.input_items, *r.output_items)]
+    history = await history_of(body, request, user)
     items = await run_in_threadpool(body.input_items)  # its files and images are read off the event loop
     messages = await run_in_threadpool(conversation, body.instructions, history + items)
     if not any(m.role != "system" for m in messages):
@@ -112,6 +118,8 @@ async def _start(body: CreateResponse, request: Request, user: str) -> tuple[Str
              responses=_STREAMED)
 async def create_response(body: CreateResponse, request: Request):
     user = owner(request)
+    if body.uses_mcp():  # Serge runs the calls of registered MCP servers' tools between passes
+        return await mcp_response(body, request, await history_of(body, request, user))
     stream, items = await _start(body, request, user)
     response_id, created = new_id("resp"), int(time.time())
     request_echo, model = echo(body), stream.model
