@@ -209,3 +209,12 @@ def test_a_server_for_admins_is_refused_to_others(settings, engine, tmp_path_fac
         alice = httpx.post(f"{url}/v1/responses", json=body, timeout=60,
                            headers={"Authorization": f"Bearer {keys['alice']}"})
         assert alice.status_code == 200 and alice.json()["output"][1]["type"] == "mcp_call"
+
+
+def test_an_approval_without_its_servers_tool_is_a_400(client, server):
+    first = client.responses.create(model=MODEL, input=ASK, tools=[harbour()], tool_choice=forced(),
+                                    max_output_tokens=200)
+    refused = httpx.post(f"{server}/v1/responses", timeout=60, json={
+        "model": MODEL, "previous_response_id": first.id,
+        "input": [{"type": "mcp_approval_response", "approve": True, "approval_request_id": first.output[1].id}]})
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "tools"

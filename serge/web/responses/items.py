@@ -1,7 +1,8 @@
 """The input items of `/v1/responses` (OpenAI's Responses API), and how they become the engine's messages.
 
 An item is a message (parts `input_text`, `output_text`, `refusal`), a `function_call`,
-a `function_call_output`, or a `reasoning` item (a model's earlier thoughts, which
+a `function_call_output`, an MCP item (`mcp_approval_response`, and `mcp_list_tools`, `mcp_call`,
+`mcp_approval_request` sent back: a call becomes the assistant's call and its result), or a `reasoning` item (a model's earlier thoughts, which
 clients such as the Agents SDK and Codex send back: accepted, and left out of the
 prompt, as thinking templates leave earlier thoughts out). Items are first written in
 the one shape Serge stores and lists them in (`canonical`: ids, `status`, parts as

@@ -52,8 +52,9 @@ async def mcp_response(body: CreateResponse, request: Request, history: list[dic
     except ToolNameClash as exc:
         raise invalid(str(exc), "tools") from None
     answers = approvals(history, items)
-    if answers and servers is None:
-        raise invalid("this Serge runs no MCP servers", "input")
+    if unknown := [a.call.name for a in answers if a.approve and a.call.name not in tools]:
+        raise invalid(f"input approves a call of {unknown[0]!r}, which none of the mcp tools offers; send the "
+                      "same mcp tool as the request that asked", "tools")
     settings = request.app.state.settings
     turn = McpTurn(request.app.state.engine, servers, tools, settings.tool_steps)
     builder = McpOutputItems(body.wants_logprobs, tools)

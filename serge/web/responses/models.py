@@ -1,9 +1,10 @@
 """The body of `/v1/responses` (OpenAI's Responses API), and its translation into the engine's values.
 
 `input` is a string or a list of items (`responses.items`: messages, function calls and
-their outputs, reasoning items). Tools are OpenAI's flat function tools; hosted tools
-(`HOSTED`, and any other type that is not `function`) are left out of what the model is
-offered, never refused. `reasoning.effort` none or minimal asks a model that thinks not
+their outputs, reasoning items, MCP items). Tools are OpenAI's flat function tools and its
+`mcp` tool (responses.mcp: a registered server, run by Serge); hosted tools (`HOSTED`, and
+any other type that is not `function` or `mcp`) are left out of what the model is offered,
+never refused. `reasoning.effort` none or minimal asks a model that thinks not
 to, where its template allows. Unknown top-level fields are a 400 naming them. This
 module formats no replies.
 """
