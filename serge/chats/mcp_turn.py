@@ -15,6 +15,7 @@ tools a request offers and which wait for approval is `McpUse`'s. The engine onl
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, replace
@@ -255,7 +256,9 @@ class McpTurn:
                 break  # the client has a say: an approval to give, or its own function to run
             messages += [Message("assistant", record.text, tuple(c for c, _ in run)), *results]
             ask = replace(ask, messages=list(messages), tools=self.tools_after(ask.tools, made))
-            self._stream = self.engine.chat(stream.model, ask)
+            self._stream = await asyncio.to_thread(self.engine.chat, stream.model, ask)  # it tokenizes the prompt
+            if self._cancelled:  # stopped while the pass was being started
+                self._stream.cancel()
         yield TurnEnded(_summed(records))
 
     def tools_after(self, tools: Tools | None, made: int) -> Tools | None:

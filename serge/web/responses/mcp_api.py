@@ -44,7 +44,7 @@ def _too_long(exc: ContextTooLong) -> ApiError:
 async def mcp_response(body: CreateResponse, request: Request, history: list[dict]):
     user = current_user(request)
     servers = getattr(request.app.state, "tools", None)
-    uses = checked_uses(body.mcp_tools(), servers, user)
+    uses = await run_in_threadpool(checked_uses, body.mcp_tools(), servers, user)  # it reads the registry
     items = await run_in_threadpool(body.input_items)
     listings = await list_tools(servers, uses, earlier_listings(history + items)) if uses else []
     try:
