@@ -218,3 +218,13 @@ def test_an_approval_without_its_servers_tool_is_a_400(client, server):
         "model": MODEL, "previous_response_id": first.id,
         "input": [{"type": "mcp_approval_response", "approve": True, "approval_request_id": first.output[1].id}]})
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "tools"
+
+
+def test_with_serge_tool_steps_spent_the_model_is_offered_no_tool_and_answers(settings, engine, tmp_path_factory):
+    data_dir = tmp_path_factory.mktemp("responses-mcp-steps")
+    register(settings, data_dir, harbour=(HARBOUR, False))
+    with own_server(settings, engine, data_dir, tool_steps=0) as url:
+        response = OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0, timeout=120).responses.create(
+            model=MODEL, input=ASK, tools=[harbour(require_approval="never")], tool_choice=forced(),
+            max_output_tokens=200)
+    assert [i.type for i in response.output] == ["mcp_list_tools", "message"]

@@ -246,8 +246,12 @@ class McpTurn:
             results = []
             for call, tool in run:
                 yield CallRunning(call, tool)
-                outcome = await self._call(call, tool)
-                made += 1
+                if made < self.steps:
+                    outcome = await self._call(call, tool)
+                    made += 1
+                else:  # more calls in one pass than the steps left
+                    outcome = ToolOutcome(f"not run: this reply made {self.steps} tool calls, the most it may "
+                                          "(SERGE_TOOL_STEPS)", True, False)
                 yield CallDone(call, tool, outcome)
                 results.append(Message("tool", outcome.text, tool_call_id=call.id))
             for call, tool in asked:

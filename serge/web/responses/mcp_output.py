@@ -13,7 +13,7 @@ from __future__ import annotations
 from serge.chats.mcp_turn import CallDone, CallRunning, Listing, McpTool
 from serge.engine import Delta, GenerationRecord, ToolCall
 from serge.web.responses.items import new_id
-from serge.web.responses.output import OutputItems
+from serge.web.responses.output import OutputItems, status_of
 
 
 def listing_item(listing: Listing) -> dict:
@@ -127,6 +127,12 @@ class McpOutputItems(OutputItems):
     def finish(self, record: GenerationRecord) -> list[dict]:
         if any(i["type"] in ("mcp_call", "mcp_approval_request") for i in self.output):
             # a turn that called tools or asks to: no empty message is made up after its calls
-            status = "incomplete" if record.finish_reason.value == "length" else "completed"
-            return self._close_thought(status) + self._close_call(status) + self._close_message(status)
+            status = status_of(record)
+            events = self._close_thought(status) + self._close_call(status) + self._close_message(status)
+            for item in self.output:
+                if item["type"] == "mcp_call" and item["status"] == "in_progress":  # cut while it was written
+                    item["status"] = "incomplete"
+                    events.append({"type": "response.output_item.done", "output_index": self._index(item),
+                                   "item": item})
+            return events
         return super().finish(record)
