@@ -21,7 +21,7 @@ from serge import __version__
 from serge.cli_accounts import AccountCommandFailed
 from serge.cli_accounts import add_parsers as add_account_parsers
 from serge.cli_accounts import run as run_account_command
-from serge.cli_tools import ToolCommandFailed
+from serge.cli_tools import ToolCommandFailed, split_server_command
 from serge.cli_tools import add_parsers as add_tool_parsers
 from serge.cli_tools import run as run_tool_command
 from serge.settings import Settings
@@ -116,7 +116,11 @@ class CliError(Exception):
 
 
 def main(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    server_command = split_server_command(argv)  # `serge mcp add NAME [flags] -- COMMAND ...`
     args = parser().parse_args(argv)
+    if server_command is not None:
+        args.argv = server_command
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("alembic").setLevel(logging.WARNING)  # its INFO lines are plugin and dialect chatter
     for chatty in ("httpx", "httpx2", "huggingface_hub"):  # a line per request, over the progress bar

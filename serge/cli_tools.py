@@ -40,6 +40,16 @@ def add_parsers(sub, data_dir_flag) -> None:
         data_dir_flag(p)
 
 
+def split_server_command(argv: list[str]) -> list[str] | None:
+    """For `mcp add`: the command after `--`, taken out of `argv` (argparse would not let flags come between)."""
+    if argv[:2] != ["mcp", "add"] or "--" not in argv:
+        return None
+    at = argv.index("--")
+    command = argv[at + 1:]
+    del argv[at:]
+    return command
+
+
 def _pairs(values: list[str], sep: str, what: str) -> dict[str, str]:
     pairs = {}
     for value in values:
