@@ -224,3 +224,22 @@ def test_the_stdio_servers_serge_started_stop_with_it(settings, engine, tmp_path
             return
         time.sleep(0.1)
     pytest.fail(f"the MCP server (pid {pid}) outlived Serge")
+
+
+def test_search_knowledge_is_a_tool_over_the_chats_files(client):
+    chat = chat_with(client, ["serge"])
+    uploaded = client.post(f"/api/chats/{chat}/files",
+                           files={"file": ("facts.txt", b"The lighthouse keeper is called Ottoline.\n", "text/plain")})
+    assert uploaded.status_code == 201, uploaded.text
+    calls, done = [], None
+    with client.stream("POST", f"/api/chats/{chat}/messages",
+                       json={"content": "Who keeps the lighthouse?", "attachments": [uploaded.json()["id"]]}) as r:
+        assert r.status_code == 200, r.read()
+        for kind, data in read_events(r):
+            if kind == "tool":
+                calls.append(data["call"])
+            elif kind == "done":
+                done = data["message"]
+    assert calls[-1]["server"] == "serge" and calls[-1]["tool"] == "search_knowledge"
+    assert calls[-1]["state"] == "done" and calls[-1]["result"], calls
+    assert done["status"] == "complete"
