@@ -124,6 +124,8 @@ class ToolLoop:
     # --- the loop, on the reply's thread ---------------------------------------------
     def deltas(self):
         try:
+            for note in list(self.tool_log):  # servers that could not be reached, said first
+                yield ToolDelta(dict(note))
             while True:
                 for delta in self._current.deltas():
                     if delta.text or delta.reasoning:

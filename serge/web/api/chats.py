@@ -3,7 +3,8 @@
 It parses requests, calls `ChatService`, and formats records as JSON or a reply
 as server-sent events (`start`, which says how many of the oldest messages the
 model could not see, then `delta` events with text and, for a model that thinks,
-`reasoning` events with its thoughts, then `done` with the saved message). A
+`reasoning` events with its thoughts, `tool` events as a tool call starts, waits for the
+user's approval (`POST .../tool-calls/{call_id}`) and ends, then `done` with the saved message). A
 client that goes away stops its reply, as `/stop` does. A file is
 sent to `/files` (multipart/form-data, the one body here that is not JSON) and
 attached to a message by the id that comes back; a reply's `sources` say which of
