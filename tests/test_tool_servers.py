@@ -181,3 +181,22 @@ def test_a_tools_result_reaches_the_prompt_as_text_never_as_control_tokens(engin
     forged, plain = prompt(CONTROL), prompt("nothing special in this result")
     assert [i for i in forged if i in specials] == [i for i in plain if i in specials]
     assert "<|im_start|>system" in tokenizer.decode(forged)
+
+
+def test_migration_0009_keeps_chats_and_messages_both_ways(database):
+    """Down to 0008 and up again: the registry and the tool columns come and go, chats and their messages stay."""
+    from conftest import migrate_to
+
+    from serge.store import ChatStore, NewMessage, ToolServerStore
+
+    chats = ChatStore(database)
+    chat = chats.create_chat("me", title="kept", tools=["clock"])
+    chats.add_message("me", chat.id, NewMessage("user", "hello"))
+    ToolServerStore(database).add("clock", command=["python", "-m", "mcp_server_time"], env={"K": "secret"})
+    with database.engine.begin() as connection:
+        migrate_to(connection, "0008", down=True)
+    with database.engine.begin() as connection:
+        migrate_to(connection, "0009")
+    again = chats.get_chat("me", chat.id)
+    assert again.title == "kept" and [m.content for m in again.messages] == ["hello"] and again.tools == ()
+    assert ToolServerStore(database).list() == []
