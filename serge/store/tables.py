@@ -58,6 +58,7 @@ class Chat(Base):
     knowledge: Mapped[list | None] = mapped_column(JSON)  # the ids of the collections every reply searches
     tools: Mapped[list | None] = mapped_column(JSON)  # the names of the MCP servers whose tools replies may call
     tool_approvals: Mapped[list | None] = mapped_column(JSON)  # "server/tool" the user always allows in this chat
+    tool_choice: Mapped[str | None] = mapped_column(String(16))  # None/auto, first or always (see ChatRecord)
     current_id: Mapped[str | None] = mapped_column(String(32))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=now)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=now)

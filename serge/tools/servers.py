@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from serge.store import UserRecord
 
 NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,39}")
+RESERVED = frozenset({"serge"})  # the chat's own knowledge search, ticked like a server
 MAX_ARGS = 64
 MAX_ARG_CHARS = 4096
 MAX_HEADERS = 32
@@ -133,6 +134,8 @@ def check_registration(name: str, command: Sequence[str] | None, url: str | None
     if not isinstance(name, str) or not NAME.fullmatch(name):
         raise ToolServerError(f"{name!r} is not a server name: use 1 to 40 lowercase letters, digits, - or _, "
                               f"starting with a letter or digit")
+    if name in RESERVED:
+        raise ToolServerError(f"{name!r} is Serge's own knowledge search; pick another name")
     if (not command) == (not url):
         raise ToolServerError("give a server either a command (stdio) or a URL (streamable HTTP), not both")
     if command:

@@ -7,7 +7,8 @@ Create Date: 2026-12-03
 Frozen like every migration: it names its own column types and imports nothing from serge.
 `mcp_servers` keeps a stdio command (argv) or a URL, with headers and environment that may
 hold secrets; `chats.tools` names the servers a chat's replies may use and
-`chats.tool_approvals` the tools its user always allows; `messages.tool_calls` keeps a
+`chats.tool_approvals` the tools its user always allows (`chats.tool_choice`: whether a
+reply must call one); `messages.tool_calls` keeps a
 reply's calls with their arguments and results.
 """
 
@@ -34,6 +35,7 @@ def upgrade() -> None:
     with op.batch_alter_table("chats") as batch:
         batch.add_column(sa.Column("tools", sa.JSON))
         batch.add_column(sa.Column("tool_approvals", sa.JSON))
+        batch.add_column(sa.Column("tool_choice", sa.String(16)))
     with op.batch_alter_table("messages") as batch:
         batch.add_column(sa.Column("tool_calls", sa.JSON))
 
@@ -41,6 +43,7 @@ def upgrade() -> None:
 def downgrade() -> None:
     # SQLite's own DROP COLUMN: a copied `chats` would cascade its drop to every message and document
     op.drop_column("messages", "tool_calls")
+    op.drop_column("chats", "tool_choice")
     op.drop_column("chats", "tool_approvals")
     op.drop_column("chats", "tools")
     op.drop_table("mcp_servers")
