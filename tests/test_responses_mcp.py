@@ -228,3 +228,22 @@ def test_with_serge_tool_steps_spent_the_model_is_offered_no_tool_and_answers(se
             model=MODEL, input=ASK, tools=[harbour(require_approval="never")], tool_choice=forced(),
             max_output_tokens=200)
     assert [i.type for i in response.output] == ["mcp_list_tools", "message"]
+
+
+@pytest.mark.real_model
+def test_the_real_model_calls_the_clock_and_answers_after_its_output(real_settings, engines, tmp_path_factory):
+    from conftest import MODEL as REAL
+
+    data_dir = tmp_path_factory.mktemp("responses-mcp-real")
+    register(real_settings, data_dir, clock=(CLOCK, False))
+    with own_server(real_settings, engines("auto"), data_dir) as url:
+        response = OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0, timeout=300).responses.create(
+            model=REAL, input="What time is it now in the Europe/Paris timezone?", temperature=0,
+            tools=[{"type": "mcp", "server_label": "clock", "require_approval": "never"}],
+            tool_choice=forced("get_current_time", "clock"), max_output_tokens=60)
+    listed, call, *rest = response.output
+    assert listed.type == "mcp_list_tools" and call.type == "mcp_call" and call.name == "get_current_time"
+    assert call.output is not None or call.error is not None
+    if call.output is not None:  # the server's answer: the time where the model asked
+        assert json.loads(call.arguments)["timezone"] in call.output
+    assert rest and rest[-1].type == "message" and response.output_text
