@@ -21,6 +21,9 @@ from serge import __version__
 from serge.cli_accounts import AccountCommandFailed
 from serge.cli_accounts import add_parsers as add_account_parsers
 from serge.cli_accounts import run as run_account_command
+from serge.cli_tools import ToolCommandFailed, split_server_command
+from serge.cli_tools import add_parsers as add_tool_parsers
+from serge.cli_tools import run as run_tool_command
 from serge.settings import Settings
 
 
@@ -95,6 +98,7 @@ def parser() -> argparse.ArgumentParser:
     info.add_argument("name")
     _runtime(info)
     add_account_parsers(sub, _data_dir)
+    add_tool_parsers(sub, _data_dir)
     return root
 
 
@@ -112,7 +116,11 @@ class CliError(Exception):
 
 
 def main(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    server_command = split_server_command(argv)  # `serge mcp add NAME [flags] -- COMMAND ...`
     args = parser().parse_args(argv)
+    if server_command is not None:
+        args.argv = server_command
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("alembic").setLevel(logging.WARNING)  # its INFO lines are plugin and dialect chatter
     for chatty in ("httpx", "httpx2", "huggingface_hub"):  # a line per request, over the progress bar
@@ -122,12 +130,14 @@ def main(argv: list[str] | None = None) -> None:
         settings = _settings(args)
         if args.command in ("users", "keys"):
             run_account_command(settings, args)  # no engine, no torch: answers at once
+        elif args.command == "mcp":
+            run_tool_command(settings, args)  # nor here
         else:
             _with_engine(settings, args)
     except ValidationError as exc:
         errors = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
         _fail(f"invalid setting: {errors}")
-    except (CliError, AccountCommandFailed) as exc:
+    except (CliError, AccountCommandFailed, ToolCommandFailed) as exc:
         _fail(str(exc))
 
 

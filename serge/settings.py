@@ -179,6 +179,20 @@ class Settings(BaseSettings):
     user_requests_per_minute: int = Field(
         120, ge=1, description="Requests one signed-in user (all their keys together) may make per minute.",
     )
+    tool_timeout_s: float = Field(
+        30.0, gt=0, le=3600, description="Longest one call of an MCP server's tool may take; past it the call is "
+        "stopped and the model told it timed out.",
+    )
+    tool_steps: int = Field(
+        8, ge=0, le=64, description="Tool calls one chat reply may make; then the model answers without tools.",
+    )
+    tool_output_chars: int = Field(
+        20_000, ge=100, description="Longest tool result the model is given; longer output is cut and the model "
+                                    "told so.",
+    )
+    tool_concurrency: int = Field(
+        4, ge=1, le=64, description="Calls one MCP server runs at once; more wait their turn.",
+    )
     session_days: float = Field(30, gt=0, le=366, description="How long a login lasts before the page asks again.")
     trusted_proxies: str = Field(
         "127.0.0.1",

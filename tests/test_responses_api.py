@@ -35,7 +35,7 @@ WEATHER = {"type": "function", "name": "get_weather", "description": "Get the cu
 ASK_WEATHER = "What is the weather like in Paris today?"
 HOSTED = [{"type": "web_search"}, {"type": "web_search_preview"}, {"type": "file_search", "vector_store_ids": ["v"]},
           {"type": "code_interpreter", "container": {"type": "auto"}}, {"type": "image_generation"},
-          {"type": "local_shell"}, {"type": "mcp", "server_label": "x", "server_url": "https://mcp.example"}]
+          {"type": "local_shell"}]  # an mcp tool is Serge's to run (test_responses_mcp.py)
 
 
 def openai_client(url: str) -> OpenAI:
@@ -237,7 +237,7 @@ def test_hosted_tools_are_left_out_of_what_the_model_is_offered_and_named_in_the
     assert only_hosted.status_code == 200 and only_hosted.json()["tools"] == []
     logged = [r.getMessage() for r in caplog.records if r.name == "serge.requests" and "/v1/responses" in
               r.getMessage()]
-    assert any('tools_left_out="code_interpreter,file_search,image_generation,local_shell,mcp,web_search,'
+    assert any('tools_left_out="code_interpreter,file_search,image_generation,local_shell,web_search,'
                'web_search_preview"' in line for line in logged), logged
 
 

@@ -129,7 +129,10 @@ class Reply:
                     parts.append(("reasoning", delta.reasoning))
                 if delta.text:
                     parts.append(("delta", delta.text))
-                if not (delta.text or delta.reasoning):
+                tool = getattr(delta, "tool", None)  # a call the reply made (serge.chats.tools), as it goes
+                if tool:
+                    parts.append(("tool", tool))
+                if not (delta.text or delta.reasoning or tool):
                     continue
                 self._tell_listeners()
                 if time.monotonic() - flushed >= FLUSH_EVERY_S:
@@ -170,6 +173,7 @@ class Reply:
                       "reasoning_tokens": record.reasoning_tokens or None, "seed": str(record.seed),
                       "finish_reason": record.finish_reason.value, "complete": record.finish_reason in COMPLETE,
                       "dropped_messages": self.dropped_messages, "sources": self.sources}
+        values["tool_calls"] = list(getattr(self.stream, "tool_log", None) or ()) or None
         try:
             return self._store.finish_message(self.owner, self.message_id, **values)
         except DatabaseUnavailable as exc:  # tell the listeners, and keep trying behind them

@@ -19,6 +19,8 @@ from serge.chats.checks import (DEFAULT_TITLE, MAX_MESSAGE_CHARS, MAX_SYSTEM_PRO
 from serge.chats.documents import ChatDocuments
 from serge.chats.knowledge import Knowledge
 from serge.chats.replies import Reply
+from serge.chats.tools import ToolLoop
+from serge.chats.chat_tools import ChatTools
 from serge.chats.transfer import ChatExport, export_json
 from serge.documents import MAX_FILES_PER_MESSAGE
 from serge.engine import ChatRequest, Engine, Message, ModelNotFound, SamplingParams
@@ -34,11 +36,12 @@ class ChatBusy(RuntimeError):
 
 class ChatService:
     def __init__(self, store: ChatStore, engine: Engine, documents: ChatDocuments | None = None,
-                 knowledge: Knowledge | None = None) -> None:
+                 knowledge: Knowledge | None = None, tools: ChatTools | None = None) -> None:
         self.store = store
         self.engine = engine
         self.documents = documents  # None: this service takes no files
         self.knowledge = knowledge  # None: nor collections
+        self.tools = tools  # None: replies call no tools
         self._active: dict[str, Reply | None] = {}  # None: reserved while the reply starts
         self._lock = threading.Lock()
 
@@ -71,14 +74,25 @@ class ChatService:
             raise InvalidChatInput("this server has no knowledge collections", field)
         return self.knowledge.resolve(owner, refs, field)
 
+    def _tool_servers(self, user, names: list[str] | None) -> list[str]:
+        """The MCP servers named, each one `user` may use (ToolServerNotFound, ToolServerForbidden say which not)."""
+        if not names:
+            return []
+        if self.tools is None:
+            raise InvalidChatInput("this server runs no tools", "tools")
+        return self.tools.check(user, names)
+
     def create(self, owner: str, *, title: str | None = None, model: str | None = None,
                system_prompt: str | None = None, settings: dict | None = None,
-               knowledge: list[str] | None = None) -> ChatRecord:
+               knowledge: list[str] | None = None, tools: list[str] | None = None, tool_choice: str | None = None,
+               user=None) -> ChatRecord:
+        """`tools`: MCP servers by name, each one `user` may use."""
         title = (check_text(title, "title", MAX_TITLE_CHARS) or "").strip() or DEFAULT_TITLE
         return self.store.create_chat(
             owner, title=title, model=self._check_model(model),
             system_prompt=check_text(system_prompt, "system_prompt", MAX_SYSTEM_PROMPT_CHARS) or None,
             settings=check_settings(settings), knowledge=self._collections(owner, knowledge, "knowledge"),
+            tools=self._tool_servers(user, tools), tool_choice=tool_choice,
         )
 
     def list(self, owner: str, query: str | None = None) -> list[ChatRecord]:
@@ -87,8 +101,8 @@ class ChatService:
     def get(self, owner: str, chat_id: str) -> ChatRecord:
         return self.store.get_chat(owner, chat_id)
 
-    def update(self, owner: str, chat_id: str, changes: dict) -> ChatRecord:
-        """Change title, model, system prompt or settings; only the keys given."""
+    def update(self, owner: str, chat_id: str, changes: dict, user=None) -> ChatRecord:
+        """Change title, model, system prompt, settings, knowledge or tools; only the keys given."""
         checked = {}
         if "title" in changes:
             checked["title"] = check_title(changes["title"])
@@ -101,7 +115,18 @@ class ChatService:
             checked["settings"] = check_settings(changes["settings"])
         if "knowledge" in changes:
             checked["knowledge"] = self._collections(owner, changes["knowledge"], "knowledge") or None
+        if "tools" in changes:
+            checked["tools"] = self._tool_servers(user, changes["tools"]) or None
+        if "tool_choice" in changes:
+            checked["tool_choice"] = changes["tool_choice"] or None
         return self.store.update_chat(owner, chat_id, **checked)
+
+    def decide(self, owner: str, chat_id: str, call_id: str, allow: bool, always: bool = False) -> bool:
+        """The user's Allow or Deny for a tool call of the reply in progress; False when none waits by that id."""
+        self.store.get_chat(owner, chat_id)  # the owner's chat, or ChatNotFound
+        reply = self._active.get(chat_id)
+        stream = reply.stream if reply is not None else None
+        return isinstance(stream, ToolLoop) and stream.decide(call_id, allow, always)
 
     def delete(self, owner: str, chat_id: str) -> None:
         self.store.get_chat(owner, chat_id)  # not found before anything stops
@@ -194,10 +219,11 @@ class ChatService:
                 del self._active[reply_or_chat.chat_id]
 
     def reply(self, owner: str, chat_id: str, content: str, attachments: list[str] | None = None,
-              knowledge: list[str] | None = None) -> Reply:
+              knowledge: list[str] | None = None, user=None) -> Reply:
         """Save the user's message (with the ids of the chat's files it comes with, and of the collections it
         names), then start the reply to it."""
         check_text(content, "content", MAX_MESSAGE_CHARS, required=True)
+        caller = user
         chat = self.store.get_chat(owner, chat_id)
         attached = self._check_attachments(owner, chat_id, attachments or [])
         named = self._collections(owner, knowledge, "knowledge") or None
@@ -210,12 +236,12 @@ class ChatService:
             # the branch read above, with the question on it (read again only if it moved in between)
             chat = (replace(chat, messages=(*chat.messages, user), current_id=user.id)
                     if user.parent_id == chat.current_id else None)
-            return self._start(owner, chat_id, user, user, chat)
+            return self._start(owner, chat_id, user, user, chat, caller)
         except BaseException:
             self._release(chat_id)
             raise
 
-    def regenerate(self, owner: str, chat_id: str) -> Reply:
+    def regenerate(self, owner: str, chat_id: str, user=None) -> Reply:
         """A new reply to the last question; the old one stays as an alternative."""
         chat = self.store.get_chat(owner, chat_id)
         if not chat.messages:
@@ -227,14 +253,15 @@ class ChatService:
             raise InvalidChatInput("the last reply does not follow a user message", "chat")
         self._reserve(chat_id)
         try:
-            return self._start(owner, chat_id, question, None, chat)
+            return self._start(owner, chat_id, question, None, chat, user)
         except BaseException:
             self._release(chat_id)
             raise
 
-    def edit_and_resend(self, owner: str, chat_id: str, message_id: str, content: str) -> Reply:
+    def edit_and_resend(self, owner: str, chat_id: str, message_id: str, content: str, user=None) -> Reply:
         """Branch from an earlier user message with new text; the old branch is kept."""
         check_text(content, "content", MAX_MESSAGE_CHARS, required=True)
+        caller = user
         original = self.store.get_message(owner, chat_id, message_id)
         if original.role != "user":
             raise InvalidChatInput("only your own messages can be edited", "message_id")
@@ -243,7 +270,7 @@ class ChatService:
             user = self.store.add_message(owner, chat_id, NewMessage(
                 "user", content, parent_id=original.parent_id, after_current=False, attachments=original.attachments,
                 knowledge=original.knowledge))
-            return self._start(owner, chat_id, user, user)
+            return self._start(owner, chat_id, user, user, None, caller)
         except BaseException:
             self._release(chat_id)
             raise
@@ -279,9 +306,9 @@ class ChatService:
         return history, places, attached
 
     def _start(self, owner: str, chat_id: str, question: MessageRecord, user: MessageRecord | None,
-               chat: ChatRecord | None = None) -> Reply:
+               chat: ChatRecord | None = None, caller=None) -> Reply:
         """Start the reply to `question`; `chat`: the chat as read already, its branch on screen ending at or
-        past the question (None: read it now)."""
+        past the question (None: read it now); `caller`: the account asking, whose tools the chat may use."""
         chat = chat or self.store.get_chat(owner, chat_id)
         history, places, attached = self._conversation(owner, chat, question)
         model = chat.model or self.engine.default_model
@@ -305,7 +332,11 @@ class ChatService:
             raise DatabaseUnavailable(exc.reason, "your message is saved, but no reply was started; press "
                                                   "Regenerate once that is fixed") from exc
         try:
-            stream = self.engine.chat(model, ChatRequest(history, SamplingParams(**chat.settings)))
+            if self.tools is not None and chat.tools:
+                stream = self.tools.loop(owner, chat, model, history, caller,
+                                         self._searcher(owner, attached, collections))
+            else:
+                stream = self.engine.chat(model, ChatRequest(history, SamplingParams(**chat.settings)))
         except Exception as exc:
             self.store.finish_message(owner, placeholder.id, finish_reason="error", complete=False, error=str(exc))
             raise
@@ -315,3 +346,20 @@ class ChatService:
         with self._lock:
             self._active[chat_id] = reply
         return reply.start()
+
+    def _searcher(self, owner: str, attached: list[str], collections: dict[str, str]):
+        """`search_knowledge` for one reply: the chat's collections and files, or None when it has neither."""
+        if self.documents is None or not (attached or collections):
+            return None
+        documents = self.documents
+        ids = list(dict.fromkeys([*attached, *collections]))
+
+        def search(query: str, limit: int = 5) -> str:
+            names = documents.store.names(owner, ids)
+            found = []
+            for ranked in documents.rank(owner, ids, query)[:max(1, min(limit, 10))]:
+                hit = ranked.hit
+                found.append(f"[{names.get(hit.document_id, '?')}, page {hit.page}] {hit.text}")
+            return "\n\n".join(found) or "nothing in the chat's files and collections matches"
+        return search
+

@@ -47,6 +47,21 @@ class ExportedChat(BaseModel):
     updated_at: datetime | None = None
 
 
+class ExportedToolCall(BaseModel):
+    """A tool a reply called, as stored with it: shown again on import, never run again."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    id: str = Field(max_length=64)
+    server: str = Field(max_length=64)
+    tool: str = Field(max_length=200)
+    arguments: str = Field("", max_length=100_000)  # JSON text, as the model wrote it
+    state: Literal["waiting", "running", "done", "error", "denied", "stopped"] = "done"
+    result: str = Field("", max_length=1_000_000)
+    is_error: bool = False
+    cut: bool = False
+
+
 class ExportedMessage(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
@@ -70,6 +85,7 @@ class ExportedMessage(BaseModel):
     error: str | None = Field(None, max_length=10_000)
     dropped_messages: int | None = Field(None, ge=0)
     sources: list[dict] | None = Field(None, max_length=100)  # a reply's passages of files (the files stay behind)
+    tool_calls: list[ExportedToolCall] | None = Field(None, max_length=64)  # a reply's tool calls and results
     created_at: datetime | None = None
     updated_at: datetime | None = None
 
@@ -123,5 +139,8 @@ def export_markdown(chat: ChatRecord) -> str:
         lines += [f"## {heading}", ""]
         if m.reasoning:  # a thinking model's thoughts, quoted above its reply
             lines += ["> _Thoughts:_", *(f"> {line}".rstrip() for line in m.reasoning.strip().splitlines()), ""]
+        for call in m.tool_calls or ():
+            lines += [f"> _Called {call['server']}/{call['tool']}({call.get('arguments', '')}): {call.get('state')}_",
+                      *(f"> {line}".rstrip() for line in str(call.get("result", "")).strip().splitlines()[:20]), ""]
         lines += [m.content, ""]
     return "\n".join(lines).rstrip() + "\n"

@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 from serge.store.db import Database
 from serge.store.tables import Chat, Message, now
 
-CHAT_FIELDS = ("title", "model", "system_prompt", "settings", "knowledge")
+CHAT_FIELDS = ("title", "model", "system_prompt", "settings", "knowledge", "tools", "tool_approvals", "tool_choice")
 
 
 class ChatNotFound(LookupError):
@@ -63,6 +63,8 @@ class MessageRecord:
     created_at: datetime
     updated_at: datetime
     alternatives: tuple[str, ...] = ()  # this message and its siblings, oldest first
+    # a reply's: the tools it called, in order ({server, tool, arguments, state, result, is_error, cut, ...})
+    tool_calls: list | None = None
 
     @property
     def status(self) -> str:
@@ -115,6 +117,9 @@ class ChatRecord:
     updated_at: datetime
     knowledge: tuple[str, ...] = ()  # the ids of the collections every reply of the chat searches
     messages: tuple[MessageRecord, ...] = field(default=())  # the branch on screen, oldest first
+    tools: tuple[str, ...] = ()  # the MCP servers whose tools its replies may call
+    tool_approvals: tuple[str, ...] = ()  # "server/tool" that run without asking, in this chat
+    tool_choice: str = "auto"  # auto, or "first"/"always": the first/every step must call a tool (steering)
 
     @classmethod
     def of(cls, row: Chat, messages: tuple[MessageRecord, ...] = ()) -> ChatRecord:
@@ -122,7 +127,8 @@ class ChatRecord:
             id=row.id, owner=row.owner, title=row.title, model=row.model, system_prompt=row.system_prompt,
             settings=dict(row.settings or {}), current_id=row.current_id, created_at=row.created_at,
             knowledge=tuple(row.knowledge or ()),
-            updated_at=row.updated_at, messages=messages,
+            updated_at=row.updated_at, messages=messages, tools=tuple(row.tools or ()),
+            tool_approvals=tuple(row.tool_approvals or ()), tool_choice=row.tool_choice or "auto",
         )
 
 
@@ -170,13 +176,18 @@ class ChatStore:
         return list(session.scalars(select(Message).where(Message.chat_id == chat_id)))
 
     def create_chat(self, owner: str, *, title: str, model: str | None = None, system_prompt: str | None = None,
-                    settings: dict | None = None, knowledge: Sequence[str] = ()) -> ChatRecord:
+                    settings: dict | None = None, knowledge: Sequence[str] = (), tools: Sequence[str] = (),
+                    tool_choice: str | None = None) -> ChatRecord:
         with self.db.session() as session, session.begin():
             stamp = now()
             row = Chat(id=new_id(), owner=owner, title=title, model=model, system_prompt=system_prompt,
                        settings=settings or {}, created_at=stamp, updated_at=stamp)
             if knowledge:
                 row.knowledge = list(knowledge)
+            if tools:
+                row.tools = list(tools)
+            if tool_choice and tool_choice != "auto":
+                row.tool_choice = tool_choice
             session.add(row)
         return ChatRecord.of(row)
 

@@ -56,6 +56,9 @@ class Chat(Base):
     system_prompt: Mapped[str | None] = mapped_column(Text)
     settings: Mapped[dict] = mapped_column(JSON, default=dict)
     knowledge: Mapped[list | None] = mapped_column(JSON)  # the ids of the collections every reply searches
+    tools: Mapped[list | None] = mapped_column(JSON)  # the names of the MCP servers whose tools replies may call
+    tool_approvals: Mapped[list | None] = mapped_column(JSON)  # "server/tool" the user always allows in this chat
+    tool_choice: Mapped[str | None] = mapped_column(String(16))  # None/auto, first or always (see ChatRecord)
     current_id: Mapped[str | None] = mapped_column(String(32))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=now)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=now)
@@ -92,6 +95,7 @@ class Message(Base):
     attachments: Mapped[list | None] = mapped_column(JSON)  # a user message's: the ids of its documents
     knowledge: Mapped[list | None] = mapped_column(JSON)  # a user message's: the collections it named
     sources: Mapped[list | None] = mapped_column(JSON)  # a reply's: the passages it was given, with their scores
+    tool_calls: Mapped[list | None] = mapped_column(JSON)  # a reply's: the tools it called, their arguments and results
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=now)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=now)
 
@@ -210,3 +214,20 @@ class StoredResponse(Base):
     output_items: Mapped[list] = mapped_column(JSON, default=list)
     usage: Mapped[dict] = mapped_column(JSON, default=dict)
     request: Mapped[dict] = mapped_column(JSON, default=dict)
+
+
+class McpServer(Base):
+    """An MCP server an admin registered: a stdio command Serge starts, or a streamable-HTTP URL.
+
+    `headers` and `env` may hold secrets: they are read only to connect, never listed nor logged.
+    """
+
+    __tablename__ = "mcp_servers"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    command: Mapped[list | None] = mapped_column(JSON)  # argv of a stdio server
+    url: Mapped[str | None] = mapped_column(Text)  # of a streamable-HTTP (or SSE) server
+    headers: Mapped[dict] = mapped_column(JSON, default=dict)
+    env: Mapped[dict] = mapped_column(JSON, default=dict)
+    admins_only: Mapped[bool] = mapped_column(Boolean, default=False)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=now)

@@ -24,7 +24,11 @@ from serge.engine import Engine
 from serge.settings import Settings
 from serge.chats.documents import ChatDocuments
 from serge.chats.responses import StoredResponses
+from serge.chats.lookup import Lookup
 from serge.store import AccountStore, ChatStore, CollectionStore, Database, DocumentStore, FileStore, ResponseStore
+from serge.store.tools import ToolServerStore
+from serge.tools import ToolServers
+from serge.chats.chat_tools import ChatTools
 from serge.web.pages.accounts import build_account_pages
 from serge.web.api.accounts import router as accounts_router
 from serge.web.anthropic.api import router as anthropic_router
@@ -39,12 +43,15 @@ from serge.web.http.errors import ApiError, install_error_handlers
 from serge.web.http.guard import protect
 from serge.web.api.knowledge import router as knowledge_router
 from serge.web.api.models import router as models_router
+from serge.web.api.tools import router as tools_router
+from serge.web.pages.tools import router as tool_pages
 from serge.web.ollama.api import router as ollama_router
 from serge.web.openai.chat import router as openai_router
 from serge.web.pages.chat import STATIC, build_pages
 from serge.web.responses.api import router as responses_router
 from serge.web.http.request_log import RequestLog
 from serge.web.http.user_limits import UserLimits
+from serge.web.mcp import install_mcp
 
 log = logging.getLogger(__name__)
 
@@ -76,15 +83,22 @@ def build_app(settings: Settings, engine: Engine) -> FastAPI:
         collections = CollectionStore(store)
         indexer = Indexer(collections, documents).start()  # goes on with what a stopped server left unindexed
         app.state.knowledge = Knowledge(collections, indexer)
-        app.state.chats = ChatService(ChatStore(database), engine, documents, app.state.knowledge)
+        app.state.tools = ToolServers.of(ToolServerStore(database), settings)  # MCP servers start on first use
+        await app.state.tools.start()
+        chat_store = ChatStore(database)
+        app.state.chats = ChatService(chat_store, engine, documents, app.state.knowledge,
+                                      ChatTools(app.state.tools, chat_store, engine, steps=settings.tool_steps))
         app.state.chats.recover()  # replies cut off by a crash are shown as interrupted
         app.state.responses = StoredResponses(ResponseStore(database))
         loader = threading.Thread(target=_warm_up, args=(app.state.engine, app), name="serge-warm-up", daemon=True)
         loader.start()
         try:
-            yield
+            # /mcp: what agents may look up, and the MCP SDK's task group for its requests
+            async with mcp.running(Lookup(app.state.knowledge, documents, app.state.chats)):
+                yield
         finally:
             app.state.chats.close()  # replies in progress are stopped and saved as incomplete
+            await app.state.tools.close()  # the MCP servers Serge started stop with it
             indexer.close()  # between two batches: the next start goes on from there
             database.close()
         loader.join()
@@ -117,9 +131,12 @@ def build_app(settings: Settings, engine: Engine) -> FastAPI:
     app.include_router(knowledge_router)
     app.include_router(models_router)
     app.include_router(accounts_router)
+    app.include_router(tools_router)
+    app.include_router(tool_pages)
     app.include_router(build_pages())
     app.include_router(build_account_pages(limits))
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
+    mcp = install_mcp(app)  # /mcp: the user's knowledge, for other agents
 
     @app.get("/api/health", tags=["system"],
              summary="Is the server ready; what is loaded, on what device, for admins and this machine")

@@ -3,7 +3,8 @@
 It parses requests, calls `ChatService`, and formats records as JSON or a reply
 as server-sent events (`start`, which says how many of the oldest messages the
 model could not see, then `delta` events with text and, for a model that thinks,
-`reasoning` events with its thoughts, then `done` with the saved message). A
+`reasoning` events with its thoughts, `tool` events as a tool call starts, waits for the
+user's approval (`POST .../tool-calls/{call_id}`) and ends, then `done` with the saved message). A
 client that goes away stops its reply, as `/stop` does. A file is
 sent to `/files` (multipart/form-data, the one body here that is not JSON) and
 attached to a message by the id that comes back; a reply's `sources` say which of
@@ -16,7 +17,7 @@ import dataclasses
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Literal
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, File, Query, Request, Response, UploadFile
 from fastapi.responses import PlainTextResponse, StreamingResponse
@@ -29,7 +30,7 @@ from serge.chats.knowledge import MAX_KNOWLEDGE_PER_MESSAGE
 from serge.documents import MAX_FILES_PER_MESSAGE
 from serge.engine import EngineBusy, ModelLoadFailed, SamplingParams
 from serge.store import ChatRecord, DocumentRecord, MessageRecord
-from serge.web.http.auth import owner
+from serge.web.http.auth import current_user, owner
 from serge.web.http.bodies import uploaded
 from serge.web.pages.docs import EVENT_STREAM, MARKDOWN
 from serge.web.http.dialects import stream_response
@@ -37,6 +38,7 @@ from serge.web.http.errors import ApiError
 from serge.web.http.request_log import note_generation
 
 router = APIRouter(prefix="/api/chats", tags=["chats"])
+MAX_TOOL_SERVERS = 32
 
 
 class ChatIn(BaseModel):
@@ -49,6 +51,13 @@ class ChatIn(BaseModel):
                                                               "a field left out uses the model's default.")
     knowledge: list[str] | None = Field(None, max_length=MAX_KNOWLEDGE_PER_MESSAGE,
                                         description="Knowledge collections (by name or id) every reply searches.")
+    tools: list[Annotated[str, Field(max_length=64)]] | None = Field(
+        None, max_length=MAX_TOOL_SERVERS,
+        description="Tool servers whose tools replies may call, by their registered name (`GET /api/tools` lists "
+                    "those you may use; `serge` is the chat's own knowledge search).")
+    tool_choice: Literal["auto", "first", "always"] | None = Field(
+        None, description="auto (default): the model decides; first: the first step of each reply must call a "
+                          "tool; always: every step must, until SERGE_TOOL_STEPS calls are made.")
 
 
 class ChatPatch(ChatIn):
@@ -93,7 +102,9 @@ def message_out(m: MessageRecord) -> dict:
 def chat_out(chat: ChatRecord, *, messages: bool = True) -> dict:
     body = {
         "id": chat.id, "title": chat.title, "model": chat.model, "system_prompt": chat.system_prompt,
-        "settings": chat.settings, "knowledge": list(chat.knowledge), "created_at": chat.created_at.isoformat(),
+        "settings": chat.settings, "knowledge": list(chat.knowledge), "tools": list(chat.tools),
+        "tool_choice": chat.tool_choice, "tool_approvals": list(chat.tool_approvals),
+        "created_at": chat.created_at.isoformat(),
         "updated_at": chat.updated_at.isoformat(),
     }
     if messages:
@@ -124,6 +135,8 @@ def reply_events(request: Request, reply: Reply) -> StreamingResponse:
                 yield _event(kind, {"text": value})
             elif kind == "queued":
                 yield _event("queued", {"ahead": value})
+            elif kind == "tool":  # a call: shown when it starts, waits for approval, and ends
+                yield _event("tool", {"call": value})
             else:
                 yield _event("done", {"message": message_out(value)})
 
@@ -132,7 +145,7 @@ def reply_events(request: Request, reply: Reply) -> StreamingResponse:
 
 @router.post("", status_code=201, summary="Create a chat")
 def create_chat(body: ChatIn, request: Request):
-    return chat_out(service(request).create(owner(request), **body.model_dump()))
+    return chat_out(service(request).create(owner(request), **body.model_dump(), user=current_user(request)))
 
 
 @router.get("", summary="List chats, newest activity first; q searches titles and messages")
@@ -153,7 +166,8 @@ def get_chat(chat_id: str, request: Request):
 
 @router.patch("/{chat_id}", summary="Rename a chat, or change its model, system prompt or settings")
 def patch_chat(chat_id: str, body: ChatPatch, request: Request):
-    return chat_out(service(request).update(owner(request), chat_id, body.model_dump(exclude_unset=True)))
+    return chat_out(service(request).update(owner(request), chat_id, body.model_dump(exclude_unset=True),
+                                            user=current_user(request)))
 
 
 @router.delete("/{chat_id}", status_code=204, summary="Delete a chat and all its messages")
@@ -201,7 +215,7 @@ def file_image(chat_id: str, document_id: str, request: Request):
 async def send_message(chat_id: str, body: MessageIn, request: Request):
     with reply_errors():
         reply = await run_in_threadpool(service(request).reply, owner(request), chat_id, body.content,
-                                        body.attachments, body.knowledge)
+                                        body.attachments, body.knowledge, current_user(request))
     return reply_events(request, reply)
 
 
@@ -209,7 +223,7 @@ async def send_message(chat_id: str, body: MessageIn, request: Request):
              summary="A new reply to the last message; the old one stays as an alternative")
 async def regenerate(chat_id: str, request: Request):
     with reply_errors():
-        reply = await run_in_threadpool(service(request).regenerate, owner(request), chat_id)
+        reply = await run_in_threadpool(service(request).regenerate, owner(request), chat_id, current_user(request))
     return reply_events(request, reply)
 
 
@@ -218,13 +232,28 @@ async def regenerate(chat_id: str, request: Request):
 async def edit_and_resend(chat_id: str, message_id: str, body: MessageIn, request: Request):
     with reply_errors():
         reply = await run_in_threadpool(service(request).edit_and_resend, owner(request), chat_id, message_id,
-                                        body.content)
+                                        body.content, current_user(request))
     return reply_events(request, reply)
 
 
 @router.post("/{chat_id}/messages/{message_id}/select", summary="Show another version of a message")
 def select_alternative(chat_id: str, message_id: str, request: Request):
     return chat_out(service(request).select(owner(request), chat_id, message_id))
+
+
+class ToolDecision(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    allow: bool = Field(description="true runs the call, false tells the model the user denied it.")
+    always: bool = Field(False, description="With allow: run this tool in this chat from now on without asking.")
+
+
+@router.post("/{chat_id}/tool-calls/{call_id}", summary="Allow or deny a tool call the reply in progress waits on")
+def decide_tool_call(chat_id: str, call_id: str, body: ToolDecision, request: Request):
+    if not service(request).decide(owner(request), chat_id, call_id[:64], body.allow, body.always):
+        raise ApiError(409, "no call of that id waits for an answer in this chat (it ran, was stopped, or the reply "
+                            "ended)", code="no_waiting_call", param="call_id")
+    return {"call_id": call_id, "allowed": body.allow, "always": body.always and body.allow}
 
 
 @router.post("/{chat_id}/stop", summary="Stop the reply in progress; the partial text is kept")

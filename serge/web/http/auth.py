@@ -29,7 +29,7 @@ from serge.web.http.user_limits import UserLimits
 SESSION_COOKIE = "serge_session"
 OPEN_PATHS = frozenset({"/login", "/api/health", "/metrics"})
 STATIC_PREFIX = "/static/"
-API_PREFIXES = ("/api/", "/v1/", "/metrics", "/openapi.json")
+API_PREFIXES = ("/api/", "/v1/", "/metrics", "/openapi.json", "/mcp")
 STREAMING = re.compile(r"/v1/(?:chat/completions|completions|responses|messages)|/api/(?:chat|generate)"
                        r"|/api/chats/[^/]+/(?:messages|regenerate|messages/[^/]+/edit)")
 FORWARDING_HEADERS = frozenset({b"forwarded", b"x-forwarded-for", b"x-forwarded-proto", b"x-forwarded-host",

@@ -21,6 +21,7 @@ from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from serge.accounts import InvalidAccountInput
+from serge.tools import ToolServerError, ToolServerForbidden, ToolServerNotFound, ToolServerUnreachable
 from serge.chats import ChatBusy, ChatNotFound, InvalidChatInput, InvalidCollectionInput, MessageNotFound
 from serge.documents import FileTooLarge, UnreadableFile, UnsupportedFile
 from serge.engine import (ContextTooLong, DeviceUnavailable, EngineBusy, ImageTooLarge, InvalidModelName, InvalidRequest,
@@ -142,6 +143,10 @@ ERRORS: dict[type[Exception], tuple[int, str, str | None]] = {
     CollectionNotFound: (404, "collection_not_found", "knowledge"),
     CollectionExists: (409, "collection_exists", "name"),
     InvalidCollectionInput: (400, "invalid_value", "name"),
+    ToolServerNotFound: (400, "tool_server_not_found", "tools"),
+    ToolServerForbidden: (403, "tool_server_forbidden", "tools"),
+    ToolServerUnreachable: (502, "tool_server_unreachable", None),
+    ToolServerError: (400, "invalid_value", None),
 }
 
 

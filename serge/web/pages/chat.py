@@ -165,6 +165,7 @@ def build_pages() -> APIRouter:
             "images": image_ids(request, chat),
             "chats": service.list(user.id),
             "collections": request.app.state.knowledge.list(user.id),
+            "tool_servers": service.tools.usable(user) if service.tools is not None else [],
             "models": engine.models(),
             "default_model": engine.default_model,
             "fields": setting_fields(),

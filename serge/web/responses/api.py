@@ -29,6 +29,7 @@ from serge.web.http.errors import ApiError
 from serge.web.http.dialects import cancel_on_disconnect, failure, stream_response
 from serge.web.http.request_log import note_generation, note_tools_left_out
 from serge.web.responses.items import conversation, new_id
+from serge.web.responses.mcp_api import mcp_response
 from serge.web.responses.models import HARMLESS, HOSTED, CreateResponse
 from serge.web.responses.output import (DeletedResponse, InputItemList, OutputItems, ResponseOut, echo,
                                         response_object, status_of, usage)
@@ -37,8 +38,9 @@ router = APIRouter(prefix="/v1", tags=["OpenAI Responses API"])
 
 CREATE_DOC = f"""OpenAI's Responses API. `input` is a string or a list of items: messages (roles user,
 assistant, system, developer; parts input_text, output_text), function_call and function_call_output
-items, and reasoning items (accepted and left out of the prompt, as thinking templates leave earlier
-thoughts out). Images and files are a 400.
+items, reasoning items (accepted and left out of the prompt, as thinking templates leave earlier
+thoughts out), and the MCP items (mcp_approval_response; mcp_list_tools, mcp_call and mcp_approval_request
+as a client sends them back). Images and files are a 400.
 
 A model that thinks (its template knows `<think>`) answers with a `reasoning` item before its message:
 `summary` empty, its thoughts whole in `content` as one `reasoning_text` part, and their tokens in
@@ -46,10 +48,16 @@ usage.output_tokens_details.reasoning_tokens. reasoning.effort none or minimal a
 think, where the template allows.
 
 Function tools are offered as the Responses API spells them (flat: type, name, description,
-parameters, strict). Hosted tools ({", ".join(HOSTED)}, and any other type but function) are left out of
-what the model is offered, never refused, and named in the request log (`tools_left_out=`). tool_choice
-required, or a named function, and text.format json_schema / json_object are enforced by constrained
-decoding.
+parameters, strict). OpenAI's `mcp` tool names an MCP server registered in Serge (`server_label`; a
+`server_url` must be the registered one, and headers or tokens are refused): Serge lists its tools (an
+`mcp_list_tools` item, once per conversation), runs the calls the model makes (`mcp_call` items with
+`output` or `error`, then the model goes on, up to SERGE_TOOL_STEPS calls), and ends the response with an
+`mcp_approval_request` item for a call that needs approval (require_approval: always, the default, never,
+or {{always, never}} filters by tool_names and read_only); answer it with an `mcp_approval_response` input
+item. Hosted tools ({", ".join(HOSTED)}, and any other type but function and mcp) are left out of what the
+model is offered, never refused, and named in the request log (`tools_left_out=`). tool_choice required, a
+named function, or {{type: mcp, server_label, name}}, and text.format json_schema / json_object are enforced
+by constrained decoding.
 
 `store` (default true) keeps the response, owned by your account, for GET, input_items and
 previous_response_id; a streamed response is stored when it has finished, just before
@@ -61,7 +69,9 @@ response.output_item.added, (response.content_part.added, response.reasoning_tex
 response.reasoning_text.done, response.content_part.done) for a reasoning item, (response.content_part.added,
 response.output_text.delta..., response.output_text.done, response.content_part.done) for a message, or
 (response.function_call_arguments.delta..., response.function_call_arguments.done) for a call,
-response.output_item.done; then response.completed or response.incomplete; `error` if generation fails on
+(response.mcp_list_tools.in_progress, response.mcp_list_tools.completed or .failed) for a listing,
+(response.mcp_call.in_progress, response.mcp_call_arguments.delta..., response.mcp_call_arguments.done,
+response.mcp_call.completed or .failed) for a call Serge runs, response.output_item.done; then response.completed or response.incomplete; `error` if generation fails on
 the way. Every event has a rising sequence_number."""
 
 _STREAMED = {200: {"model": ResponseOut, "description": "A response, or its events when streamed.",
@@ -79,15 +89,20 @@ def _store(request: Request) -> StoredResponses:
     return request.app.state.responses
 
 
+async def history_of(body: CreateResponse, request: Request, user: str) -> list[dict]:
+    """The items of the stored chain `previous_response_id` continues, oldest first (none without one)."""
+    if not body.previous_response_id:
+        return []
+    try:
+        return await run_in_threadpool(_store(request).history, user, body.previous_response_id)
+    except ResponseNotFound as exc:
+        raise ApiError(404, f"previous_response_id: {exc}", code="previous_response_not_found",
+                       param="previous_response_id") from None
+
+
 async def _start(body: CreateResponse, request: Request, user: str) -> tuple[Stream, list[dict]]:
     """The stream of the reply, and this request's input items as they will be stored."""
-    history: list[dict] = []
-    if body.previous_response_id:
-        try:
-            history = await run_in_threadpool(_store(request).history, user, body.previous_response_id)
-        except ResponseNotFound as exc:
-            raise ApiError(404, f"previous_response_id: {exc}", code="previous_response_not_found",
-                           param="previous_response_id") from None
+    history = await history_of(body, request, user)
     items = await run_in_threadpool(body.input_items)  # its files and images are read off the event loop
     messages = await run_in_threadpool(conversation, body.instructions, history + items)
     if not any(m.role != "system" for m in messages):
@@ -112,6 +127,8 @@ async def _start(body: CreateResponse, request: Request, user: str) -> tuple[Str
              responses=_STREAMED)
 async def create_response(body: CreateResponse, request: Request):
     user = owner(request)
+    if body.uses_mcp():  # Serge runs the calls of registered MCP servers' tools between passes
+        return await mcp_response(body, request, await history_of(body, request, user))
     stream, items = await _start(body, request, user)
     response_id, created = new_id("resp"), int(time.time())
     request_echo, model = echo(body), stream.model

@@ -1,7 +1,8 @@
 """The input items of `/v1/responses` (OpenAI's Responses API), and how they become the engine's messages.
 
 An item is a message (parts `input_text`, `output_text`, `refusal`), a `function_call`,
-a `function_call_output`, or a `reasoning` item (a model's earlier thoughts, which
+a `function_call_output`, an MCP item (`mcp_approval_response`, and `mcp_list_tools`, `mcp_call`,
+`mcp_approval_request` sent back: a call becomes the assistant's call and its result), or a `reasoning` item (a model's earlier thoughts, which
 clients such as the Agents SDK and Codex send back: accepted, and left out of the
 prompt, as thinking templates leave earlier thoughts out). Items are first written in
 the one shape Serge stores and lists them in (`canonical`: ids, `status`, parts as
@@ -118,6 +119,49 @@ class FunctionCallOutputItem(_Item):
     output: Parts = Field(description="What the function returned, as text (or text parts).")
 
 
+class McpListToolsItem(_Item):
+    """An mcp_list_tools item sent back: the tools a server was listed with, so it is not listed again."""
+
+    type: Literal["mcp_list_tools"]
+    server_label: str = Field(max_length=64)
+    tools: list[dict] = Field(max_length=1000)
+    error: str | None = None
+
+
+class McpApprovalRequestItem(_Item):
+    """An mcp_approval_request item sent back: a call the model asked to make."""
+
+    type: Literal["mcp_approval_request"]
+    server_label: str = Field(max_length=64)
+    name: str = Field(max_length=128)
+    arguments: str = Field(max_length=MAX_MESSAGE_CHARS)
+
+
+class McpApprovalResponseItem(_Item):
+    """The answer to an mcp_approval_request: approve runs the call, else the model is told it was denied."""
+
+    type: Literal["mcp_approval_response"]
+    approval_request_id: str = Field(max_length=256)
+    approve: bool
+    reason: str | None = Field(None, max_length=10_000)
+
+
+class McpCallItem(_Item):
+    """An mcp_call item sent back: a call Serge ran, with its output or error."""
+
+    type: Literal["mcp_call"]
+    server_label: str = Field(max_length=64)
+    name: str = Field(max_length=128)
+    arguments: str = Field(max_length=MAX_MESSAGE_CHARS)
+    output: str | None = Field(None, max_length=MAX_MESSAGE_CHARS)
+    error: Any = None
+    approval_request_id: str | None = Field(None, max_length=256)
+    status: str | None = Field(None, max_length=32)
+
+
+MCP_ITEMS = (McpListToolsItem, McpApprovalRequestItem, McpApprovalResponseItem, McpCallItem)
+
+
 class ReasoningItem(_Item):
     """A reasoning item a client sends back (a model's earlier thoughts): accepted, left out of the prompt."""
 
@@ -134,10 +178,12 @@ def _item_kind(data: Any) -> str:
 
 InputItem = Annotated[
     Annotated[MessageItem, Tag("message")] | Annotated[FunctionCallItem, Tag("function_call")]
-    | Annotated[FunctionCallOutputItem, Tag("function_call_output")] | Annotated[ReasoningItem, Tag("reasoning")],
+    | Annotated[FunctionCallOutputItem, Tag("function_call_output")] | Annotated[ReasoningItem, Tag("reasoning")]
+    | Annotated[McpListToolsItem, Tag("mcp_list_tools")] | Annotated[McpApprovalRequestItem, Tag("mcp_approval_request")]
+    | Annotated[McpApprovalResponseItem, Tag("mcp_approval_response")] | Annotated[McpCallItem, Tag("mcp_call")],
     Discriminator(_item_kind, custom_error_type="invalid_item", custom_error_message=(
-        "an input item is a message, function_call, function_call_output or reasoning item; Serge takes no "
-        "other type"))]
+        "an input item is a message, function_call, function_call_output, reasoning, mcp_list_tools, "
+        "mcp_approval_request, mcp_approval_response or mcp_call item; Serge takes no other type"))]
 
 
 def _part_text(parts: list, param: str, images: bool = False) -> str:
@@ -164,6 +210,11 @@ def _part_text(parts: list, param: str, images: bool = False) -> str:
 def canonical(item: MessageItem | FunctionCallItem | FunctionCallOutputItem, index: int) -> dict:
     """An input item as the API lists it (and Serge stores it), with an id; checked for size and media."""
     param = f"input.{index}"
+    if isinstance(item, MCP_ITEMS):
+        prefix = {"mcp_list_tools": "mcpl", "mcp_approval_request": "mcpr", "mcp_approval_response": "mcpa",
+                  "mcp_call": "mcp"}[item.type]
+        return {**item.model_dump(exclude_none=True, exclude={"status"} if item.type != "mcp_call" else set()),
+                "id": item.id or new_id(prefix)}
     if isinstance(item, MessageItem):
         text = _part_text(item.content, f"{param}.content", images=item.role == "user")
         if len(text) > MAX_MESSAGE_CHARS:
@@ -203,4 +254,34 @@ def conversation(instructions: str | None, items: list[dict]) -> list[Message]:
                 messages.append(Message("assistant", "", (call,)))
         elif kind == "function_call_output":
             messages.append(Message("tool", item["output"], tool_call_id=item["call_id"]))
+        elif kind in ("mcp_approval_request", "mcp_call"):
+            _mcp_call(messages, item)
+        elif kind == "mcp_approval_response" and not item["approve"]:
+            messages.append(Message("tool", DENIED, tool_call_id=item["approval_request_id"]))
     return messages
+
+
+DENIED = "The user denied this call; it was not run."
+
+
+def _mcp_call(messages: list[Message], item: dict) -> None:
+    """A call of an MCP tool: the assistant's call (unless an approval request made it already), and its result."""
+    call_id = item.get("approval_request_id") or item["id"]
+    if item["type"] == "mcp_approval_request" or not item.get("approval_request_id"):
+        call = ToolCall(call_id, item["name"], item["arguments"])
+        if messages and messages[-1].role == "assistant":
+            messages[-1] = replace(messages[-1], tool_calls=(*messages[-1].tool_calls, call))
+        else:
+            messages.append(Message("assistant", "", (call,)))
+    if item["type"] == "mcp_call":
+        error = item.get("error")
+        text = item.get("output") if not error else f"the call failed: {_error_text(error)}"
+        messages.append(Message("tool", text or "", tool_call_id=call_id))
+
+
+def _error_text(error: Any) -> str:
+    if isinstance(error, dict):
+        if isinstance(error.get("content"), list):
+            return "".join(p.get("text", "") for p in error["content"] if isinstance(p, dict))
+        return str(error.get("message", error))
+    return str(error)

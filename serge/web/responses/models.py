@@ -1,9 +1,10 @@
 """The body of `/v1/responses` (OpenAI's Responses API), and its translation into the engine's values.
 
 `input` is a string or a list of items (`responses.items`: messages, function calls and
-their outputs, reasoning items). Tools are OpenAI's flat function tools; hosted tools
-(`HOSTED`, and any other type that is not `function`) are left out of what the model is
-offered, never refused. `reasoning.effort` none or minimal asks a model that thinks not
+their outputs, reasoning items, MCP items). Tools are OpenAI's flat function tools and its
+`mcp` tool (responses.mcp: a registered server, run by Serge); hosted tools (`HOSTED`, and
+any other type that is not `function` or `mcp`) are left out of what the model is offered,
+never refused. `reasoning.effort` none or minimal asks a model that thinks not
 to, where its template allows. Unknown top-level fields are a 400 naming them. This
 module formats no replies.
 """
@@ -21,12 +22,13 @@ from serge.web.http.dialects import StrictRequest, refused_settings, think_for
 from serge.web.http.errors import describe_validation
 from serge.web.openai.chat_models import MAX_TOOLS, NO_EFFECT
 from serge.web.responses.items import InputItem, ReasoningItem, canonical, invalid, or_a_string
+from serge.web.responses.mcp import McpChoice, McpToolIn
 
 MAX_INPUT_ITEMS = 1000
 # Tools OpenAI runs on its own servers (or that need a client protocol Serge's models do not speak):
 # left out of what the model is offered, named in the request log. Any other non-function type is too.
 HOSTED = ("web_search", "web_search_preview", "file_search", "code_interpreter", "computer_use_preview",
-          "computer", "image_generation", "local_shell", "shell", "mcp", "custom", "apply_patch", "tool_search")
+          "computer", "image_generation", "local_shell", "shell", "custom", "apply_patch", "tool_search")
 # Accepted and without effect here (the API reference says so field by field).
 HARMLESS = ("reasoning.summary", "include (but message.output_text.logprobs)", "prompt_cache_key",
             "prompt_cache_retention", "client_metadata", "safety_identifier", "metadata", "user", "service_tier",
@@ -54,11 +56,11 @@ class OtherTool(BaseModel):
 
 def _tool_kind(data: Any) -> str:
     kind = data.get("type") if isinstance(data, dict) else getattr(data, "type", None)
-    return "function" if kind == "function" else "other"
+    return kind if kind in ("function", "mcp") else "other"
 
 
-ToolIn = Annotated[Annotated[FunctionTool, Tag("function")] | Annotated[OtherTool, Tag("other")],
-                   Discriminator(_tool_kind)]
+ToolIn = Annotated[Annotated[FunctionTool, Tag("function")] | Annotated[McpToolIn, Tag("mcp")]
+                   | Annotated[OtherTool, Tag("other")], Discriminator(_tool_kind)]
 
 
 class FunctionChoice(StrictRequest):
@@ -84,13 +86,13 @@ def _choice_kind(data: Any) -> str:
     if isinstance(data, str):
         return "mode"
     kind = data.get("type") if isinstance(data, dict) else getattr(data, "type", None)
-    return kind if kind in ("function", "allowed_tools") else "hosted"
+    return kind if kind in ("function", "allowed_tools", "mcp") else "hosted"
 
 
 ToolChoiceIn = Annotated[
     Annotated[Literal["auto", "none", "required"], Tag("mode")] | Annotated[FunctionChoice, Tag("function")]
-    | Annotated[AllowedTools, Tag("allowed_tools")] | Annotated[HostedChoice, Tag("hosted")],
-    Discriminator(_choice_kind)]
+    | Annotated[AllowedTools, Tag("allowed_tools")] | Annotated[McpChoice, Tag("mcp")]
+    | Annotated[HostedChoice, Tag("hosted")], Discriminator(_choice_kind)]
 
 
 class TextFormat(StrictRequest):
@@ -148,11 +150,13 @@ class CreateResponse(StrictRequest):
     stream: bool = False
     stream_options: StreamOptions | None = None
     tools: list[ToolIn] | None = Field(None, max_length=MAX_TOOLS, description=(
-        f"Function tools. Hosted tools ({', '.join(HOSTED)}, and any other type but function) are left out of "
-        f"what the model is offered and named in the request log."))
-    tool_choice: ToolChoiceIn | None = Field(None, description="auto, none, required, {type: function, name} or "
-                                                               "{type: allowed_tools, mode, tools}; a hosted tool "
-                                                               "is a 400.")
+        f"Function tools, and mcp tools naming MCP servers registered in Serge (server_label), which Serge runs. "
+        f"Hosted tools ({', '.join(HOSTED)}, and any other type but function and mcp) are left out of what the "
+        f"model is offered and named in the request log."))
+    tool_choice: ToolChoiceIn | None = Field(None, description="auto, none, required, {type: function, name}, "
+                                                               "{type: mcp, server_label, name} or {type: "
+                                                               "allowed_tools, mode, tools}; a hosted tool is a "
+                                                               "400.")
     parallel_tool_calls: bool | None = Field(None, description="false: at most one call per reply.")
     text: TextConfig | None = None
     max_output_tokens: int | None = Field(None, description="Longest reply; status incomplete when reached.")
@@ -205,19 +209,38 @@ class CreateResponse(StrictRequest):
     def functions(self) -> list[FunctionTool]:
         return [t for t in self.tools or () if isinstance(t, FunctionTool)]
 
+    def mcp_tools(self) -> list[McpToolIn]:
+        return [t for t in self.tools or () if isinstance(t, McpToolIn)]
+
+    def uses_mcp(self) -> bool:
+        """The request offers MCP tools, or answers an approval request of one."""
+        return bool(self.mcp_tools()) or any(getattr(i, "type", None) == "mcp_approval_response" for i in self.input)
+
     def left_out(self) -> list[str]:
         """The hosted tools asked for, which the model is not offered."""
         return [t.type for t in self.tools or () if isinstance(t, OtherTool)]
 
-    def tool_offer(self) -> Tools | None:
-        """The function tools and tool_choice as the engine takes them; None when none are offered."""
+    def tool_offer(self, mcp: dict[str, str] | None = None, mcp_tools: tuple[Tool, ...] = ()) -> Tools | None:
+        """The function tools (and `mcp_tools`, the MCP servers' tools offered, `mcp` their name -> server) and
+        tool_choice as the engine takes them; None when none are offered."""
         choice, functions = self.tool_choice, self.functions()
         if isinstance(choice, HostedChoice):
             raise invalid(f"tool_choice asks for the hosted tool {choice.type!r}, which Serge cannot run; "
-                       f"choose auto, none, required or a function", "tool_choice")
+                       f"choose auto, none, required, a function or an mcp server's tool", "tool_choice")
         names = [t.name for t in functions]
         if len(set(names)) != len(names):
             raise invalid("two tools have the same name", "tools")
+        if isinstance(choice, McpChoice):
+            theirs = [name for name, server in (mcp or {}).items() if server == choice.server_label]
+            if choice.name is not None and choice.name not in theirs or not theirs:
+                raise invalid(f"tool_choice asks for {choice.name or 'a tool'!r} of {choice.server_label!r}, which "
+                              f"is not among the mcp tools offered", "tool_choice")
+            offered = tuple(t for t in mcp_tools if t.name in theirs)
+            return Tools(offered, "required", choice.name, self.parallel_tool_calls is not False)
+        if not functions and mcp_tools:
+            if isinstance(choice, (FunctionChoice, AllowedTools)):
+                raise invalid("tool_choice names a function, but no function tools were given", "tool_choice")
+            return Tools(mcp_tools, choice or "auto", None, self.parallel_tool_calls is not False)
         if not functions:
             if choice is not None and choice not in ("auto", "none"):
                 raise invalid("tool_choice asks for a tool call, but no function tools were given", "tool_choice")
@@ -232,7 +255,7 @@ class CreateResponse(StrictRequest):
             choice = choice.mode if functions else "none"
         offered = tuple(Tool(t.name, t.description or "",
                              json.dumps(t.parameters or {"type": "object", "properties": {}}), bool(t.strict))
-                        for t in functions)
+                        for t in functions) + mcp_tools
         if isinstance(choice, FunctionChoice):
             return Tools(offered, "required", choice.name, parallel)
         return Tools(offered, choice or "auto", None, parallel)

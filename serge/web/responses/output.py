@@ -48,7 +48,8 @@ def echo(body: CreateResponse) -> dict:
         "instructions": body.instructions,
         "tools": [{"type": "function", "name": t.name, "description": t.description,
                    "parameters": t.parameters or {"type": "object", "properties": {}}, "strict": bool(t.strict)}
-                  for t in body.functions()],  # what the model was offered: hosted tools are left out
+                  for t in body.functions()]  # what the model was offered: hosted tools are left out
+                 + [t.echo() for t in body.mcp_tools()],
         "tool_choice": choice or "auto",
         "parallel_tool_calls": body.parallel_tool_calls is not False,
         "text": text,

@@ -2,7 +2,7 @@
 // streams a reply's text and thoughts (as plain text) and swaps in server-rendered fragments.
 
 import { readEvents, errorOf, errorText } from "./sse.js";
-import { messageBubble, noteDropped, thoughtsOf } from "./bubbles.js";
+import { messageBubble, noteDropped, thoughtsOf, toolCallOf } from "./bubbles.js";
 import { attachments } from "./attach.js";
 import { hashtags } from "./hashtags.js";
 import { sidebar } from "./sidebar.js";
@@ -172,6 +172,10 @@ async function streamReply(url, body) {
         }
         text.textContent += data.text; // as text, never as markup
         scrollToEnd();
+      } else if (event === "tool") {
+        if (ui.status.dataset.kind === "queue") showStatus("");
+        toolCallOf(bubble, data.call);
+        scrollToEnd();
       } else if (event === "done" && data.message.status === "error") {
         showStatus(`The reply failed: ${data.message.error || "unknown error"}`, "error");
       }
@@ -202,6 +206,17 @@ async function stop() {
   if (!state.chatId) return;
   ui.stop.disabled = true;
   const response = await fetch(`/api/chats/${state.chatId}/stop`, { method: "POST" });
+  if (!response.ok) showStatus(await errorText(response), "error");
+}
+
+// A tool call waiting for the user: Allow (once or always in this chat) or Deny.
+async function decideToolCall(button) {
+  const details = button.closest(".tool-call");
+  for (const b of details.querySelectorAll(".tool-approval button")) b.disabled = true;
+  const response = await fetch(`/api/chats/${state.chatId}/tool-calls/${encodeURIComponent(details.dataset.callId)}`, {
+    method: "POST", headers: JSON_HEADERS,
+    body: JSON.stringify({ allow: button.dataset.allow === "true", always: button.dataset.always === "true" }),
+  });
   if (!response.ok) showStatus(await errorText(response), "error");
 }
 
@@ -292,6 +307,8 @@ ui.conversation.addEventListener("click", (event) => {
     regenerate(article);
   } else if (button.classList.contains("version")) {
     selectVersion(button.dataset.target);
+  } else if (button.closest(".tool-approval")) {
+    decideToolCall(button);
   }
 });
 

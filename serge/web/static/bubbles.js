@@ -49,3 +49,51 @@ export function thoughtsOf(article) {
   }
   return details;
 }
+
+// A tool call of the reply, as it happens (as text, never as markup): folded, with its arguments and result;
+// while it waits for approval, Allow, Always allow and Deny buttons. Once saved, the server renders the same.
+export function toolCallOf(article, call) {
+  let details = [...article.querySelectorAll(".tool-call")].find((d) => d.dataset.callId === call.id);
+  if (!details) {
+    details = document.createElement("details");
+    details.className = "tool-call";
+    details.dataset.callId = call.id;
+    article.querySelector(".msg-body").before(details);
+  }
+  details.dataset.state = call.state;
+  details.replaceChildren();
+  const summary = document.createElement("summary");
+  summary.textContent = `${call.server}${call.tool ? " · " + call.tool : ""} `;
+  const state = document.createElement("span");
+  state.className = "tool-state";
+  state.textContent = call.state + (call.cut ? " (output cut)" : "");
+  summary.append(state);
+  details.append(summary);
+  if (call.arguments) {
+    const args = document.createElement("pre");
+    args.className = "tool-arguments";
+    args.textContent = call.arguments;
+    details.append(args);
+  }
+  if (call.state === "waiting") {
+    details.open = true;
+    const ask = document.createElement("div");
+    ask.className = "tool-approval";
+    for (const [label, allow, always] of [["Allow", true, false], ["Always allow", true, true], ["Deny", false, false]]) {
+      const button = document.createElement("button");
+      button.type = "button";
+      button.className = allow ? "tool-allow" : "tool-deny";
+      button.textContent = label;
+      button.dataset.allow = String(allow);
+      button.dataset.always = String(always);
+      ask.append(button);
+    }
+    details.append(ask);
+  } else {
+    const result = document.createElement("pre");
+    result.className = "tool-result";
+    result.textContent = call.result;
+    details.append(result);
+  }
+  return details;
+}

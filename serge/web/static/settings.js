@@ -20,6 +20,8 @@ export function settingsPanel({ panel, form, error, saved, toggle, chatId }) {
       system_prompt: data.get("system_prompt") || null,
       settings,
       knowledge: data.getAll("knowledge"),
+      tools: data.getAll("tools"),
+      tool_choice: data.get("tool_choice") || "auto",
     };
   }
 
@@ -41,8 +43,25 @@ export function settingsPanel({ panel, form, error, saved, toggle, chatId }) {
     }
   }, 400);
 
+  // Each tickable server's tools, named under its box (asked once, when the panel first opens).
+  let toolsListed = false;
+  async function listTools() {
+    if (toolsListed) return;
+    toolsListed = true;
+    const response = await fetch("/api/tools");
+    if (!response.ok) return;
+    for (const server of (await response.json()).servers) {
+      const note = [...form.querySelectorAll(".tool-names")].find((n) => n.dataset.server === server.name);
+      if (!note) continue;
+      note.textContent = server.error
+        ? server.error
+        : server.tools.map((t) => t.name + (t.read_only ? "" : " (asks first)")).join(", ") || "no tools";
+    }
+  }
+
   function show(open) {
     panel.hidden = !open;
+    if (open) listTools();
     toggle.setAttribute("aria-expanded", String(open));
     if (open) $("#set-model").focus();
     else toggle.focus();

@@ -1,0 +1,90 @@
+"""Tools over HTTP: `/api/tools` (the servers a user may tick in a chat, with their tools) and `/api/mcp/servers`
+(admins: list, register, remove MCP servers). HTTP only.
+
+A stdio server's command never comes from a request: it is registered on the server's own
+machine with `serge mcp add NAME -- COMMAND`; here an admin registers a streamable-HTTP
+URL only. Header values are never sent back: a listing names the headers.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Request
+from pydantic import BaseModel, ConfigDict, Field
+
+from serge.chats.chat_tools import SEARCH_KNOWLEDGE
+from serge.chats.tools import KNOWLEDGE_SERVER
+from serge.store import ToolServerRecord
+from serge.tools import ToolServerError, ToolServers, ToolSpec
+from serge.web.http.auth import current_user
+from serge.web.http.errors import ApiError
+
+router = APIRouter(tags=["tools"])
+
+
+class ServerIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(max_length=40, description="What chats call it: lowercase letters, digits, - and _.")
+    url: str = Field(max_length=2000, description="The streamable-HTTP endpoint (an SSE one is tried if refused). "
+                                                  "A stdio server is added on the server: `serge mcp add NAME -- "
+                                                  "COMMAND`.")
+    headers: dict[Annotated[str, Field(max_length=100)], Annotated[str, Field(max_length=4000)]] = Field(
+        default_factory=dict, max_length=32, description="Sent with every request to it; never shown again.")
+    admins_only: bool = Field(False, description="Only admins may use it.")
+
+
+def servers(request: Request) -> ToolServers:
+    return request.app.state.tools
+
+
+def _admin(request: Request) -> None:
+    if not current_user(request).admin:
+        raise ApiError(403, "only an admin may manage tool servers", code="forbidden")
+
+
+def server_out(record: ToolServerRecord) -> dict:
+    return {"name": record.name, "transport": record.transport,
+            "command": list(record.command) if record.command else None, "url": record.url,
+            "headers": list(record.header_names), "env": list(record.env_names), "admins_only": record.admins_only,
+            "created_at": record.created_at.isoformat()}
+
+
+def tool_out(spec: ToolSpec) -> dict:
+    return {"name": spec.name, "description": spec.description, "read_only": spec.read_only,
+            "input_schema": spec.input_schema}
+
+
+@router.get("/api/tools", summary="The tool servers you may tick in a chat, with their tools (or why one cannot "
+                                  "be reached)")
+async def usable_tools(request: Request):
+    found = [{"name": KNOWLEDGE_SERVER, "title": "Knowledge search (the chat's files and collections)",
+              "tools": [tool_out(SEARCH_KNOWLEDGE)], "error": None}]
+    for name in servers(request).usable(current_user(request)):
+        entry = {"name": name, "title": name, "tools": [], "error": None}
+        try:
+            entry["tools"] = [tool_out(t) for t in await servers(request).tools(name)]
+        except ToolServerError as exc:
+            entry["error"] = exc.message
+        found.append(entry)
+    return {"servers": found}
+
+
+@router.get("/api/mcp/servers", summary="The registered MCP servers (admins only); header values are never shown")
+def list_servers(request: Request):
+    _admin(request)
+    return {"servers": [server_out(r) for r in servers(request).registered()]}
+
+
+@router.post("/api/mcp/servers", status_code=201, summary="Register a streamable-HTTP MCP server (admins only)")
+def add_server(body: ServerIn, request: Request):
+    _admin(request)
+    return server_out(servers(request).register(body.name, url=body.url, headers=body.headers,
+                                                admins_only=body.admins_only))
+
+
+@router.delete("/api/mcp/servers/{name}", status_code=204, summary="Remove an MCP server, stopping it (admins only)")
+async def remove_server(name: str, request: Request):
+    _admin(request)
+    await servers(request).unregister(name[:64])
