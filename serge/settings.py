@@ -165,6 +165,10 @@ class Settings(BaseSettings):
     user_requests_per_minute: int = Field(
         120, ge=1, description="Requests one signed-in user (all their keys together) may make per minute.",
     )
+    shutdown_timeout_s: float = Field(
+        60.0, ge=0, le=3600, description="On SIGTERM or Ctrl-C, how long `serge serve` lets replies in progress "
+        "finish (it takes no new connections meanwhile) before it stops the rest, their text so far saved.",
+    )
     session_days: float = Field(30, gt=0, le=366, description="How long a login lasts before the page asks again.")
     trusted_proxies: str = Field(
         "127.0.0.1",

@@ -20,6 +20,7 @@ from fastapi.staticfiles import StaticFiles
 from serge import __version__
 from serge.accounts import Accounts, LoginSessions, load_secret
 from serge.chats import ChatService, Indexer, Knowledge
+from serge.chats.running import SharedReplies, shared_by_processes
 from serge.engine import Engine
 from serge.settings import Settings
 from serge.chats.documents import ChatDocuments
@@ -73,7 +74,11 @@ def build_app(settings: Settings, engine: Engine) -> FastAPI:
         collections = CollectionStore(store)
         indexer = Indexer(collections, documents).start()  # goes on with what a stopped server left unindexed
         app.state.knowledge = Knowledge(collections, indexer)
-        app.state.chats = ChatService(ChatStore(database), engine, documents, app.state.knowledge)
+        # several processes may share a server database: replies in progress and users' streams are kept there too
+        shared = SharedReplies(database) if shared_by_processes(database) else None
+        app.state.chats = ChatService(ChatStore(database), engine, documents, app.state.knowledge, shared)
+        if shared is not None:
+            limits.share_streams(shared)
         app.state.chats.recover()  # replies cut off by a crash are shown as interrupted
         app.state.responses = ResponseStore(database)
         loader = threading.Thread(target=_warm_up, args=(app.state.engine, app), name="serge-warm-up", daemon=True)
