@@ -169,8 +169,8 @@ class RunningStore:
         """Call `on_stop(chat_id)` for each stop request NOTIFYed, until `stopping` is set (looked at every
         `wait_s`). On a connection of its own, out of the pool; a lost connection ends it (the poll goes on)."""
         raw = self.db.engine.raw_connection()
-        raw.detach()  # LISTEN belongs to this connection: it never goes back to the pool
         connection = raw.driver_connection
+        raw.detach()  # LISTEN belongs to this connection: it never goes back to the pool
         try:
             connection.autocommit = True
             connection.execute(f"LISTEN {STOP_CHANNEL}")
