@@ -18,6 +18,7 @@ from serge.chats.service import ChatBusy
 from serge.store import AccountStore, ChatStore, NewMessage
 from serge.store.running import RunningStore
 
+LEASE_S = 1.5  # long enough for the steps before the sleep on a loaded machine
 ENDLESS = {"max_new_tokens": 4000, "temperature": 0}  # ~80 s at the stand-in's pace here: a Stop ends it
 
 
@@ -98,16 +99,16 @@ def test_a_process_starting_leaves_the_replies_of_the_others_streaming(two, db, 
 
 
 def test_a_dead_process_s_reply_is_marked_interrupted_and_its_chat_freed_after_the_lease(db, engine):
-    dead = RunningStore(db, "dead-process", lease_s=0.3)
+    dead = RunningStore(db, "dead-process", lease_s=LEASE_S)
     chats = ChatService(ChatStore(db), engine)
     chat = chats.create("me", settings=ENDLESS)
     message = chats.store.add_message("me", chat.id, NewMessage("assistant", "half a sen", complete=False))
     assert dead.claim(chat.id, "me")
     dead.started(chat.id, message.id)
-    alive = RunningStore(db, "alive-process", lease_s=0.3)
+    alive = RunningStore(db, "alive-process", lease_s=LEASE_S)
     assert not alive.claim(chat.id, "me")  # the lease holds
     assert alive.beat() == 0
-    time.sleep(0.4)  # the dead process renews nothing
+    time.sleep(LEASE_S + 0.2)  # the dead process renews nothing
     assert alive.beat() == 1
     assert chats.store.get_message("me", chat.id, message.id).status == "interrupted"
     assert alive.claim(chat.id, "me")
@@ -115,14 +116,14 @@ def test_a_dead_process_s_reply_is_marked_interrupted_and_its_chat_freed_after_t
 
 def test_a_user_s_streams_are_counted_across_processes_and_a_dead_process_s_expire(db):
     user = AccountStore(db).add_user("bob", "not a real hash", admin=False).id
-    first, second = RunningStore(db, "first", lease_s=0.3), RunningStore(db, "second", lease_s=0.3)
+    first, second = RunningStore(db, "first", lease_s=LEASE_S), RunningStore(db, "second", lease_s=LEASE_S)
     held = [first.open_stream(user, 3), second.open_stream(user, 3), first.open_stream(user, 3)]
     assert all(held)
     assert second.open_stream(user, 3) is None and first.open_stream(user, 3) is None
     second.close_stream(held[1])
     assert second.open_stream(user, 3) is not None
-    time.sleep(0.4)  # neither renews: as if both had died
-    assert RunningStore(db, "third", lease_s=0.3).open_stream(user, 3) is not None
+    time.sleep(LEASE_S + 0.2)  # neither renews: as if both had died
+    assert RunningStore(db, "third", lease_s=LEASE_S).open_stream(user, 3) is not None
 
 
 @pytest.mark.postgres
