@@ -45,13 +45,12 @@ global
 defaults
     mode http
     timeout connect 2s
-    timeout client 120s
-    timeout server 120s
+    timeout client 10m
+    timeout server 10m
     option http-server-close
     option forwardfor
     option redispatch
     retries 3
-    retry-on conn-failure empty-response
 frontend serge
     bind 127.0.0.1:{port}
     default_backend serge
