@@ -23,8 +23,8 @@ from fastapi.responses import JSONResponse, RedirectResponse
 from starlette.concurrency import run_in_threadpool
 
 from serge.accounts import LOCAL_USER, Accounts, LoginSessions
-from serge.store import UserRecord
-from serge.web.http.errors import ApiError, error_body
+from serge.store import DatabaseUnavailable, UserRecord
+from serge.web.http.errors import ApiError, error_body, problem
 from serge.web.http.user_limits import UserLimits
 
 SESSION_COOKIE = "serge_session"
@@ -167,8 +167,13 @@ class Authenticate:
         streaming = scope["method"] == "POST" and STREAMING.fullmatch(scope["path"]) is not None
         stream = None
         if streaming:
-            stream = (await run_in_threadpool(self.limits.open_stream, user.id) if self.limits.streams_in_database
-                      else self.limits.open_stream(user.id))
+            try:
+                stream = (await run_in_threadpool(self.limits.open_stream, user.id)
+                          if self.limits.streams_in_database else self.limits.open_stream(user.id))
+            except DatabaseUnavailable as exc:  # the streams are counted in the database: it must answer
+                answer = problem(exc)
+                return await self._refuse(scope, receive, send, answer.status, answer.message, answer.code,
+                                          answer.headers)
         if streaming and stream is None:
             return await self._refuse(scope, receive, send, 429, f"you already have {self.limits.max_streams} "
                                       "replies in progress, the most one user may run at once "
