@@ -27,7 +27,6 @@ from standin import NAME, standin_engine
 from test_chats_api import read_events, wait_for
 
 from serge.accounts import Accounts, load_secret
-from serge.settings import Settings
 from serge.store import AccountStore
 from serge.web.app import build_app
 
