@@ -237,7 +237,8 @@ def _serve(settings: Settings) -> None:
         logging.getLogger().setLevel(settings.log_level.upper())  # main() set up the handler
         uvicorn.run(build_app(settings, engine), host=settings.host, port=settings.port, log_level=settings.log_level,
                     access_log=False,  # serge.requests logs each request, without what uvicorn's line shows
-                    proxy_headers=False)  # the app believes SERGE_TRUSTED_PROXIES itself (web.http.auth.ProxiedClient)
+                    proxy_headers=False,  # the app believes SERGE_TRUSTED_PROXIES itself (web.http.auth.ProxiedClient)
+                    timeout_graceful_shutdown=settings.shutdown_timeout_s)  # replies in progress finish first
     finally:
         engine.close()
 

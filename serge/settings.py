@@ -193,6 +193,10 @@ class Settings(BaseSettings):
     tool_concurrency: int = Field(
         4, ge=1, le=64, description="Calls one MCP server runs at once; more wait their turn.",
     )
+    shutdown_timeout_s: float = Field(
+        60.0, ge=0, le=3600, description="On SIGTERM or Ctrl-C, how long `serge serve` lets replies in progress "
+        "finish (it takes no new connections meanwhile) before it stops the rest, their text so far saved.",
+    )
     session_days: float = Field(30, gt=0, le=366, description="How long a login lasts before the page asks again.")
     trusted_proxies: str = Field(
         "127.0.0.1",

@@ -4,8 +4,11 @@ It checks input (sizes, settings through `SamplingParams`, the model name),
 commits the user's message before generation starts, builds the conversation
 for the engine from the branch on screen, and keeps the replies in progress
 (chat id -> `Reply`) so a reply can be stopped from another request. That
-registry belongs to the instance; nothing here is global. It knows nothing of
-HTTP: callers get records, `Reply` handles, `ChatBusy` and `InvalidChatInput`.
+registry belongs to the instance; nothing here is global. On a database several
+processes share, each reply is also claimed there (`SharedReplies`), so a chat
+answering in one process is busy in all, and a Stop sent to any of them stops it.
+It knows nothing of HTTP: callers get records, `Reply` handles, `ChatBusy` and
+`InvalidChatInput`.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from serge.chats.knowledge import Knowledge
 from serge.chats.replies import Reply
 from serge.chats.tools import ToolLoop
 from serge.chats.chat_tools import ChatTools
+from serge.chats.running import SharedReplies
 from serge.chats.transfer import ChatExport, export_json
 from serge.documents import MAX_FILES_PER_MESSAGE
 from serge.engine import ChatRequest, Engine, Message, ModelNotFound, SamplingParams
@@ -36,7 +40,8 @@ class ChatBusy(RuntimeError):
 
 class ChatService:
     def __init__(self, store: ChatStore, engine: Engine, documents: ChatDocuments | None = None,
-                 knowledge: Knowledge | None = None, tools: ChatTools | None = None) -> None:
+                 knowledge: Knowledge | None = None, tools: ChatTools | None = None,
+                 shared: SharedReplies | None = None) -> None:
         self.store = store
         self.engine = engine
         self.documents = documents  # None: this service takes no files
@@ -44,11 +49,13 @@ class ChatService:
         self.tools = tools  # None: replies call no tools
         self._active: dict[str, Reply | None] = {}  # None: reserved while the reply starts
         self._lock = threading.Lock()
+        # None: this process alone writes the database (SQLite); else the service owns it from here on
+        self.shared = shared.start(self._stop_asked) if shared is not None else None
 
     # --- life cycle ---------------------------------------------------------------
     def recover(self) -> int:
         """At start: replies a dead server left half-written are marked interrupted."""
-        count = self.store.mark_interrupted()
+        count = self.store.mark_interrupted(self.shared.running_chats() if self.shared else ())
         if count:
             log.warning("%d reply(ies) were cut off when the server last stopped; they are marked interrupted", count)
         return count
@@ -61,6 +68,8 @@ class ChatService:
             reply.cancel()
         for reply in replies:
             reply.wait(30)
+        if self.shared is not None:
+            self.shared.close()
 
     # --- chats --------------------------------------------------------------------
     def _check_model(self, model: str | None) -> str | None:
@@ -202,21 +211,38 @@ class ChatService:
             raise InvalidChatInput(str(exc), "messages") from None
 
     # --- replies ------------------------------------------------------------------
-    def _refuse_if_busy(self, chat_id: str) -> None:
-        if chat_id in self._active:
+    def _refuse_if_busy(self, chat_id: str, here_only: bool = False) -> None:
+        if chat_id in self._active or (not here_only and self.shared is not None and self.shared.running(chat_id)):
             raise ChatBusy("this chat is still answering; stop the reply or wait for it to finish")
 
-    def _reserve(self, chat_id: str) -> None:
+    def _reserve(self, chat_id: str, owner: str) -> None:
         with self._lock:
-            self._refuse_if_busy(chat_id)
+            self._refuse_if_busy(chat_id, here_only=True)
             self._active[chat_id] = None
+        if self.shared is not None:
+            try:
+                claimed = self.shared.claim(chat_id, owner)
+            except BaseException:
+                self._release(chat_id, claimed=False)
+                raise
+            if not claimed:  # another process is answering this chat
+                self._release(chat_id, claimed=False)
+                raise ChatBusy("this chat is still answering; stop the reply or wait for it to finish")
 
-    def _release(self, reply_or_chat: Reply | str) -> None:
+    def _release(self, reply_or_chat: Reply | str, claimed: bool = True) -> None:
+        chat_id = reply_or_chat if isinstance(reply_or_chat, str) else reply_or_chat.chat_id
         with self._lock:
             if isinstance(reply_or_chat, str):
-                self._active.pop(reply_or_chat, None)
-            elif self._active.get(reply_or_chat.chat_id) is reply_or_chat:
-                del self._active[reply_or_chat.chat_id]
+                released = self._active.pop(chat_id, False) is not False
+            elif released := self._active.get(chat_id) is reply_or_chat:
+                del self._active[chat_id]
+        if released and claimed and self.shared is not None:
+            self.shared.release(chat_id)
+
+    def _stop_asked(self, chat_id: str) -> None:
+        """Another process asked (through the database) to stop this process's reply in the chat."""
+        if reply := self._active.get(chat_id):
+            reply.cancel()
 
     def reply(self, owner: str, chat_id: str, content: str, attachments: list[str] | None = None,
               knowledge: list[str] | None = None, user=None) -> Reply:
@@ -227,7 +253,7 @@ class ChatService:
         chat = self.store.get_chat(owner, chat_id)
         attached = self._check_attachments(owner, chat_id, attachments or [])
         named = self._collections(owner, knowledge, "knowledge") or None
-        self._reserve(chat_id)
+        self._reserve(chat_id, owner)
         try:
             user = self.store.add_message(owner, chat_id, NewMessage("user", content, attachments=attached,
                                                                      knowledge=named))
@@ -251,7 +277,7 @@ class ChatService:
             (m for m in reversed(chat.messages) if m.id == last.parent_id), None)
         if question is None or question.role != "user":
             raise InvalidChatInput("the last reply does not follow a user message", "chat")
-        self._reserve(chat_id)
+        self._reserve(chat_id, owner)
         try:
             return self._start(owner, chat_id, question, None, chat, user)
         except BaseException:
@@ -265,7 +291,7 @@ class ChatService:
         original = self.store.get_message(owner, chat_id, message_id)
         if original.role != "user":
             raise InvalidChatInput("only your own messages can be edited", "message_id")
-        self._reserve(chat_id)
+        self._reserve(chat_id, owner)
         try:
             user = self.store.add_message(owner, chat_id, NewMessage(
                 "user", content, parent_id=original.parent_id, after_current=False, attachments=original.attachments,
@@ -280,7 +306,10 @@ class ChatService:
         self.store.get_chat(owner, chat_id)  # the owner's chat, or ChatNotFound
         reply = self._active.get(chat_id)
         if reply is None:
-            return None
+            if self.shared is None:
+                return None
+            message_id = self.shared.stop_elsewhere(chat_id, timeout)  # another process's reply, once saved
+            return self.store.get_message(owner, chat_id, message_id) if message_id else None
         reply.cancel()
         return reply.wait(timeout)
 
@@ -345,7 +374,10 @@ class ChatService:
         reply = Reply(self.store, owner, chat_id, placeholder, user, stream, self._release, dropped, sources)
         with self._lock:
             self._active[chat_id] = reply
-        return reply.start()
+        reply.start()
+        if self.shared is not None and self.shared.started(chat_id, placeholder.id):
+            reply.cancel()  # a Stop reached another process before the reply had a message
+        return reply
 
     def _searcher(self, owner: str, attached: list[str], collections: dict[str, str]):
         """`search_knowledge` for one reply: the chat's collections and files, or None when it has neither."""

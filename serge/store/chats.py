@@ -301,12 +301,15 @@ class ChatStore:
             chat.current_id = _newest_leaf(rows, start).id
         return self.get_chat(owner, chat_id)
 
-    def mark_interrupted(self) -> int:
-        """At start: replies that were streaming when the server died become `interrupted`."""
+    def mark_interrupted(self, except_chats: Iterable[str] = ()) -> int:
+        """At start: replies that were streaming when the server died become `interrupted` (but those of
+        `except_chats`, which another process sharing the database is still writing)."""
+        busy = list(except_chats)
         with self.db.session() as session, session.begin():
             result = session.execute(
                 update(Message)
-                .where(Message.complete.is_(False), Message.finish_reason.is_(None))
+                .where(Message.complete.is_(False), Message.finish_reason.is_(None),
+                       *([Message.chat_id.not_in(busy)] if busy else []))
                 .values(finish_reason="interrupted")
             )
             return result.rowcount or 0

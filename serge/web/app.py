@@ -20,6 +20,7 @@ from fastapi.staticfiles import StaticFiles
 from serge import __version__
 from serge.accounts import Accounts, LoginSessions, load_secret
 from serge.chats import ChatService, Indexer, Knowledge
+from serge.chats.running import SharedReplies, shared_by_processes
 from serge.engine import Engine
 from serge.settings import Settings
 from serge.chats.documents import ChatDocuments
@@ -86,8 +87,12 @@ def build_app(settings: Settings, engine: Engine) -> FastAPI:
         app.state.tools = ToolServers.of(ToolServerStore(database), settings)  # MCP servers start on first use
         await app.state.tools.start()
         chat_store = ChatStore(database)
+        # several processes may share a server database: replies in progress and users' streams are kept there too
+        shared = SharedReplies(database) if shared_by_processes(database) else None
         app.state.chats = ChatService(chat_store, engine, documents, app.state.knowledge,
-                                      ChatTools(app.state.tools, chat_store, engine, steps=settings.tool_steps))
+                                      ChatTools(app.state.tools, chat_store, engine, steps=settings.tool_steps), shared)
+        if shared is not None:
+            limits.share_streams(shared)
         app.state.chats.recover()  # replies cut off by a crash are shown as interrupted
         app.state.responses = StoredResponses(ResponseStore(database))
         loader = threading.Thread(target=_warm_up, args=(app.state.engine, app), name="serge-warm-up", daemon=True)

@@ -17,13 +17,14 @@ import ipaddress
 import re
 from urllib.parse import quote
 
+import anyio
 from fastapi import Request
 from fastapi.responses import JSONResponse, RedirectResponse
 from starlette.concurrency import run_in_threadpool
 
 from serge.accounts import LOCAL_USER, Accounts, LoginSessions
-from serge.store import UserRecord
-from serge.web.http.errors import ApiError, error_body
+from serge.store import DatabaseUnavailable, UserRecord
+from serge.web.http.errors import ApiError, error_body, problem
 from serge.web.http.user_limits import UserLimits
 
 SESSION_COOKIE = "serge_session"
@@ -164,7 +165,16 @@ class Authenticate:
                                       f"minute (SERGE_USER_REQUESTS_PER_MINUTE); retry in {wait} s", "rate_limited",
                                       {"Retry-After": str(wait)})
         streaming = scope["method"] == "POST" and STREAMING.fullmatch(scope["path"]) is not None
-        if streaming and not self.limits.open_stream(user.id):
+        stream = None
+        if streaming:
+            try:
+                stream = (await run_in_threadpool(self.limits.open_stream, user.id)
+                          if self.limits.streams_in_database else self.limits.open_stream(user.id))
+            except DatabaseUnavailable as exc:  # the streams are counted in the database: it must answer
+                answer = problem(exc)
+                return await self._refuse(scope, receive, send, answer.status, answer.message, answer.code,
+                                          answer.headers)
+        if streaming and stream is None:
             return await self._refuse(scope, receive, send, 429, f"you already have {self.limits.max_streams} "
                                       "replies in progress, the most one user may run at once "
                                       "(SERGE_USER_MAX_STREAMS); wait for one to finish", "too_many_streams",
@@ -172,8 +182,12 @@ class Authenticate:
         try:
             await self.app(scope, receive, send)
         finally:
-            if streaming:
-                self.limits.close_stream(user.id)
+            if stream is not None:
+                if self.limits.streams_in_database:
+                    with anyio.CancelScope(shield=True):  # a cancelled request still gives its stream back
+                        await run_in_threadpool(self.limits.close_stream, stream)
+                else:
+                    self.limits.close_stream(stream)
 
     @staticmethod
     async def _refuse(scope, receive, send, status: int, message: str, code: str,

@@ -1,9 +1,11 @@
-"""Per-user budgets: requests per minute and replies generating at once, in this process.
+"""Per-user budgets: requests per minute and replies generating at once.
 
-`UserLimits` belongs to one app (no module state, no Redis): several Serge
-processes behind a load balancer each give a user the full budget. Requests
-are metered by a token bucket (a burst of a minute's worth, then a steady
-rate), so the wait it names in Retry-After is exact. It knows nothing of HTTP.
+`UserLimits` belongs to one app (no module state, no Redis). Requests are
+metered in this process by a token bucket (a burst of a minute's worth, then a
+steady rate), so the wait it names in Retry-After is exact. Replies generating
+are counted here too, until `share_streams` hands the count to the database
+several processes share (`SharedReplies`): then a user has their streams once
+across all of them. It knows nothing of HTTP.
 """
 
 from __future__ import annotations
@@ -13,8 +15,14 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 MAX_BUCKETS = 10_000  # past this many callers, buckets that have refilled are dropped
+
+
+class SharedStreams(Protocol):
+    def open_stream(self, user_id: str, limit: int) -> str | None: ...
+    def close_stream(self, stream_id: str) -> None: ...
 
 
 @dataclass
@@ -30,7 +38,17 @@ class UserLimits:
         self._clock = clock
         self._buckets: dict[str, _Bucket] = {}
         self._streams: dict[str, int] = {}
+        self._shared: SharedStreams | None = None
         self._lock = threading.Lock()
+
+    def share_streams(self, shared: SharedStreams) -> None:
+        """From now on, count replies generating in the database every process shares."""
+        self._shared = shared
+
+    @property
+    def streams_in_database(self) -> bool:
+        """Whether opening and closing a stream is a database call (to run off the event loop)."""
+        return self._shared is not None
 
     def take(self, key: str, per_minute: int | None = None) -> int:
         """Spend one request of `key`'s budget: 0 when allowed, else the seconds until the next one is."""
@@ -60,19 +78,24 @@ class UserLimits:
         for key in [k for k, b in self._buckets.items() if now - b.stamp >= 60]:
             del self._buckets[key]
 
-    def open_stream(self, key: str) -> bool:
-        """Count a reply of `key` as generating; False (nothing counted) when they already have the most."""
+    def open_stream(self, key: str) -> str | None:
+        """Count a reply of `key` as generating: a handle for `close_stream`, or None (nothing counted) when
+        they already have the most."""
+        if self._shared is not None:
+            return self._shared.open_stream(key, self.max_streams)
         with self._lock:
             running = self._streams.get(key, 0)
             if running >= self.max_streams:
-                return False
+                return None
             self._streams[key] = running + 1
-            return True
+            return key
 
-    def close_stream(self, key: str) -> None:
+    def close_stream(self, handle: str) -> None:
+        if self._shared is not None:
+            return self._shared.close_stream(handle)
         with self._lock:
-            running = self._streams.get(key, 0) - 1
+            running = self._streams.get(handle, 0) - 1
             if running > 0:
-                self._streams[key] = running
+                self._streams[handle] = running
             else:
-                self._streams.pop(key, None)
+                self._streams.pop(handle, None)
