@@ -1,4 +1,5 @@
-"""`serge users ...` and `serge keys ...`: accounts and API keys, managed on the server's own machine.
+"""`serge users ...` and `serge keys ...`: accounts and API keys, managed on the server's own machine
+(their caps and `serge usage`: cli_usage.py).
 
 They work on the database directly (a running server sees the change at its next
 request), so the first account can be made before Serge ever serves anyone.
@@ -13,6 +14,7 @@ import getpass
 import sys
 from typing import TYPE_CHECKING
 
+from serge.cli_usage import add_quota_parsers, add_usage_parser, run_quota, run_usage
 from serge.settings import Settings
 
 if TYPE_CHECKING:
@@ -52,6 +54,8 @@ def add_parsers(sub, data_dir_flag) -> None:
     revoke.add_argument("key", metavar="KEY_PREFIX_OR_ID")
     for p in (create, klist, revoke):
         data_dir_flag(p)
+    add_quota_parsers(usub, ksub, data_dir_flag)
+    add_usage_parser(sub, data_dir_flag)
 
 
 def open_accounts(settings: Settings) -> Accounts:
@@ -78,7 +82,11 @@ def run(settings: Settings, args: argparse.Namespace) -> None:
 
     accounts = open_accounts(settings)
     try:
-        if args.command == "users":
+        if args.command == "usage":
+            run_usage(accounts, args)
+        elif "quota" in (getattr(args, "users_command", None), getattr(args, "keys_command", None)):
+            run_quota(accounts, args)
+        elif args.command == "users":
             _users(accounts, args)
         else:
             _keys(accounts, args)

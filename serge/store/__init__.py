@@ -13,6 +13,7 @@ from serge.store.collections import (CollectionExists, CollectionNotFound, Colle
 from serge.store.documents import ChunkHit, DocumentNotFound, DocumentRecord, DocumentStore, FileStore, NewChunk
 from serge.store.db import Database, DatabaseUnavailable, exposed, private_dir
 from serge.store.responses import ResponseNotFound, ResponseRecord, ResponseStore
+from serge.store.usage import QuotaRecord, UsageCount, UsageFilter, UsageStore, UsageTotal
 
 __all__ = [
     "CollectionExists", "CollectionNotFound", "CollectionRecord", "CollectionStore", "FileProgress",
@@ -21,4 +22,5 @@ __all__ = [
     "KeyNotFound",
     "KeyRecord", "LastAdmin", "MessageNotFound", "MessageRecord", "NameTaken", "NewMessage", "ResponseNotFound",
     "ResponseRecord", "ResponseStore", "UserNotFound", "UserRecord", "exposed", "private_dir",
+    "QuotaRecord", "UsageCount", "UsageFilter", "UsageStore", "UsageTotal",
 ]

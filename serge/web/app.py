@@ -18,12 +18,13 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from fastapi.staticfiles import StaticFiles
 
 from serge import __version__
-from serge.accounts import Accounts, LoginSessions, load_secret
+from serge.accounts import Accounts, LoginSessions, Usage, load_secret
 from serge.chats import ChatService, Indexer, Knowledge
 from serge.engine import Engine
 from serge.settings import Settings
 from serge.chats.documents import ChatDocuments
-from serge.store import AccountStore, ChatStore, CollectionStore, Database, DocumentStore, FileStore, ResponseStore
+from serge.store import (AccountStore, ChatStore, CollectionStore, Database, DocumentStore, FileStore, ResponseStore,
+                         UsageStore)
 from serge.web.pages.accounts import build_account_pages
 from serge.web.api.accounts import router as accounts_router
 from serge.web.anthropic.api import router as anthropic_router
@@ -42,6 +43,7 @@ from serge.web.pages.chat import STATIC, build_pages
 from serge.web.responses.api import router as responses_router
 from serge.web.http.request_log import RequestLog
 from serge.web.http.user_limits import UserLimits
+from serge.web.http.usage_meter import UsageMeter
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +68,7 @@ def build_app(settings: Settings, engine: Engine) -> FastAPI:
         log.info("%s", database.describe())
         accounts = AccountStore(database)
         app.state.accounts = Accounts(accounts)
+        app.state.usage = Usage(UsageStore(database))
         app.state.sessions = LoginSessions(accounts, load_secret(settings.data_dir),
                                            timedelta(days=settings.session_days))
         store = DocumentStore(database, FileStore(settings.data_dir / "files"))
@@ -98,6 +101,7 @@ def build_app(settings: Settings, engine: Engine) -> FastAPI:
     limits = UserLimits(settings.user_max_streams, settings.user_requests_per_minute)
     # Innermost first: every request has a user (or is refused) before routes run, and only
     # after the Host, Origin and body checks (outer) have let it through.
+    app.add_middleware(UsageMeter)  # inside Authenticate: a model request's quota, then its usage
     app.add_middleware(Authenticate, limits=limits)
     protect(app, settings)  # security headers, Host and Origin checks, body limits
     app.add_middleware(RequestLog)  # one line for every answer, refusals included

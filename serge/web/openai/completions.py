@@ -99,7 +99,7 @@ async def completions(body: CompletionRequest, request: Request):
             stream.cancel()
         raise
     name = streams[0].model
-    note_generation(request, name, streams[0])
+    note_generation(request, name, *streams)
     completion_id, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
     wants = body.logprobs is not None
 
