@@ -37,6 +37,7 @@ from serge.web.http.errors import ApiError, install_error_handlers
 from serge.web.http.guard import protect
 from serge.web.api.knowledge import router as knowledge_router
 from serge.web.api.models import router as models_router
+from serge.web.api.usage import router as usage_router
 from serge.web.ollama.api import router as ollama_router
 from serge.web.openai.chat import router as openai_router
 from serge.web.pages.chat import STATIC, build_pages
@@ -118,6 +119,7 @@ def build_app(settings: Settings, engine: Engine) -> FastAPI:
     app.include_router(knowledge_router)
     app.include_router(models_router)
     app.include_router(accounts_router)
+    app.include_router(usage_router)
     app.include_router(build_pages())
     app.include_router(build_account_pages(limits))
     app.mount("/static", StaticFiles(directory=STATIC), name="static")

@@ -1,0 +1,248 @@
+"""Usage and quotas on a real server over the stand-in model, with the official clients of each dialect.
+
+Accounts, keys and caps are made the way an administrator makes them (`serge users`, `serge keys`,
+`serge users quota`), on the server's data dir while it runs. The server's usage clock is pinned
+where a promise needs a known time (the Retry-After to midnight); a cap's reset is tested on the
+service itself with an injected clock, over a real SQLite file.
+"""
+
+from __future__ import annotations
+
+from contextlib import closing
+from datetime import UTC, date, datetime, timedelta
+
+import httpx
+import ollama
+import openai
+import pytest
+from conftest import ServerThread, free_port
+from standin import NAME as MODEL, stand_in
+from test_accounts_api import add_user, login, serge
+from test_anthropic_api import anthropic_client
+
+from serge.accounts import QuotaExceeded, Usage
+from serge.settings import Settings
+from serge.store import Database, UsageCount, UsageStore
+from serge.web.app import build_app
+
+settings, engine = stand_in("settings", "engine")
+
+HELLO = [{"role": "user", "content": "Say hello."}]
+NOON = datetime(2026, 12, 3, 12, 0, 0, tzinfo=UTC)  # the server's usage clock: 12 h to the day's end
+TO_MIDNIGHT = 12 * 3600
+
+
+@pytest.fixture(scope="module")
+def site(settings, engine, tmp_path_factory):
+    own = Settings(data_dir=tmp_path_factory.mktemp("usage"), models_dir=settings.models_dir,
+                   torch_threads=settings.torch_threads, port=free_port())
+    app = build_app(own, engine)
+    with ServerThread(app, own.port) as running:
+        for name in ("alice", "bob", "carol", "dave"):
+            add_user(own.data_dir, name, *(["--admin"] if name == "alice" else []))
+        app.state.usage.clock = lambda: NOON
+        yield {"url": running.url, "data_dir": own.data_dir, "app": app}
+
+
+def key_of(site, user: str, name: str = "k") -> str:
+    return serge(site["data_dir"], "keys", "create", user, "--name", name).strip()
+
+
+def key_id(site, user: str, key: str) -> str:
+    listing = serge(site["data_dir"], "keys", "list", user)
+    return next(line.split()[0] for line in listing.splitlines() if key[:17] in line)
+
+
+def chat_api_turn(url: str, key: str) -> httpx.Response:
+    headers = {"Authorization": f"Bearer {key}"}
+    chat = httpx.post(f"{url}/api/chats", json={"settings": {"max_new_tokens": 5, "temperature": 0}},
+                      headers=headers, timeout=60)
+    assert chat.status_code == 201, chat.text
+    return httpx.post(f"{url}/api/chats/{chat.json()['id']}/messages", json={"content": "Say hello."},
+                      headers=headers, timeout=60)
+
+
+def reported(url: str, key: str) -> dict[str, tuple[int, int]]:
+    """One request in each dialect with `key`: the (prompt, generated) tokens each reply told its client."""
+    o = openai.OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0)
+    told: dict[str, list[tuple[int, int]]] = {}
+
+    def tell(dialect: str, prompt: int, generated: int) -> None:
+        told.setdefault(dialect, []).append((prompt, generated))
+
+    reply = o.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=7, n=2, temperature=1)
+    tell("openai", reply.usage.prompt_tokens, reply.usage.completion_tokens)
+    streamed = list(o.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=4, stream=True,
+                                              stream_options={"include_usage": True}))
+    tell("openai", streamed[-1].usage.prompt_tokens, streamed[-1].usage.completion_tokens)
+    text = o.completions.create(model=MODEL, prompt=["Once upon", "a time"], max_tokens=3)
+    tell("openai", text.usage.prompt_tokens, text.usage.completion_tokens)
+    response = o.responses.create(model=MODEL, input="Say hello.", max_output_tokens=16)
+    tell("responses", response.usage.input_tokens, response.usage.output_tokens)
+    message = anthropic_client(url, api_key=key).messages.create(model=MODEL, messages=HELLO, max_tokens=6)
+    tell("anthropic", message.usage.input_tokens, message.usage.output_tokens)
+    answer = ollama.Client(host=url, headers={"Authorization": f"Bearer {key}"}).chat(
+        model=MODEL, messages=HELLO, options={"num_predict": 5})
+    tell("ollama", answer.prompt_eval_count, answer.eval_count)
+    turn = chat_api_turn(url, key)
+    assert turn.status_code == 200, turn.text
+    done = [line for line in turn.text.splitlines() if line.startswith("data:")][-1]
+    saved = httpx.Response(200, content=done[5:]).json()["message"]
+    tell("serge", saved["prompt_tokens"], saved["completion_tokens"])
+    return {d: (sum(p for p, _ in pairs), sum(g for _, g in pairs)) for d, pairs in told.items()}
+
+
+def test_usage_totals_equal_the_usage_each_reply_reported_in_every_dialect(site):
+    key = key_of(site, "bob")
+    told = reported(site["url"], key)
+    with closing(login(site["url"], "bob")) as bob:
+        rows = bob.get("/api/usage", params={"by": "dialect"}).json()["rows"]
+        kept = {r["dialect"]: (r["prompt_tokens"], r["completion_tokens"]) for r in rows}
+        assert kept == told
+        by_key = bob.get("/api/usage", params={"by": "key"}).json()["rows"]
+        assert [r["key"] for r in by_key] == [key_id(site, "bob", key)]
+        assert by_key[0]["requests"] == 8  # openai 3, responses, anthropic, ollama, and the chat API's reply
+        day = bob.get("/api/usage").json()["rows"]
+        assert day == [{"day": NOON.date().isoformat(), "name": NOON.date().isoformat(), "requests": 8,
+                        "prompt_tokens": sum(p for p, _ in told.values()), "cached_tokens": 0,
+                        "completion_tokens": sum(g for _, g in told.values()),
+                        "total_tokens": sum(p + g for p, g in told.values())}]
+        assert bob.get("/api/usage", params={"user": "alice"}).status_code == 403  # not his to read
+    out = serge(site["data_dir"], "usage", "--user", "bob", "--by", "dialect", "--csv")
+    lines = out.splitlines()
+    assert lines[0] == "dialect,name,requests,prompt_tokens,cached_tokens,completion_tokens,total_tokens"
+    assert {line.split(",")[0]: (int(line.split(",")[3]), int(line.split(",")[5])) for line in lines[1:]} == told
+
+
+def refusals(url: str, key: str) -> dict[str, tuple[int, str, str]]:
+    """(status, Retry-After, message) of one request in each dialect, through the official clients."""
+    found = {}
+    o = openai.OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0)
+    with pytest.raises(openai.RateLimitError) as refused:
+        o.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=3)
+    found["openai"] = (refused.value.status_code, refused.value.response.headers["retry-after"],
+                       refused.value.body["message"])
+    import anthropic
+
+    with pytest.raises(anthropic.RateLimitError) as refused:
+        anthropic_client(url, api_key=key).messages.create(model=MODEL, messages=HELLO, max_tokens=3)
+    assert refused.value.body["error"]["type"] == "rate_limit_error"
+    found["anthropic"] = (refused.value.status_code, refused.value.response.headers["retry-after"],
+                          refused.value.body["error"]["message"])
+    client = ollama.Client(host=url, headers={"Authorization": f"Bearer {key}"})
+    with pytest.raises(ollama.ResponseError) as refused:
+        client.chat(model=MODEL, messages=HELLO, options={"num_predict": 3})
+    raw = httpx.post(f"{url}/api/generate", json={"model": MODEL, "prompt": "hi", "stream": False},
+                     headers={"Authorization": f"Bearer {key}"})
+    assert raw.json() == {"error": refused.value.error}
+    found["ollama"] = (refused.value.status_code, raw.headers["retry-after"], refused.value.error)
+    turn = chat_api_turn(url, key)
+    found["serge"] = (turn.status_code, turn.headers["retry-after"], turn.json()["error"]["message"])
+    return found
+
+
+def test_a_user_past_their_tokens_a_day_is_refused_in_every_dialect_until_midnight(site):
+    serge(site["data_dir"], "users", "quota", "carol", "--tokens-per-day", "10")
+    key = key_of(site, "carol")
+    o = openai.OpenAI(base_url=f"{site['url']}/v1", api_key=key, max_retries=0)
+    crossing = o.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=20)
+    assert crossing.usage.completion_tokens == 20  # the request that crosses the line finishes
+    for dialect, (status, retry, message) in refusals(site["url"], key).items():
+        assert status == 429, dialect
+        assert retry == str(TO_MIDNIGHT), dialect
+        assert "your quota of 10 tokens a day is used up" in message, dialect
+        assert "resets at 2026-12-04 00:00 UTC" in message, dialect
+    with closing(login(site["url"], "carol")) as carol:  # only model requests are refused: she can still read her chats
+        assert carol.get("/api/chats").status_code == 200
+        assert carol.get("/api/quota").json()["applied"]["tokens_per_day"] == 10
+
+
+def test_a_keys_quota_holds_within_its_users(site):
+    first, second = key_of(site, "dave", "one"), key_of(site, "dave", "two")
+    serge(site["data_dir"], "keys", "quota", "dave", key_id(site, "dave", first), "--requests-per-minute", "1")
+    one = openai.OpenAI(base_url=f"{site['url']}/v1", api_key=first, max_retries=0)
+    two = openai.OpenAI(base_url=f"{site['url']}/v1", api_key=second, max_retries=0)
+    one.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=2)
+    with pytest.raises(openai.RateLimitError) as refused:
+        one.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=2)
+    assert "this API key's quota of 1 model requests a minute is used up" in refused.value.body["message"]
+    assert 1 <= int(refused.value.response.headers["retry-after"]) <= 60
+    two.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=2)  # the other key is not capped
+    serge(site["data_dir"], "users", "quota", "dave", "--requests-per-minute", "3")  # dave: 2 used this minute
+    two.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=2)
+    with pytest.raises(openai.RateLimitError) as refused:  # the user's cap counts the requests of all his keys
+        two.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=2)
+    assert "your quota of 3 model requests a minute is used up" in refused.value.body["message"]
+
+
+def test_an_admin_sets_caps_over_the_api_and_a_plain_user_may_not(site):
+    with closing(login(site["url"], "alice")) as alice, closing(login(site["url"], "bob")) as bob:
+        assert bob.put("/api/users/bob/quota", json={"tokens_per_day": 1}).status_code == 403
+        set_ = alice.put("/api/users/bob/quota", json={"tokens_per_month": 5000})
+        assert set_.status_code == 200, set_.text
+        assert set_.json()["own"]["tokens_per_month"] == 5000
+        bad = alice.put("/api/users/bob/quota", json={"tokens_per_day": -1})
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "tokens_per_day"
+        assert alice.put("/api/users/bob/quota", json={}).json()["own"] is None  # back to the default
+        assert alice.get("/api/usage", params={"by": "user"}).status_code == 200
+
+
+# --- the service itself, with an injected clock ---------------------------------------------------------
+@pytest.fixture
+def ledger(tmp_path):
+    database = Database(f"sqlite:///{tmp_path / 'usage.db'}")
+    database.migrate()
+    clock = [datetime(2026, 1, 31, 23, 59, 30, tzinfo=UTC)]
+    yield Usage(UsageStore(database), clock=lambda: clock[0]), clock
+    database.close()
+
+
+def spend(usage: Usage, tokens: int, key: str = "") -> None:
+    usage.record(UsageCount("u1", key, MODEL, "openai", tokens, 0, 0))
+
+
+def test_a_days_cap_resets_at_utc_midnight_and_a_months_at_the_months_end(ledger):
+    from serge.store import QuotaRecord
+
+    usage, clock = ledger
+    usage.set_user_quota("u1", QuotaRecord(tokens_per_day=100, tokens_per_month=150))
+    usage.admit("u1")
+    spend(usage, 100)
+    with pytest.raises(QuotaExceeded) as refused:
+        usage.admit("u1")
+    assert refused.value.retry_after_s == 30 and refused.value.quota == "tokens_per_day"
+    clock[0] = datetime(2026, 2, 1, 0, 0, 0, tzinfo=UTC)  # a new day, and a new month
+    usage.admit("u1")
+    spend(usage, 100)
+    clock[0] = datetime(2026, 2, 2, 0, 0, 1, tzinfo=UTC)
+    usage.admit("u1")  # 100 this month: under 150
+    spend(usage, 60)
+    with pytest.raises(QuotaExceeded) as refused:
+        usage.admit("u1")
+    assert refused.value.quota == "tokens_per_month"
+    assert refused.value.retry_after_s == (datetime(2026, 3, 1, tzinfo=UTC) - clock[0]).total_seconds()
+    assert "resets at 2026-03-01 00:00 UTC" in str(refused.value)
+
+
+def test_a_requests_a_minute_cap_resets_at_the_next_minute(ledger):
+    from serge.store import QuotaRecord
+
+    usage, clock = ledger
+    usage.set_default_quota(QuotaRecord(requests_per_minute=2))  # the account-wide default applies to u1
+    usage.admit("u1")
+    usage.admit("u1")
+    with pytest.raises(QuotaExceeded) as refused:
+        usage.admit("u1")
+    assert refused.value.retry_after_s == 30
+    clock[0] += timedelta(seconds=30)
+    usage.admit("u1")
+
+
+def test_the_day_a_request_is_recorded_on_is_utcs(ledger):
+    usage, clock = ledger
+    spend(usage, 7)
+    clock[0] += timedelta(minutes=1)  # past midnight UTC
+    spend(usage, 5)
+    rows = usage.store.totals("day", __import__("serge.store", fromlist=["UsageFilter"]).UsageFilter())
+    assert [(r.group, r.prompt_tokens, r.requests) for r in rows] == [("2026-01-31", 7, 1), ("2026-02-01", 5, 1)]
+    assert date.fromisoformat(rows[1].group) == clock[0].date()
