@@ -246,3 +246,38 @@ def test_the_day_a_request_is_recorded_on_is_utcs(ledger):
     rows = usage.store.totals("day", __import__("serge.store", fromlist=["UsageFilter"]).UsageFilter())
     assert [(r.group, r.prompt_tokens, r.requests) for r in rows] == [("2026-01-31", 7, 1), ("2026-02-01", 5, 1)]
     assert date.fromisoformat(rows[1].group) == clock[0].date()
+
+
+# --- the admin's pages ------------------------------------------------------------------------------------
+def test_the_usage_page_draws_each_days_tokens_as_an_svg_bar_for_admins_only(site):
+    key = key_of(site, "bob", "page")
+    reply = openai.OpenAI(base_url=f"{site['url']}/v1", api_key=key, max_retries=0).chat.completions.create(
+        model=MODEL, messages=HELLO, max_tokens=4)
+    assert reply.usage.completion_tokens == 4
+    with closing(login(site["url"], "alice")) as alice, closing(login(site["url"], "bob")) as bob:
+        day = alice.get("/api/usage", params={"to": NOON.date().isoformat()}).json()["rows"][0]
+        page = alice.get("/admin/usage")
+        assert page.status_code == 200
+        html = page.text
+        svg = html[html.index("<svg"):html.index("</svg>")]
+        tip = (f"{NOON.date()}: {day['prompt_tokens']:,} prompt + {day['completion_tokens']:,} generated tokens, "
+               f"{day['requests']:,} requests")
+        assert f"<title>{tip}</title>" in svg
+        assert svg.count('<rect class="prompt"') == 1 and svg.count('<rect class="generated"') == 1
+        assert "<script" not in html and "http" not in svg.replace("http://www.w3.org/2000/svg", "")
+        for name in ("bob", "Per API key", "(page, bob)", MODEL):
+            assert name in html
+        assert bob.get("/admin/usage").status_code == 403
+
+
+def test_an_admin_sets_a_users_caps_on_the_users_page(site):
+    with closing(login(site["url"], "alice")) as alice:
+        set_ = alice.post("/admin/users/bob/quota", data={"tokens_per_day": "250,000", "tokens_per_month": "",
+                                                           "requests_per_minute": "30"})
+        assert set_.status_code == 303
+        assert 'value="250000"' in alice.get("/admin/users").text
+        bad = alice.post("/admin/users/bob/quota", data={"tokens_per_day": "lots"})
+        assert bad.status_code == 400 and "tokens per day: give a whole number" in bad.text
+        assert alice.post("/admin/users/bob/quota", data={}).status_code == 303  # all empty: the default's again
+    out = serge(site["data_dir"], "users", "quota", "bob")
+    assert out.startswith("bob: no caps")

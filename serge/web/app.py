@@ -26,6 +26,7 @@ from serge.chats.documents import ChatDocuments
 from serge.store import (AccountStore, ChatStore, CollectionStore, Database, DocumentStore, FileStore, ResponseStore,
                          UsageStore)
 from serge.web.pages.accounts import build_account_pages
+from serge.web.pages.usage import build_usage_pages
 from serge.web.api.accounts import router as accounts_router
 from serge.web.anthropic.api import router as anthropic_router
 from serge.web.http.auth import Authenticate, ProxiedClient, may_see_details
@@ -122,6 +123,7 @@ def build_app(settings: Settings, engine: Engine) -> FastAPI:
     app.include_router(usage_router)
     app.include_router(build_pages())
     app.include_router(build_account_pages(limits))
+    app.include_router(build_usage_pages())
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
 
     @app.get("/api/health", tags=["system"],
