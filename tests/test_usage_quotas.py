@@ -66,19 +66,25 @@ def reported(url: str, key: str) -> dict[str, tuple[int, int]]:
     """One request in each dialect with `key`: the (prompt, generated) tokens each reply told its client."""
     o = openai.OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0)
     told: dict[str, list[tuple[int, int]]] = {}
+    cached: dict[str, int] = {}
 
-    def tell(dialect: str, prompt: int, generated: int) -> None:
+    def tell(dialect: str, prompt: int, generated: int, details=None) -> None:
         told.setdefault(dialect, []).append((prompt, generated))
+        if details is not None:
+            cached[dialect] = cached.get(dialect, 0) + details.cached_tokens
 
-    reply = o.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=7, n=2, temperature=1)
-    tell("openai", reply.usage.prompt_tokens, reply.usage.completion_tokens)
+    for _ in range(2):  # the second's prompt comes from the prefix cache: its cached tokens are told
+        reply = o.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=7, n=2, temperature=1)
+        tell("openai", reply.usage.prompt_tokens, reply.usage.completion_tokens, reply.usage.prompt_tokens_details)
     streamed = list(o.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=4, stream=True,
                                               stream_options={"include_usage": True}))
-    tell("openai", streamed[-1].usage.prompt_tokens, streamed[-1].usage.completion_tokens)
+    tell("openai", streamed[-1].usage.prompt_tokens, streamed[-1].usage.completion_tokens,
+         streamed[-1].usage.prompt_tokens_details)
     text = o.completions.create(model=MODEL, prompt=["Once upon", "a time"], max_tokens=3)
-    tell("openai", text.usage.prompt_tokens, text.usage.completion_tokens)
+    tell("openai", text.usage.prompt_tokens, text.usage.completion_tokens, text.usage.prompt_tokens_details)
     response = o.responses.create(model=MODEL, input="Say hello.", max_output_tokens=16)
-    tell("responses", response.usage.input_tokens, response.usage.output_tokens)
+    tell("responses", response.usage.input_tokens, response.usage.output_tokens,
+         response.usage.input_tokens_details)
     message = anthropic_client(url, api_key=key).messages.create(model=MODEL, messages=HELLO, max_tokens=6)
     tell("anthropic", message.usage.input_tokens, message.usage.output_tokens)
     answer = ollama.Client(host=url, headers={"Authorization": f"Bearer {key}"}).chat(
@@ -89,22 +95,26 @@ def reported(url: str, key: str) -> dict[str, tuple[int, int]]:
     done = [line for line in turn.text.splitlines() if line.startswith("data:")][-1]
     saved = httpx.Response(200, content=done[5:]).json()["message"]
     tell("serge", saved["prompt_tokens"], saved["completion_tokens"])
-    return {d: (sum(p for p, _ in pairs), sum(g for _, g in pairs)) for d, pairs in told.items()}
+    return {d: (sum(p for p, _ in pairs), sum(g for _, g in pairs)) for d, pairs in told.items()}, cached
 
 
 def test_usage_totals_equal_the_usage_each_reply_reported_in_every_dialect(site):
     key = key_of(site, "bob")
-    told = reported(site["url"], key)
+    told, cached = reported(site["url"], key)
+    assert cached["openai"] > 0  # the same conversation twice: the second's prompt was reused
     with closing(login(site["url"], "bob")) as bob:
         rows = bob.get("/api/usage", params={"by": "dialect"}).json()["rows"]
         kept = {r["dialect"]: (r["prompt_tokens"], r["completion_tokens"]) for r in rows}
         assert kept == told
+        for dialect in ("openai", "responses"):  # the dialects whose usage tells the cached tokens
+            assert next(r["cached_tokens"] for r in rows if r["dialect"] == dialect) == cached[dialect]
         by_key = bob.get("/api/usage", params={"by": "key"}).json()["rows"]
         assert [r["key"] for r in by_key] == [key_id(site, "bob", key)]
-        assert by_key[0]["requests"] == 8  # openai 3, responses, anthropic, ollama, and the chat API's reply
+        assert by_key[0]["requests"] == 9  # openai 4, responses, anthropic, ollama, and the chat API's reply
         day = bob.get("/api/usage").json()["rows"]
-        assert day == [{"day": NOON.date().isoformat(), "name": NOON.date().isoformat(), "requests": 8,
-                        "prompt_tokens": sum(p for p, _ in told.values()), "cached_tokens": 0,
+        assert day == [{"day": NOON.date().isoformat(), "name": NOON.date().isoformat(), "requests": 9,
+                        "prompt_tokens": sum(p for p, _ in told.values()),
+                        "cached_tokens": sum(r["cached_tokens"] for r in rows),
                         "completion_tokens": sum(g for _, g in told.values()),
                         "total_tokens": sum(p + g for p, g in told.values())}]
         assert bob.get("/api/usage", params={"user": "alice"}).status_code == 403  # not his to read

@@ -45,7 +45,7 @@ def counts(user_id: str, key_id: str, model: str, dialect: str, stream: Stream) 
     """What a finished stream reported to its client: the prompt once, the tokens of every choice."""
     records = stream.records
     return UsageCount(user_id=user_id, key_id=key_id, model=model, dialect=dialect,
-                      prompt_tokens=records[0].prompt_tokens, cached_tokens=getattr(records[0], "cached_tokens", 0),
+                      prompt_tokens=records[0].prompt_tokens, cached_tokens=records[0].cached_tokens,
                       completion_tokens=sum(r.completion_tokens for r in records))
 
 
