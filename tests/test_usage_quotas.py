@@ -22,7 +22,7 @@ from test_anthropic_api import anthropic_client
 
 from serge.accounts import QuotaExceeded, Usage
 from serge.settings import Settings
-from serge.store import Database, UsageCount, UsageStore
+from serge.store import QuotaRecord, UsageCount, UsageFilter, UsageStore
 from serge.web.app import build_app
 
 settings, engine = stand_in("settings", "engine")
@@ -199,12 +199,10 @@ def test_an_admin_sets_caps_over_the_api_and_a_plain_user_may_not(site):
 
 # --- the service itself, with an injected clock ---------------------------------------------------------
 @pytest.fixture
-def ledger(tmp_path):
-    database = Database(f"sqlite:///{tmp_path / 'usage.db'}")
-    database.migrate()
+def ledger(database):
+    """The service over a real database (SQLite; PostgreSQL too where one is named), with a clock of the test's."""
     clock = [datetime(2026, 1, 31, 23, 59, 30, tzinfo=UTC)]
-    yield Usage(UsageStore(database), clock=lambda: clock[0]), clock
-    database.close()
+    return Usage(UsageStore(database), clock=lambda: clock[0]), clock
 
 
 def spend(usage: Usage, tokens: int, key: str = "") -> None:
@@ -212,8 +210,6 @@ def spend(usage: Usage, tokens: int, key: str = "") -> None:
 
 
 def test_a_days_cap_resets_at_utc_midnight_and_a_months_at_the_months_end(ledger):
-    from serge.store import QuotaRecord
-
     usage, clock = ledger
     usage.set_user_quota("u1", QuotaRecord(tokens_per_day=100, tokens_per_month=150))
     usage.admit("u1")
@@ -235,8 +231,6 @@ def test_a_days_cap_resets_at_utc_midnight_and_a_months_at_the_months_end(ledger
 
 
 def test_a_requests_a_minute_cap_resets_at_the_next_minute(ledger):
-    from serge.store import QuotaRecord
-
     usage, clock = ledger
     usage.set_default_quota(QuotaRecord(requests_per_minute=2))  # the account-wide default applies to u1
     usage.admit("u1")
@@ -253,7 +247,7 @@ def test_the_day_a_request_is_recorded_on_is_utcs(ledger):
     spend(usage, 7)
     clock[0] += timedelta(minutes=1)  # past midnight UTC
     spend(usage, 5)
-    rows = usage.store.totals("day", __import__("serge.store", fromlist=["UsageFilter"]).UsageFilter())
+    rows = usage.store.totals("day", UsageFilter())
     assert [(r.group, r.prompt_tokens, r.requests) for r in rows] == [("2026-01-31", 7, 1), ("2026-02-01", 5, 1)]
     assert date.fromisoformat(rows[1].group) == clock[0].date()
 
@@ -291,3 +285,15 @@ def test_an_admin_sets_a_users_caps_on_the_users_page(site):
         assert alice.post("/admin/users/bob/quota", data={}).status_code == 303  # all empty: the default's again
     out = serge(site["data_dir"], "users", "quota", "bob")
     assert out.startswith("bob: no caps")
+
+
+def test_requests_of_several_processes_add_up_in_one_row_a_day(ledger):
+    usage, clock = ledger
+    for tokens in (3, 4):
+        usage.record(UsageCount("u1", "k1", MODEL, "openai", tokens, 1, 2))
+    usage.record(UsageCount("u1", "k1", MODEL, "ollama", 5, 0, 1))
+    rows = usage.totals("dialect", UsageFilter(user_id="u1"))
+    assert [(r.group, r.requests, r.prompt_tokens, r.cached_tokens, r.completion_tokens) for r in rows] == [
+        ("openai", 2, 7, 2, 4), ("ollama", 1, 5, 0, 1)]
+    assert usage.store.tokens_since("u1", "k1", clock[0].date()) == 17  # prompt + generated: 5 + 6 + 6
+    assert usage.store.tokens_since("u1", "other", clock[0].date()) == 0
