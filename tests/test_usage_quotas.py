@@ -297,3 +297,18 @@ def test_requests_of_several_processes_add_up_in_one_row_a_day(ledger):
         ("openai", 2, 7, 2, 4), ("ollama", 1, 5, 0, 1)]
     assert usage.store.tokens_since("u1", "k1", clock[0].date()) == 17  # prompt + generated: 5 + 6 + 6
     assert usage.store.tokens_since("u1", "other", clock[0].date()) == 0
+
+
+def test_the_usage_migration_goes_down_and_up_again(database):
+    from conftest import migrate_to
+    from sqlalchemy import inspect
+
+    usage = Usage(UsageStore(database))
+    usage.record(UsageCount("u1", "", MODEL, "openai", 1, 0, 1))
+    with database.engine.begin() as connection:
+        migrate_to(connection, "0008", down=True)
+    assert not {"usage_days", "usage_minutes", "quotas"} & set(inspect(database.engine).get_table_names())
+    database.migrate()
+    assert usage.totals("day", UsageFilter()) == []
+    usage.set_user_quota("u1", QuotaRecord(tokens_per_day=5))
+    assert usage.user_quota("u1").applied.tokens_per_day == 5
