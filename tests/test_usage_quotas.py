@@ -312,3 +312,27 @@ def test_the_usage_migration_goes_down_and_up_again(database):
     assert usage.totals("day", UsageFilter()) == []
     usage.set_user_quota("u1", QuotaRecord(tokens_per_day=5))
     assert usage.user_quota("u1").applied.tokens_per_day == 5
+
+
+@pytest.mark.real_model
+def test_on_the_real_model_the_ledger_keeps_what_each_reply_told_its_cached_tokens_included(real_server):
+    from conftest import MODEL as REAL
+
+    o = openai.OpenAI(base_url=f"{real_server}/v1", api_key="unused", max_retries=0)
+
+    def kept() -> dict:
+        rows = httpx.get(f"{real_server}/api/usage", params={"by": "model", "model": REAL}).json()["rows"]
+        return rows[0] if rows else {"requests": 0, "prompt_tokens": 0, "cached_tokens": 0, "completion_tokens": 0}
+
+    before = kept()
+    system = {"role": "system", "content": "You are a terse assistant who answers in one short sentence. " * 8}
+    told = [o.chat.completions.create(model=REAL, messages=[system, {"role": "user", "content": question}],
+                                      max_tokens=8, temperature=0).usage
+            for question in ("What is the capital of France?", "What is the capital of Spain?")]
+    assert told[1].prompt_tokens_details.cached_tokens > 0  # the long system prompt came from the prefix cache
+    after = kept()
+    assert after["requests"] - before["requests"] == 2
+    for field, reported in (("prompt_tokens", lambda u: u.prompt_tokens),
+                            ("completion_tokens", lambda u: u.completion_tokens),
+                            ("cached_tokens", lambda u: u.prompt_tokens_details.cached_tokens)):
+        assert after[field] - before[field] == sum(reported(u) for u in told), field
