@@ -26,7 +26,8 @@ class AccountCommandFailed(Exception):
 
 
 def add_parsers(sub, data_dir_flag) -> None:
-    users = sub.add_parser("users", help="add, remove and list accounts (once one exists, Serge asks for a login)")
+    users = sub.add_parser("users", help="add, remove, list and cap accounts (once one exists, Serge asks for a "
+                           "login)")
     usub = users.add_subparsers(dest="users_command", required=True)
     add = usub.add_parser("add", help="add an account; the first one is an admin and takes over existing chats")
     add.add_argument("name")
@@ -42,7 +43,7 @@ def add_parsers(sub, data_dir_flag) -> None:
     for p in (add, rm, passwd, listing):
         data_dir_flag(p)
 
-    keys = sub.add_parser("keys", help="create, list and revoke a user's API keys")
+    keys = sub.add_parser("keys", help="create, list, revoke and cap a user's API keys")
     ksub = keys.add_subparsers(dest="keys_command", required=True)
     create = ksub.add_parser("create", help="create a key for USER and print it (shown only this once)")
     create.add_argument("user")

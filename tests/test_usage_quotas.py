@@ -18,6 +18,7 @@ import pytest
 from conftest import ServerThread, free_port
 from standin import NAME as MODEL, stand_in
 from test_accounts_api import add_user, login, serge
+from test_chats_api import wait_for
 from test_anthropic_api import anthropic_client
 
 from serge.accounts import QuotaExceeded, Usage
@@ -122,6 +123,23 @@ def test_usage_totals_equal_the_usage_each_reply_reported_in_every_dialect(site)
     lines = out.splitlines()
     assert lines[0] == "dialect,name,requests,prompt_tokens,cached_tokens,completion_tokens,total_tokens"
     assert {line.split(",")[0]: (int(line.split(",")[3]), int(line.split(",")[5])) for line in lines[1:]} == told
+
+
+def test_a_reply_whose_client_left_is_recorded_with_the_tokens_it_made(site):
+    key = key_of(site, "dave", "leaver")
+    body = {"model": MODEL, "messages": HELLO, "max_tokens": 4000, "stream": True}
+    with httpx.stream("POST", f"{site['url']}/v1/chat/completions", json=body, timeout=60,
+                      headers={"Authorization": f"Bearer {key}"}) as response:
+        assert response.status_code == 200
+        next(response.iter_lines())  # the first chunk, then the client hangs up
+    wanted = {"key": key_id(site, "dave", key)}
+
+    def recorded():
+        with closing(login(site["url"], "alice")) as alice:
+            return alice.get("/api/usage", params={"by": "key", "key": wanted["key"]}).json()["rows"]
+
+    row = wait_for(recorded, timeout=20, what="the usage of a reply whose client left")[0]
+    assert row["requests"] == 1 and 0 < row["completion_tokens"] < 4000
 
 
 def refusals(url: str, key: str) -> dict[str, tuple[int, str, str]]:
