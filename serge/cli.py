@@ -128,7 +128,10 @@ def main(argv: list[str] | None = None) -> None:
 
     try:
         settings = _settings(args)
-        if args.command in ("users", "keys"):
+        from serge.store.db import private_dir
+
+        private_dir(settings.data_dir)  # the one place the data dir is made: the owner's alone, whichever command
+        if args.command in ("users", "keys", "usage"):
             run_account_command(settings, args)  # no engine, no torch: answers at once
         elif args.command == "mcp":
             run_tool_command(settings, args)  # nor here

@@ -1,4 +1,5 @@
-"""`serge users ...` and `serge keys ...`: accounts and API keys, managed on the server's own machine.
+"""`serge users ...` and `serge keys ...`: accounts and API keys, managed on the server's own machine
+(their caps and `serge usage`: cli_usage.py).
 
 They work on the database directly (a running server sees the change at its next
 request), so the first account can be made before Serge ever serves anyone.
@@ -13,6 +14,7 @@ import getpass
 import sys
 from typing import TYPE_CHECKING
 
+from serge.cli_usage import add_quota_parsers, add_usage_parser, run_quota, run_usage
 from serge.settings import Settings
 
 if TYPE_CHECKING:
@@ -24,7 +26,8 @@ class AccountCommandFailed(Exception):
 
 
 def add_parsers(sub, data_dir_flag) -> None:
-    users = sub.add_parser("users", help="add, remove and list accounts (once one exists, Serge asks for a login)")
+    users = sub.add_parser("users", help="add, remove, list and cap accounts (once one exists, Serge asks for a "
+                           "login)")
     usub = users.add_subparsers(dest="users_command", required=True)
     add = usub.add_parser("add", help="add an account; the first one is an admin and takes over existing chats")
     add.add_argument("name")
@@ -40,7 +43,7 @@ def add_parsers(sub, data_dir_flag) -> None:
     for p in (add, rm, passwd, listing):
         data_dir_flag(p)
 
-    keys = sub.add_parser("keys", help="create, list and revoke a user's API keys")
+    keys = sub.add_parser("keys", help="create, list, revoke and cap a user's API keys")
     ksub = keys.add_subparsers(dest="keys_command", required=True)
     create = ksub.add_parser("create", help="create a key for USER and print it (shown only this once)")
     create.add_argument("user")
@@ -52,6 +55,8 @@ def add_parsers(sub, data_dir_flag) -> None:
     revoke.add_argument("key", metavar="KEY_PREFIX_OR_ID")
     for p in (create, klist, revoke):
         data_dir_flag(p)
+    add_quota_parsers(usub, ksub, data_dir_flag)
+    add_usage_parser(sub, data_dir_flag)
 
 
 def open_accounts(settings: Settings) -> Accounts:
@@ -78,7 +83,11 @@ def run(settings: Settings, args: argparse.Namespace) -> None:
 
     accounts = open_accounts(settings)
     try:
-        if args.command == "users":
+        if args.command == "usage":
+            run_usage(accounts, args)
+        elif "quota" in (getattr(args, "users_command", None), getattr(args, "keys_command", None)):
+            run_quota(accounts, args)
+        elif args.command == "users":
             _users(accounts, args)
         else:
             _keys(accounts, args)

@@ -146,6 +146,7 @@ class RemoteClient:
             finish_reason=reason,
             prompt_tokens=state["usage"].get("prompt_tokens", 0),
             completion_tokens=state["usage"].get("completion_tokens", 0),
+            cached_tokens=(state["usage"].get("prompt_tokens_details") or {}).get("cached_tokens") or 0,
             seed=params.seed or 0,
             queued_s=started - stream.created,
             ttft_s=None if state["first"] is None else state["first"] - started,

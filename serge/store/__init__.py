@@ -15,6 +15,7 @@ from serge.store.db import Database, DatabaseUnavailable, exposed, private_dir
 from serge.store.responses import ResponseNotFound, ResponseRecord, ResponseStore
 from serge.store.tools import (ToolServerConnection, ToolServerExists, ToolServerMissing, ToolServerRecord,
                                ToolServerStore)
+from serge.store.usage import QuotaRecord, UsageCount, UsageFilter, UsageStore, UsageTotal
 
 __all__ = [
     "CollectionExists", "CollectionNotFound", "CollectionRecord", "CollectionStore", "FileProgress",
@@ -24,4 +25,5 @@ __all__ = [
     "KeyRecord", "LastAdmin", "MessageNotFound", "MessageRecord", "NameTaken", "NewMessage", "ResponseNotFound",
     "ResponseRecord", "ResponseStore", "UserNotFound", "UserRecord", "exposed", "private_dir",
     "ToolServerConnection", "ToolServerExists", "ToolServerMissing", "ToolServerRecord", "ToolServerStore",
+    "QuotaRecord", "UsageCount", "UsageFilter", "UsageStore", "UsageTotal",
 ]

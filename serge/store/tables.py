@@ -14,10 +14,10 @@ of random tokens, passwords as argon2 hashes.
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 
-from sqlalchemy import (JSON, Boolean, DateTime, Float, ForeignKey, Index, Integer, LargeBinary, String, Text,
-                        TypeDecorator)
+from sqlalchemy import (JSON, BigInteger, Boolean, Date, DateTime, Float, ForeignKey, Index, Integer, LargeBinary,
+                        String, Text, TypeDecorator)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -260,3 +260,46 @@ class UserStream(Base):
     user_id: Mapped[str] = mapped_column(String(64), index=True)
     process: Mapped[str] = mapped_column(String(64), index=True)
     heartbeat_at: Mapped[datetime] = mapped_column(UTCDateTime, default=now)
+
+
+class UsageDay(Base):
+    """What one user's key spent on one model through one dialect in one UTC day: counts, never text."""
+
+    __tablename__ = "usage_days"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    day: Mapped[date] = mapped_column(Date)
+    user_id: Mapped[str] = mapped_column(String(64))
+    key_id: Mapped[str] = mapped_column(String(32))  # "" for a login session's request
+    model: Mapped[str] = mapped_column(String(200))
+    dialect: Mapped[str] = mapped_column(String(16))
+    requests: Mapped[int] = mapped_column(BigInteger)
+    prompt_tokens: Mapped[int] = mapped_column(BigInteger)
+    cached_tokens: Mapped[int] = mapped_column(BigInteger)
+    completion_tokens: Mapped[int] = mapped_column(BigInteger)
+
+    __table_args__ = (Index("ix_usage_days_row", "day", "user_id", "key_id", "model", "dialect", unique=True),
+                      Index("ix_usage_days_user_day", "user_id", "day"), Index("ix_usage_days_key_day", "key_id", "day"))
+
+
+class UsageMinute(Base):
+    """Model requests of a user (`key_id` "") or of one of their keys in one minute since the epoch."""
+
+    __tablename__ = "usage_minutes"
+
+    user_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    key_id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    minute: Mapped[int] = mapped_column(BigInteger, primary_key=True, index=True)
+    requests: Mapped[int] = mapped_column(Integer)
+
+
+class Quota(Base):
+    """A cap: the account-wide default (kind "default", subject ""), a user's or a key's; null: no cap of that kind."""
+
+    __tablename__ = "quotas"
+
+    kind: Mapped[str] = mapped_column(String(8), primary_key=True)
+    subject: Mapped[str] = mapped_column(String(32), primary_key=True)
+    tokens_per_day: Mapped[int | None] = mapped_column(BigInteger)
+    tokens_per_month: Mapped[int | None] = mapped_column(BigInteger)
+    requests_per_minute: Mapped[int | None] = mapped_column(Integer)

@@ -18,7 +18,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from fastapi.staticfiles import StaticFiles
 
 from serge import __version__
-from serge.accounts import Accounts, LoginSessions, load_secret
+from serge.accounts import Accounts, LoginSessions, Usage, load_secret
 from serge.chats import ChatService, Indexer, Knowledge
 from serge.chats.running import SharedReplies, shared_by_processes
 from serge.engine import Engine
@@ -26,11 +26,13 @@ from serge.settings import Settings
 from serge.chats.documents import ChatDocuments
 from serge.chats.responses import StoredResponses
 from serge.chats.lookup import Lookup
-from serge.store import AccountStore, ChatStore, CollectionStore, Database, DocumentStore, FileStore, ResponseStore
+from serge.store import (AccountStore, ChatStore, CollectionStore, Database, DocumentStore, FileStore, ResponseStore,
+                         UsageStore)
 from serge.store.tools import ToolServerStore
 from serge.tools import ToolServers
 from serge.chats.chat_tools import ChatTools
 from serge.web.pages.accounts import build_account_pages
+from serge.web.pages.usage import build_usage_pages
 from serge.web.api.accounts import router as accounts_router
 from serge.web.anthropic.api import router as anthropic_router
 from serge.web.anthropic.errors import ANTHROPIC_ERRORS
@@ -46,6 +48,7 @@ from serge.web.api.knowledge import router as knowledge_router
 from serge.web.api.models import router as models_router
 from serge.web.api.tools import router as tools_router
 from serge.web.pages.tools import router as tool_pages
+from serge.web.api.usage import router as usage_router
 from serge.web.ollama.api import router as ollama_router
 from serge.web.openai.chat import router as openai_router
 from serge.web.pages.chat import STATIC, build_pages
@@ -53,6 +56,7 @@ from serge.web.responses.api import router as responses_router
 from serge.web.http.request_log import RequestLog
 from serge.web.http.user_limits import UserLimits
 from serge.web.mcp import install_mcp
+from serge.web.http.usage_meter import UsageMeter
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +81,7 @@ def build_app(settings: Settings, engine: Engine) -> FastAPI:
         log.info("%s", database.describe())
         accounts = AccountStore(database)
         app.state.accounts = Accounts(accounts)
+        app.state.usage = Usage(UsageStore(database))
         app.state.sessions = LoginSessions(accounts, load_secret(settings.data_dir),
                                            timedelta(days=settings.session_days))
         store = DocumentStore(database, FileStore(settings.data_dir / "files"))
@@ -120,6 +125,7 @@ def build_app(settings: Settings, engine: Engine) -> FastAPI:
     limits = UserLimits(settings.user_max_streams, settings.user_requests_per_minute)
     # Innermost first: every request has a user (or is refused) before routes run, and only
     # after the Host, Origin and body checks (outer) have let it through.
+    app.add_middleware(UsageMeter)  # inside Authenticate: a model request's quota, then its usage
     app.add_middleware(Authenticate, limits=limits)
     protect(app, settings)  # security headers, Host and Origin checks, body limits
     app.add_middleware(RequestLog)  # one line for every answer, refusals included
@@ -138,8 +144,10 @@ def build_app(settings: Settings, engine: Engine) -> FastAPI:
     app.include_router(accounts_router)
     app.include_router(tools_router)
     app.include_router(tool_pages)
+    app.include_router(usage_router)
     app.include_router(build_pages())
     app.include_router(build_account_pages(limits))
+    app.include_router(build_usage_pages())
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
     mcp = install_mcp(app)  # /mcp: the user's knowledge, for other agents
 

@@ -228,6 +228,7 @@ class Scheduler:
             return
         seq.kv, seq.prefilled = hit.kv, hit.length
         if not seq.resumed:
+            seq.cached = min(hit.length, len(seq.prompt))
             seq.logits = seq.prompt_logits = hit.logits
         self._m.reused_tokens.inc(hit.length)
         if hit.logits is not None:

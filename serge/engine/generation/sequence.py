@@ -70,6 +70,7 @@ class Sequence:
     kv: object | None = None  # the forward's per-sequence KV
     prefilled: int = 0  # tokens of `context()` whose keys and values are in `kv`
     resumed: int = 0  # after a preemption: the reply's first tokens, run again after the prompt
+    cached: int = 0  # tokens of the prompt the prefix cache gave when it first started (its record's cached_tokens)
     logits: torch.Tensor | None = None  # the next token is sampled from these
     prompt_logits: torch.Tensor | None = None  # after the whole prompt: kept with the KV for reuse
     feed: int | None = None  # the sampled token the next decode step runs
@@ -224,6 +225,7 @@ class Sequence:
             error=error,
             tool_calls=reader.calls if reader is not None else (),
             stop_sequence=self.assembler.matched,
+            cached_tokens=self.cached,
         )
 
 

@@ -99,6 +99,7 @@ class GenerationRecord:
     tool_calls: tuple[ToolCall, ...] = ()
     remote_error: bool = False  # the error was a remote model's server's (silent, hung up, refused), not Serge's
     stop_sequence: str | None = None  # the stop string that ended the reply, where the engine knows it
+    cached_tokens: int = 0  # of prompt_tokens, those whose keys and values were reused (the prefix cache's)
 
     @property
     def tokens_per_s(self) -> float:

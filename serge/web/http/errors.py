@@ -20,7 +20,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from serge.accounts import InvalidAccountInput
+from serge.accounts import InvalidAccountInput, QuotaExceeded
 from serge.tools import ToolServerError, ToolServerForbidden, ToolServerNotFound, ToolServerUnreachable
 from serge.chats import ChatBusy, ChatNotFound, InvalidChatInput, InvalidCollectionInput, MessageNotFound
 from serge.documents import FileTooLarge, UnreadableFile, UnsupportedFile
@@ -147,6 +147,7 @@ ERRORS: dict[type[Exception], tuple[int, str, str | None]] = {
     ToolServerForbidden: (403, "tool_server_forbidden", "tools"),
     ToolServerUnreachable: (502, "tool_server_unreachable", None),
     ToolServerError: (400, "invalid_value", None),
+    QuotaExceeded: (429, "quota_exceeded", None),
 }
 
 
@@ -163,6 +164,8 @@ def problem(exc: Exception) -> ApiError | None:
         retry = max(1, round(exc.retry_after_s))
         message = message if "try again" in message else f"{message}; try again in {retry} s"
         headers = {"Retry-After": str(retry)}
+    elif isinstance(exc, QuotaExceeded):
+        headers = {"Retry-After": str(exc.retry_after_s)}
     elif isinstance(exc, DatabaseUnavailable):
         message, headers = f"Serge could not use its database: {exc}", {"Retry-After": str(DATABASE_RETRY_S)}
     return ApiError(status, message, code=code, param=getattr(exc, "param", None) or param, headers=headers)

@@ -35,10 +35,18 @@ _CALLER_ID = re.compile(rb"[A-Za-z0-9._-]{1,64}")
 _BARE = re.compile(r"[A-Za-z0-9._:/@+-]+")
 
 
-def note_generation(request: Request, model: str, stream: Stream) -> None:
-    """Tell the request log which model answered and where its tokens and timings will be."""
+def note_generation(request: Request, model: str, stream: Stream, *more: Stream) -> None:
+    """Tell the request log which model answered and where its tokens and timings will be (the first stream's),
+    and the usage meter every stream whose tokens the client is told of (`more`: a request of several prompts)."""
     request.state.log_model = model
     request.state.log_stream = stream
+    request.state.usage_streams = [*getattr(request.state, "usage_streams", ()), stream, *more]
+
+
+def note_embedding(request: Request, model: str, prompt_tokens: int) -> None:
+    """Tell the request log and the usage meter which model embedded, and the tokens the client was told of."""
+    request.state.log_model = model
+    request.state.usage_embedded = prompt_tokens
 
 
 def note_tools_left_out(request: Request, types: list[str]) -> None:

@@ -32,7 +32,7 @@ from serge.web.openai.embeddings import MAX_INPUTS as MAX_EMBED_INPUTS
 from serge.web.openai.logprobs import token_logprob
 from serge.web.ollama.models import (ERRORS_DOC, NDJSON, OllamaChatRequest, OllamaEmbeddingsRequest, OllamaEmbedRequest,
                                      OllamaGenerateRequest, keep_alive_zero, library_name, ollama_name, stream_doc)
-from serge.web.http.request_log import note_generation
+from serge.web.http.request_log import note_embedding, note_generation
 
 log = logging.getLogger(__name__)
 
@@ -251,7 +251,9 @@ def _texts(texts: list[str]) -> list[str]:
 async def _embed(request: Request, model: str | None, texts: list[str], dimensions: int | None = None):
     engine = _engine(request)
     name = library_name(engine, model or engine.settings.default_embedding_model)
-    return await run_in_threadpool(engine.embed, name, texts, dimensions, owner(request))
+    result = await run_in_threadpool(engine.embed, name, texts, dimensions, owner(request))
+    note_embedding(request, result.model, result.prompt_tokens)
+    return result
 
 
 @router.post("/api/embed", summary="Ollama: embeddings for one text or many", responses=ERRORS_DOC)

@@ -54,9 +54,11 @@ def fingerprint(model: str) -> str:
 
 
 def usage(records: tuple[GenerationRecord, ...]) -> dict:
-    """The prompt once (the choices share it), and every choice's completion tokens."""
+    """The prompt once (the choices share it), and every choice's completion tokens; of the prompt's, those the
+    prefix cache gave (`prompt_tokens_details.cached_tokens`)."""
     prompt, completion = records[0].prompt_tokens, sum(r.completion_tokens for r in records)
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": records[0].cached_tokens}}
 
 
 def _finish_reason(record: GenerationRecord) -> str:

@@ -99,7 +99,7 @@ async def completions(body: CompletionRequest, request: Request):
             stream.cancel()
         raise
     name = streams[0].model
-    note_generation(request, name, streams[0])
+    note_generation(request, name, *streams)
     completion_id, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
     wants = body.logprobs is not None
 
@@ -108,7 +108,7 @@ async def completions(body: CompletionRequest, request: Request):
 
     n = body.n
     if not body.stream:
-        choices, counts = [], [0, 0, 0]
+        choices, counts = [], [0, 0, 0, 0]
         watcher = cancel_on_disconnect(request, *streams)
         try:
             for at, (text, stream) in enumerate(zip(prompts, streams)):
@@ -122,14 +122,18 @@ async def completions(body: CompletionRequest, request: Request):
                     choices.append({"index": at * n + choice, "text": prefix + record.text,
                                     "finish_reason": _finish(record),
                                     "logprobs": _logprobs(tokens[choice], len(prefix)) if wants else None})
-                counts = [a + b for a, b in zip(counts, usage(stream.records).values())]
+                told = usage(stream.records)
+                counts = [a + b for a, b in zip(counts, (told["prompt_tokens"], told["completion_tokens"],
+                                                         told["total_tokens"],
+                                                         told["prompt_tokens_details"]["cached_tokens"]))]
         finally:
             watcher.cancel()
             for stream in streams:
                 stream.cancel()
         return {"id": completion_id, "object": "text_completion", "created": created, "model": name,
                 "system_fingerprint": fingerprint(name), "choices": choices,
-                "usage": dict(zip(("prompt_tokens", "completion_tokens", "total_tokens"), counts))}
+                "usage": {**dict(zip(("prompt_tokens", "completion_tokens", "total_tokens"), counts)),
+                          "prompt_tokens_details": {"cached_tokens": counts[3]}}}
 
     def chunk(index: int, text: str, finish: str | None = None, tokens: list[TokenLogprob] | None = None,
               offset: int = 0) -> str:

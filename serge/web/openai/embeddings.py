@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from starlette.concurrency import run_in_threadpool
 
 from serge.web.http.errors import ApiError
+from serge.web.http.request_log import note_embedding
 
 router = APIRouter(prefix="/v1", tags=["OpenAI-compatible"])
 
@@ -63,6 +64,7 @@ class EmbeddingRequest(BaseModel):
 @router.post("/embeddings", summary="Create embeddings: one vector per input text, from an embedding model")
 async def embeddings(body: EmbeddingRequest, request: Request):
     result = await run_in_threadpool(request.app.state.engine.embed, body.model, body.texts(), body.dimensions)
+    note_embedding(request, result.model, result.prompt_tokens)
     rows = result.vectors
     if body.encoding_format == "base64":
         data = [base64.b64encode(row.numpy().astype("<f4").tobytes()).decode() for row in rows]

@@ -133,7 +133,10 @@ def build_account_pages(limits: UserLimits) -> APIRouter:
     def users_page(request: Request, status_code: int = 200, **context) -> Response:
         if not current_user(request).admin:
             return render(request, "users.html", 403, forbidden=True, users=[])
-        return render(request, "users.html", status_code, users=accounts(request).users(), **context)
+        from serge.web.pages.usage import quota_context  # the caps' forms (pages/usage.py)
+
+        return render(request, "users.html", status_code, users=accounts(request).users(), **quota_context(request),
+                      **context)
 
     @router.get("/admin/users")
     def users(request: Request):

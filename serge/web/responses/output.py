@@ -24,7 +24,7 @@ from serge.web.responses.models import CreateResponse, FunctionChoice
 
 def usage(record: GenerationRecord) -> dict:
     return {"input_tokens": record.prompt_tokens,
-            "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+            "input_tokens_details": {"cached_tokens": record.cached_tokens, "cache_write_tokens": 0},
             "output_tokens": record.completion_tokens,
             "output_tokens_details": {"reasoning_tokens": record.reasoning_tokens},
             "total_tokens": record.prompt_tokens + record.completion_tokens}

@@ -149,7 +149,9 @@ async function streamReply(url, body) {
       const { message: reason, code } = await errorOf(response);
       // a 503 is "busy" only for a full queue: a model that will not load or a database fault says so itself
       const busy = code === "engine_busy" || response.status === 429 || response.status === 409;
-      showStatus(busy ? `The model is busy: ${reason}` : `Error: ${reason}`, "error");
+      const told = code === "quota_exceeded" ? `Quota reached: ${reason}` // which cap, and when it resets
+        : busy ? `The model is busy: ${reason}` : `Error: ${reason}`;
+      showStatus(told, "error");
       return;
     }
     showStatus("");
