@@ -19,11 +19,12 @@ from fastapi.staticfiles import StaticFiles
 
 from serge import __version__
 from serge.accounts import Accounts, LoginSessions, load_secret
-from serge.chats import ChatService, Indexer, Knowledge
+from serge.chats import ChatService, Indexer, Knowledge, Presets
 from serge.engine import Engine
 from serge.settings import Settings
 from serge.chats.documents import ChatDocuments
-from serge.store import AccountStore, ChatStore, CollectionStore, Database, DocumentStore, FileStore, ResponseStore
+from serge.store import (AccountStore, ChatStore, CollectionStore, Database, DocumentStore, FileStore, PresetStore,
+                         ResponseStore)
 from serge.web.pages.accounts import build_account_pages
 from serge.web.api.accounts import router as accounts_router
 from serge.web.anthropic.api import router as anthropic_router
@@ -36,6 +37,7 @@ from serge.web.http.errors import ApiError, install_error_handlers
 from serge.web.http.guard import protect
 from serge.web.api.knowledge import router as knowledge_router
 from serge.web.api.models import router as models_router
+from serge.web.api.presets import router as presets_router
 from serge.web.ollama.api import router as ollama_router
 from serge.web.openai.chat import router as openai_router
 from serge.web.pages.chat import STATIC, build_pages
@@ -73,7 +75,8 @@ def build_app(settings: Settings, engine: Engine) -> FastAPI:
         collections = CollectionStore(store)
         indexer = Indexer(collections, documents).start()  # goes on with what a stopped server left unindexed
         app.state.knowledge = Knowledge(collections, indexer)
-        app.state.chats = ChatService(ChatStore(database), engine, documents, app.state.knowledge)
+        app.state.presets = Presets(PresetStore(database), engine, app.state.knowledge, documents)
+        app.state.chats = ChatService(ChatStore(database), engine, documents, app.state.knowledge, app.state.presets)
         app.state.chats.recover()  # replies cut off by a crash are shown as interrupted
         app.state.responses = ResponseStore(database)
         loader = threading.Thread(target=_warm_up, args=(app.state.engine, app), name="serge-warm-up", daemon=True)
@@ -113,6 +116,7 @@ def build_app(settings: Settings, engine: Engine) -> FastAPI:
     app.include_router(chats_router)
     app.include_router(knowledge_router)
     app.include_router(models_router)
+    app.include_router(presets_router)
     app.include_router(accounts_router)
     app.include_router(build_pages())
     app.include_router(build_account_pages(limits))
