@@ -166,6 +166,7 @@ def build_pages() -> APIRouter:
             "chats": service.list(user.id),
             "collections": request.app.state.knowledge.list(user.id),
             "models": engine.models(),
+            "presets": request.app.state.presets.among(user.id, []),  # theirs and everyone's, one per name
             "default_model": engine.default_model,
             "fields": setting_fields(),
             "max_message_chars": MAX_MESSAGE_CHARS,
