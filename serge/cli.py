@@ -1,4 +1,4 @@
-"""The `serge` command: serve, chat in the terminal, and manage models, accounts and API keys.
+"""The `serge` command: serve, chat in the terminal, and manage models, presets, accounts and API keys.
 
 Flags override `SERGE_*` environment variables, which override defaults; all of
 them end up in one `Settings`. Expected failures (a missing device, a model not
@@ -21,6 +21,8 @@ from serge import __version__
 from serge.cli_accounts import AccountCommandFailed
 from serge.cli_accounts import add_parsers as add_account_parsers
 from serge.cli_accounts import run as run_account_command
+from serge.cli_presets import PresetCommandFailed
+from serge.cli_presets import add_parsers as add_preset_parsers
 from serge.settings import Settings
 
 
@@ -95,6 +97,7 @@ def parser() -> argparse.ArgumentParser:
     info.add_argument("name")
     _runtime(info)
     add_account_parsers(sub, _data_dir)
+    add_preset_parsers(sub, _common)
     return root
 
 
@@ -127,7 +130,7 @@ def main(argv: list[str] | None = None) -> None:
     except ValidationError as exc:
         errors = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
         _fail(f"invalid setting: {errors}")
-    except (CliError, AccountCommandFailed) as exc:
+    except (CliError, AccountCommandFailed, PresetCommandFailed) as exc:
         _fail(str(exc))
 
 
@@ -144,6 +147,10 @@ def _with_engine(settings: Settings, args: argparse.Namespace) -> None:
             _serve(settings)
         elif args.command == "chat":
             _chat(settings, args)
+        elif args.command == "presets":
+            from serge.cli_presets import run as run_preset_command
+
+            run_preset_command(settings, args)
         else:
             _models(settings, args)
     except (KeyboardInterrupt, PullCancelled):
