@@ -239,3 +239,24 @@ def test_a_preset_whose_base_model_is_removed_says_so(site, engine, alice, tiny_
     assert answer.status_code == 404 and "no longer installed" in answer.json()["error"]
     # pointed at an installed model, it works again
     assert alice.patch(f"/api/presets/{preset['id']}", json={"model": NAME}).json()["state"] == "ready"
+
+
+def test_a_chat_exported_carries_its_preset_and_an_import_makes_it_the_importers_own(alice, bob, recorder):
+    own = make(alice, name="alices-voice", model=NAME, system_prompt="Speak like alice.",
+               settings={"max_new_tokens": 2}, tools=["wiki"])
+    chat = alice.post("/api/chats", json={"model": "alices-voice"}).json()
+    send(alice, f"/api/chats/{chat['id']}/messages", {"content": "Hello"})
+    exported = alice.get(f"/api/chats/{chat['id']}/export", params={"format": "json"}).json()
+    assert exported["chat"]["preset"] == {"name": "alices-voice", "model": NAME, "system_prompt": "Speak like alice.",
+                                          "settings": {"max_new_tokens": 2}, "knowledge": [], "tools": ["wiki"]}
+    assert "alices-voice" not in [p["name"] for p in bob.get("/api/presets").json()["data"]]
+    imported = bob.post("/api/chats/import", json=exported)
+    assert imported.status_code == 201, imported.text
+    assert imported.json()["model"] == "alices-voice"
+    adopted = next(p for p in bob.get("/api/presets").json()["data"] if p["name"] == "alices-voice")
+    assert adopted["shared"] is False and adopted["system_prompt"] == "Speak like alice." and adopted["id"] != own["id"]
+    send(bob, f"/api/chats/{imported.json()['id']}/messages", {"content": "Hi"})
+    assert asked(recorder)[0] == ("system", "Speak like alice.")
+    # a second import finds it already there: no second preset
+    assert bob.post("/api/chats/import", json=exported).status_code == 201
+    assert [p["name"] for p in bob.get("/api/presets").json()["data"]].count("alices-voice") == 1

@@ -208,6 +208,28 @@ class Presets:
         self._changeable(user, admin, preset_id)
         self.store.delete(user, preset_id)
 
+    # --- a chat's export --------------------------------------------------------------
+    def exported(self, user: str, name: str | None) -> dict | None:
+        """The preset `name` means to `user`, as a chat's export carries it (its collections by name)."""
+        preset = self.find(user, name)
+        if preset is None:
+            return None
+        names = self.knowledge.searchable(preset.author, list(preset.knowledge))[1] if self.knowledge else {}
+        return {"name": preset.name, "model": preset.model, "system_prompt": preset.system_prompt,
+                "settings": preset.settings, "knowledge": [names[c] for c in preset.knowledge if c in names],
+                "tools": list(preset.tools)}
+
+    def adopt(self, user: str, exported) -> str:
+        """An imported chat's preset (`ExportedPreset`), made `user`'s own; its name. Collections `user` has no
+        one of that name are left out; anything else refused is an InvalidPresetInput naming `chat.preset`."""
+        mine = {c.name for c in self.knowledge.list(user)} if self.knowledge else set()
+        try:
+            return self.create(user, False, name=exported.name, model=exported.model,
+                               system_prompt=exported.system_prompt, settings=exported.settings,
+                               knowledge=[k for k in exported.knowledge if k in mine], tools=exported.tools).name
+        except (InvalidChatInput, ModelNotFound) as exc:
+            raise InvalidPresetInput(f"chat.preset: {exc}", "chat.preset") from None
+
     # --- what a preset does to a request --------------------------------------------
     def sampling(self, preset: PresetRecord, own: SamplingParams | None) -> SamplingParams:
         """The request's own settings over the preset's: a field the request sets wins."""

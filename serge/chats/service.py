@@ -156,25 +156,32 @@ class ChatService:
         return self.store.select_branch(owner, chat_id, message_id)
 
     def export(self, owner: str, chat_id: str) -> dict:
-        return export_json(self.store.get_chat(owner, chat_id), self.store.all_messages(owner, chat_id))
+        chat = self.store.get_chat(owner, chat_id)
+        preset = self.presets.exported(owner, chat.model) if self.presets is not None else None
+        return export_json(chat, self.store.all_messages(owner, chat_id), preset)
 
     def import_chat(self, owner: str, data: ChatExport) -> ChatRecord:
         chat = data.chat
         settings = check_settings(chat.settings)
+        adopt = None  # the preset the chat used, to be made the importer's own once the rest is checked
         try:
             model = self._check_model(owner, chat.model)
         except ModelNotFound as exc:
-            raise InvalidChatInput(f"chat.model: {exc} (or set chat.model to null for the default)",
-                                   "chat.model") from None
+            if chat.preset is None or chat.preset.name != chat.model or self.presets is None:
+                raise InvalidChatInput(f"chat.model: {exc} (or set chat.model to null for the default)",
+                                       "chat.model") from None
+            model, adopt = chat.model, chat.preset
         check_text(chat.system_prompt, "chat.system_prompt", MAX_SYSTEM_PROMPT_CHARS)
         for i, m in enumerate(data.messages):
             check_text(m.content, f"messages.{i}.content", MAX_MESSAGE_CHARS)
             check_text(m.reasoning, f"messages.{i}.reasoning", MAX_MESSAGE_CHARS)
+        if adopt is not None:
+            self.presets.adopt(owner, adopt)
         try:
             return self.store.import_chat(
                 owner,
-                {**chat.model_dump(), "title": chat.title.strip()[:MAX_TITLE_CHARS] or DEFAULT_TITLE,
-                 "model": model, "settings": settings},
+                {**chat.model_dump(exclude={"preset"}),
+                 "title": chat.title.strip()[:MAX_TITLE_CHARS] or DEFAULT_TITLE, "model": model, "settings": settings},
                 [m.model_dump() for m in data.messages],
                 data.current_id,
             )
