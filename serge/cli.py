@@ -1,4 +1,4 @@
-"""The `serge` command: serve, chat in the terminal, and manage models, accounts and API keys.
+"""The `serge` command: serve, chat in the terminal, and manage models, presets, accounts and API keys.
 
 Flags override `SERGE_*` environment variables, which override defaults; all of
 them end up in one `Settings`. Expected failures (a missing device, a model not
@@ -24,6 +24,8 @@ from serge.cli_accounts import run as run_account_command
 from serge.cli_tools import ToolCommandFailed, split_server_command
 from serge.cli_tools import add_parsers as add_tool_parsers
 from serge.cli_tools import run as run_tool_command
+from serge.cli_presets import PresetCommandFailed
+from serge.cli_presets import add_parsers as add_preset_parsers
 from serge.settings import Settings
 
 
@@ -99,6 +101,7 @@ def parser() -> argparse.ArgumentParser:
     _runtime(info)
     add_account_parsers(sub, _data_dir)
     add_tool_parsers(sub, _data_dir)
+    add_preset_parsers(sub, _common)
     return root
 
 
@@ -140,7 +143,7 @@ def main(argv: list[str] | None = None) -> None:
     except ValidationError as exc:
         errors = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
         _fail(f"invalid setting: {errors}")
-    except (CliError, AccountCommandFailed, ToolCommandFailed) as exc:
+    except (CliError, AccountCommandFailed, ToolCommandFailed, PresetCommandFailed) as exc:
         _fail(str(exc))
 
 
@@ -157,6 +160,10 @@ def _with_engine(settings: Settings, args: argparse.Namespace) -> None:
             _serve(settings)
         elif args.command == "chat":
             _chat(settings, args)
+        elif args.command == "presets":
+            from serge.cli_presets import run as run_preset_command
+
+            run_preset_command(settings, args)
         else:
             _models(settings, args)
     except (KeyboardInterrupt, PullCancelled):

@@ -11,7 +11,6 @@ import csv
 import sys
 from datetime import date
 
-from serge.settings import Settings
 
 QUOTA_FIELDS = ("tokens_per_day", "tokens_per_month", "requests_per_minute")
 

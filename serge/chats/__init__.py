@@ -3,6 +3,7 @@
 from serge.chats.checks import MAX_MESSAGE_CHARS, MAX_SYSTEM_PROMPT_CHARS, InvalidChatInput
 from serge.chats.indexing import Indexer
 from serge.chats.knowledge import InvalidCollectionInput, Knowledge
+from serge.chats.presets import InvalidPresetInput, PresetForbidden, PresetModelMissing, Presets, PresetView
 from serge.chats.replies import Reply
 from serge.chats.service import ChatBusy, ChatService
 from serge.chats.transfer import ChatExport, export_markdown
@@ -10,5 +11,5 @@ from serge.store import ChatNotFound, MessageNotFound
 
 __all__ = [
     "MAX_MESSAGE_CHARS", "MAX_SYSTEM_PROMPT_CHARS", "ChatBusy", "Indexer", "InvalidCollectionInput", "Knowledge", "ChatExport", "ChatNotFound", "ChatService", "InvalidChatInput", "MessageNotFound", "Reply",
-    "export_markdown",
+    "export_markdown", "InvalidPresetInput", "PresetForbidden", "PresetModelMissing", "Presets", "PresetView",
 ]

@@ -21,6 +21,7 @@ from serge.chats.checks import (DEFAULT_TITLE, MAX_MESSAGE_CHARS, MAX_SYSTEM_PRO
                                 InvalidChatInput, auto_title, check_settings, check_text, check_title)
 from serge.chats.documents import ChatDocuments
 from serge.chats.knowledge import Knowledge
+from serge.chats.presets import Presets
 from serge.chats.replies import Reply
 from serge.chats.tools import ToolLoop
 from serge.chats.chat_tools import ChatTools
@@ -41,12 +42,13 @@ class ChatBusy(RuntimeError):
 class ChatService:
     def __init__(self, store: ChatStore, engine: Engine, documents: ChatDocuments | None = None,
                  knowledge: Knowledge | None = None, tools: ChatTools | None = None,
-                 shared: SharedReplies | None = None) -> None:
+                 shared: SharedReplies | None = None, presets: Presets | None = None) -> None:
         self.store = store
         self.engine = engine
         self.documents = documents  # None: this service takes no files
         self.knowledge = knowledge  # None: nor collections
         self.tools = tools  # None: replies call no tools
+        self.presets = presets  # None: a chat's model is a model's name only
         self._active: dict[str, Reply | None] = {}  # None: reserved while the reply starts
         self._lock = threading.Lock()
         # None: this process alone writes the database (SQLite); else the service owns it from here on
@@ -72,7 +74,10 @@ class ChatService:
             self.shared.close()
 
     # --- chats --------------------------------------------------------------------
-    def _check_model(self, model: str | None) -> str | None:
+    def _check_model(self, owner: str, model: str | None) -> str | None:
+        """A model's name as the library spells it, or the name of a preset the owner may use; ModelNotFound."""
+        if model and self.presets is not None and (preset := self.presets.find(owner, model)) is not None:
+            return preset.name
         return self.engine.check_model(model) if model else None  # raises ModelNotFound
 
     def _collections(self, owner: str, refs: list[str] | None, field: str) -> list[str]:
@@ -98,7 +103,7 @@ class ChatService:
         """`tools`: MCP servers by name, each one `user` may use."""
         title = (check_text(title, "title", MAX_TITLE_CHARS) or "").strip() or DEFAULT_TITLE
         return self.store.create_chat(
-            owner, title=title, model=self._check_model(model),
+            owner, title=title, model=self._check_model(owner, model),
             system_prompt=check_text(system_prompt, "system_prompt", MAX_SYSTEM_PROMPT_CHARS) or None,
             settings=check_settings(settings), knowledge=self._collections(owner, knowledge, "knowledge"),
             tools=self._tool_servers(user, tools), tool_choice=tool_choice,
@@ -116,7 +121,7 @@ class ChatService:
         if "title" in changes:
             checked["title"] = check_title(changes["title"])
         if "model" in changes:
-            checked["model"] = self._check_model(changes["model"])
+            checked["model"] = self._check_model(owner, changes["model"])
         if "system_prompt" in changes:
             checked["system_prompt"] = check_text(changes["system_prompt"], "system_prompt",
                                                   MAX_SYSTEM_PROMPT_CHARS) or None
@@ -185,25 +190,32 @@ class ChatService:
         return self.store.select_branch(owner, chat_id, message_id)
 
     def export(self, owner: str, chat_id: str) -> dict:
-        return export_json(self.store.get_chat(owner, chat_id), self.store.all_messages(owner, chat_id))
+        chat = self.store.get_chat(owner, chat_id)
+        preset = self.presets.exported(owner, chat.model) if self.presets is not None else None
+        return export_json(chat, self.store.all_messages(owner, chat_id), preset)
 
     def import_chat(self, owner: str, data: ChatExport) -> ChatRecord:
         chat = data.chat
         settings = check_settings(chat.settings)
+        adopt = None  # the preset the chat used, to be made the importer's own once the rest is checked
         try:
-            model = self._check_model(chat.model)
+            model = self._check_model(owner, chat.model)
         except ModelNotFound as exc:
-            raise InvalidChatInput(f"chat.model: {exc} (or set chat.model to null for the default)",
-                                   "chat.model") from None
+            if chat.preset is None or chat.preset.name != chat.model or self.presets is None:
+                raise InvalidChatInput(f"chat.model: {exc} (or set chat.model to null for the default)",
+                                       "chat.model") from None
+            model, adopt = chat.model, chat.preset
         check_text(chat.system_prompt, "chat.system_prompt", MAX_SYSTEM_PROMPT_CHARS)
         for i, m in enumerate(data.messages):
             check_text(m.content, f"messages.{i}.content", MAX_MESSAGE_CHARS)
             check_text(m.reasoning, f"messages.{i}.reasoning", MAX_MESSAGE_CHARS)
+        if adopt is not None:
+            self.presets.adopt(owner, adopt)
         try:
             return self.store.import_chat(
                 owner,
-                {**chat.model_dump(), "title": chat.title.strip()[:MAX_TITLE_CHARS] or DEFAULT_TITLE,
-                 "model": model, "settings": settings},
+                {**chat.model_dump(exclude={"preset"}),
+                 "title": chat.title.strip()[:MAX_TITLE_CHARS] or DEFAULT_TITLE, "model": model, "settings": settings},
                 [m.model_dump() for m in data.messages],
                 data.current_id,
             )
@@ -340,7 +352,14 @@ class ChatService:
         past the question (None: read it now); `caller`: the account asking, whose tools the chat may use."""
         chat = chat or self.store.get_chat(owner, chat_id)
         history, places, attached = self._conversation(owner, chat, question)
-        model = chat.model or self.engine.default_model
+        model, settings = chat.model or self.engine.default_model, chat.settings
+        preset = self.presets.find(owner, chat.model) if self.presets is not None else None
+        if preset is not None:  # its model, its system prompt under the chat's own, the chat's settings over its
+            model = self.presets.base_model(preset)
+            if preset.system_prompt and not chat.system_prompt:
+                history.insert(0, Message("system", preset.system_prompt))  # outside `places`, as the chat's is
+            settings = self.presets.sampling(preset, SamplingParams(**chat.settings)).model_dump(
+                mode="json", exclude_none=True)
         sources, collections = None, {}
         named = [*chat.knowledge, *(question.knowledge or [])]
         if named and self.knowledge is not None:  # the chat's collections and the question's, searched with the files
@@ -351,9 +370,12 @@ class ChatService:
             if given.text:
                 history[-1] = replace(history[-1], content=f"{given.text}\n\n{history[-1].content}")
             sources = given.sources
+        if preset is not None and (told := self.presets.given(preset, model, history))[0]:
+            history[-1] = replace(history[-1], content=f"{told[0]}\n\n{history[-1].content}")
+            sources = [*(sources or []), *told[1]]
         try:
             placeholder = self.store.add_message(owner, chat_id, NewMessage(
-                "assistant", "", parent_id=question.id, after_current=False, model=model, settings=chat.settings,
+                "assistant", "", parent_id=question.id, after_current=False, model=model, settings=settings,
                 complete=False))
         except DatabaseUnavailable as exc:
             if user is None:
@@ -365,7 +387,7 @@ class ChatService:
                 stream = self.tools.loop(owner, chat, model, history, caller,
                                          self._searcher(owner, attached, collections))
             else:
-                stream = self.engine.chat(model, ChatRequest(history, SamplingParams(**chat.settings)))
+                stream = self.engine.chat(model, ChatRequest(history, SamplingParams(**settings)))
         except Exception as exc:
             self.store.finish_message(owner, placeholder.id, finish_reason="error", complete=False, error=str(exc))
             raise

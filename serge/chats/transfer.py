@@ -36,11 +36,26 @@ def _label(value: str | None) -> str | None:
 Label = Annotated[str | None, AfterValidator(_label)]  # which model wrote a message, or a chat's model
 
 
+class ExportedPreset(BaseModel):
+    """The preset a chat's model names, as it was when exported: an import makes it the importer's own where
+    they have no preset or model of that name (its collections by name: those the importer has)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    name: str = Field(max_length=64)
+    model: Annotated[str, AfterValidator(_label)]
+    system_prompt: str | None = None
+    settings: dict = Field(default_factory=dict)
+    knowledge: list[str] = Field(default_factory=list, max_length=8)
+    tools: list[str] = Field(default_factory=list, max_length=16)
+
+
 class ExportedChat(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     title: str = Field("New chat", max_length=1000)
     model: Label = None
+    preset: ExportedPreset | None = None  # where `model` names a preset
     system_prompt: str | None = None
     settings: dict = Field(default_factory=dict)
     created_at: datetime | None = None
@@ -102,8 +117,9 @@ class ChatExport(BaseModel):
     messages: list[ExportedMessage] = Field(default_factory=list, max_length=MAX_IMPORT_MESSAGES)
 
 
-def export_json(chat: ChatRecord, messages: list[MessageRecord]) -> dict:
-    """What `ChatExport` reads back: each message as `ExportedMessage` has it."""
+def export_json(chat: ChatRecord, messages: list[MessageRecord], preset: dict | None = None) -> dict:
+    """What `ChatExport` reads back: each message as `ExportedMessage` has it, and the preset the chat's model
+    names (`ExportedPreset`'s fields), if it names one."""
     return {
         "format": FORMAT,
         "version": VERSION,
@@ -111,6 +127,7 @@ def export_json(chat: ChatRecord, messages: list[MessageRecord]) -> dict:
         "chat": {
             "title": chat.title,
             "model": chat.model,
+            "preset": preset,
             "system_prompt": chat.system_prompt,
             "settings": chat.settings,
             "created_at": chat.created_at.isoformat(),

@@ -10,7 +10,7 @@ word search rises above one found by either alone, whatever their raw scores.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 CHUNK_CHARS = 800

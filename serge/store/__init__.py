@@ -11,6 +11,7 @@ from serge.store.chats import (MESSAGE_FIELDS, ChatNotFound, ChatRecord, ChatSto
 from serge.store.collections import (CollectionExists, CollectionNotFound, CollectionRecord, CollectionStore,
                                      FileProgress)
 from serge.store.documents import ChunkHit, DocumentNotFound, DocumentRecord, DocumentStore, FileStore, NewChunk
+from serge.store.presets import PresetExists, PresetNotFound, PresetRecord, PresetStore
 from serge.store.db import Database, DatabaseUnavailable, exposed, private_dir
 from serge.store.responses import ResponseNotFound, ResponseRecord, ResponseStore
 from serge.store.tools import (ToolServerConnection, ToolServerExists, ToolServerMissing, ToolServerRecord,
@@ -19,6 +20,7 @@ from serge.store.usage import QuotaRecord, UsageCount, UsageFilter, UsageStore, 
 
 __all__ = [
     "CollectionExists", "CollectionNotFound", "CollectionRecord", "CollectionStore", "FileProgress",
+    "PresetExists", "PresetNotFound", "PresetRecord", "PresetStore",
     "LOCAL_OWNER", "MESSAGE_FIELDS", "AccountStore", "ChatNotFound", "ChunkHit", "DocumentNotFound", "DocumentRecord",
     "DocumentStore", "FileStore", "NewChunk", "ChatRecord", "ChatStore", "Database", "DatabaseUnavailable",
     "KeyNotFound",

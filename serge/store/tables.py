@@ -303,3 +303,29 @@ class Quota(Base):
     tokens_per_day: Mapped[int | None] = mapped_column(BigInteger)
     tokens_per_month: Mapped[int | None] = mapped_column(BigInteger)
     requests_per_minute: Mapped[int | None] = mapped_column(Integer)
+
+
+class Preset(Base):
+    """A name people pick like a model's: a base model with a system prompt, settings, knowledge and tools.
+
+    `owner` is the user it belongs to, or None for a preset an admin made for everyone; `author` is who made it,
+    whose collections `knowledge` names (ids) and are searched for whoever uses it. `model` is a library name and
+    not a foreign key: a model removed later leaves the preset saying so.
+    """
+
+    __tablename__ = "presets"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    name: Mapped[str] = mapped_column(String(64))
+    owner: Mapped[str | None] = mapped_column(String(64), index=True)
+    author: Mapped[str] = mapped_column(String(64))
+    model: Mapped[str] = mapped_column(String(200))
+    system_prompt: Mapped[str | None] = mapped_column(Text)
+    settings: Mapped[dict] = mapped_column(JSON, default=dict)
+    knowledge: Mapped[list] = mapped_column(JSON, default=list)
+    tools: Mapped[list] = mapped_column(JSON, default=list)  # MCP servers by their registered names
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=now)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=now)
+
+    # one name per owner; for everyone's presets (owner NULL) the service keeps names apart, since NULLs never clash
+    __table_args__ = (Index("ix_presets_owner_name", "owner", "name", unique=True),)

@@ -19,15 +19,15 @@ from fastapi.staticfiles import StaticFiles
 
 from serge import __version__
 from serge.accounts import Accounts, LoginSessions, Usage, load_secret
-from serge.chats import ChatService, Indexer, Knowledge
+from serge.chats import ChatService, Indexer, Knowledge, Presets
 from serge.chats.running import SharedReplies, shared_by_processes
 from serge.engine import Engine
 from serge.settings import Settings
 from serge.chats.documents import ChatDocuments
 from serge.chats.responses import StoredResponses
 from serge.chats.lookup import Lookup
-from serge.store import (AccountStore, ChatStore, CollectionStore, Database, DocumentStore, FileStore, ResponseStore,
-                         UsageStore)
+from serge.store import (AccountStore, ChatStore, CollectionStore, Database, DocumentStore, FileStore, PresetStore,
+                         ResponseStore, UsageStore)
 from serge.store.tools import ToolServerStore
 from serge.tools import ToolServers
 from serge.chats.chat_tools import ChatTools
@@ -49,6 +49,7 @@ from serge.web.api.models import router as models_router
 from serge.web.api.tools import router as tools_router
 from serge.web.pages.tools import router as tool_pages
 from serge.web.api.usage import router as usage_router
+from serge.web.api.presets import router as presets_router
 from serge.web.ollama.api import router as ollama_router
 from serge.web.openai.chat import router as openai_router
 from serge.web.pages.chat import STATIC, build_pages
@@ -94,8 +95,10 @@ def build_app(settings: Settings, engine: Engine) -> FastAPI:
         chat_store = ChatStore(database)
         # several processes may share a server database: replies in progress and users' streams are kept there too
         shared = SharedReplies(database) if shared_by_processes(database) else None
+        app.state.presets = Presets(PresetStore(database), engine, app.state.knowledge, documents)
         app.state.chats = ChatService(chat_store, engine, documents, app.state.knowledge,
-                                      ChatTools(app.state.tools, chat_store, engine, steps=settings.tool_steps), shared)
+                                      ChatTools(app.state.tools, chat_store, engine, steps=settings.tool_steps), shared,
+                                      app.state.presets)
         if shared is not None:
             limits.share_streams(shared)
         app.state.chats.recover()  # replies cut off by a crash are shown as interrupted
@@ -141,6 +144,7 @@ def build_app(settings: Settings, engine: Engine) -> FastAPI:
     app.include_router(chats_router)
     app.include_router(knowledge_router)
     app.include_router(models_router)
+    app.include_router(presets_router)
     app.include_router(accounts_router)
     app.include_router(tools_router)
     app.include_router(tool_pages)

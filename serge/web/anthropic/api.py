@@ -22,7 +22,7 @@ from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 
 from serge.engine import ChatRequest, Engine, FinishReason, GenerationRecord, Stream
-from serge.web.http.dialects import cancel_on_disconnect, failure, stream_response
+from serge.web.http.dialects import cancel_on_disconnect, failure, start_chat, stream_response
 from serge.web.anthropic.models import NO_EFFECT_FIELDS, CountTokensRequest, MessagesRequest
 from serge.web.anthropic.errors import anthropic_error
 from serge.web.http.request_log import note_generation
@@ -164,14 +164,13 @@ def _client_extras(
              description=MESSAGES_DOC, response_model=MessageOut, responses=RESPONSES,
              dependencies=[Depends(_client_extras)])
 async def create_message(body: MessagesRequest, request: Request):
-    engine = _engine(request)
     messages = await run_in_threadpool(body.conversation)  # its files and images are read off the event loop
     tools, response_format = body.tool_offer(), body.response_format()
     params = body.sampling()  # a bad setting is refused before the model is asked anything
     think = None if body.thinking is None else body.thinking.get("type") != "disabled"
     # Refused when it does not fit (trim=False), max_tokens capped to what the window leaves (cap=True).
     ask = ChatRequest(messages, params, tools, response_format, trim=False, think=think, cap=True)
-    stream = await run_in_threadpool(engine.chat, body.model, ask)
+    stream = await run_in_threadpool(start_chat, request, body.model, ask)
     note_generation(request, stream.model, stream)
     message_id = f"msg_{uuid.uuid4().hex[:24]}"
     if body.stream:

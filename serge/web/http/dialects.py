@@ -1,7 +1,8 @@
 """What every API dialect shares, so each translator holds only its own shapes: the request models'
 bases (null is unset; unknown fields refused, or in echoed items ignored and logged), the streamed
-response and the watch that each cancel a reply's generation when its client leaves, the error a failed
-generation gives, and what OpenAI's reasoning efforts ask of a model that thinks.
+response and the watch that each cancel a reply's generation when its client leaves, the start of a chat
+reply (a preset's name read as its request), the error a failed generation gives, and what OpenAI's
+reasoning efforts ask of a model that thinks.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from fastapi import Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
-from serge.engine import GenerationRecord, Stream
+from serge.engine import ChatRequest, GenerationRecord, Stream
+from serge.web.http.auth import current_user
 from serge.web.http.errors import ApiError, describe_validation
 
 log = logging.getLogger(__name__)
@@ -83,6 +85,16 @@ def refused_settings(exc: ValidationError, names: Mapping[str, str]) -> ApiError
     for ours, theirs in names.items():
         message = message.replace(f"{ours}:", f"{theirs}:")
     return ApiError(400, message, code="invalid_value", param=names.get(param, param))
+
+
+def start_chat(request: Request, name: str | None, ask: ChatRequest) -> Stream:
+    """The engine's stream for `ask` sent to `name`, a model's or a preset's (`serge.chats.presets` makes the
+    preset's request); the stream names what the client asked for. Blocking: call it in the thread pool."""
+    applied = request.app.state.presets.apply(current_user(request).id, name, ask)
+    stream = request.app.state.engine.chat(applied.model, applied.request)
+    if applied.preset is not None:
+        stream.model = applied.preset.name
+    return stream
 
 
 def failure(record: GenerationRecord) -> ApiError:

@@ -22,17 +22,19 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from serge.accounts import InvalidAccountInput, QuotaExceeded
 from serge.tools import ToolServerError, ToolServerForbidden, ToolServerNotFound, ToolServerUnreachable
-from serge.chats import ChatBusy, ChatNotFound, InvalidChatInput, InvalidCollectionInput, MessageNotFound
+from serge.chats import (ChatBusy, ChatNotFound, InvalidChatInput, InvalidCollectionInput, MessageNotFound,
+                         PresetForbidden)
 from serge.documents import FileTooLarge, UnreadableFile, UnsupportedFile
 from serge.engine import (ContextTooLong, DeviceUnavailable, EngineBusy, ImageTooLarge, InvalidModelName, InvalidRequest,
                           InvalidSource, ModelInUse, ModelLoadFailed, ModelNotFound, ModelTooLarge, PullFailed,
                           PullNotFound, PullRefused)
+from serge.store import PresetExists, PresetNotFound
 from serge.store import CollectionExists, CollectionNotFound, DatabaseUnavailable, DocumentNotFound, KeyNotFound, LastAdmin, NameTaken, ResponseNotFound, UserNotFound
 
 
 DATABASE_RETRY_S = 5
 ROUTES = ("OpenAI's API under /v1 (/v1/models, /v1/chat/completions, /v1/responses, /v1/completions, "
-          "/v1/embeddings), Anthropic's at /v1/messages, Serge's chat API under /api/chats, /api/knowledge, /api/models and "
+          "/v1/embeddings), Anthropic's at /v1/messages, Serge's chat API under /api/chats, /api/knowledge, /api/presets, /api/models and "
           "/api/health, Ollama's /api/chat, /api/generate, /api/embed, /api/tags, /api/show, /api/ps, /api/version, "
           "/api/pull and /api/delete")
 
@@ -148,6 +150,9 @@ ERRORS: dict[type[Exception], tuple[int, str, str | None]] = {
     ToolServerUnreachable: (502, "tool_server_unreachable", None),
     ToolServerError: (400, "invalid_value", None),
     QuotaExceeded: (429, "quota_exceeded", None),
+    PresetNotFound: (404, "preset_not_found", "preset_id"),
+    PresetExists: (409, "preset_exists", "name"),
+    PresetForbidden: (403, "admin_only", "shared"),
 }
 
 

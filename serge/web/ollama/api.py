@@ -24,6 +24,8 @@ from starlette.concurrency import run_in_threadpool
 
 from serge.engine import (ChatRequest, Engine, FinishReason, GenerationRecord, ModelNotFound, Stream,
                           TokenLogprob)
+from serge.chats import Presets
+from serge.store import PresetRecord
 from serge.web.http.auth import current_user, owner
 from serge.web.http.dialects import cancel_on_disconnect, stream_response
 from serge.web.http.errors import ApiError
@@ -102,10 +104,13 @@ def _failure(record: GenerationRecord) -> tuple[int, str]:
 
 
 async def _answer(request: Request, stream: Stream, *, chat: bool, streamed: bool, logprobs: bool,
-                  started: float, load_s: float, unload: bool) -> StreamingResponse | JSONResponse:
+                  started: float, load_s: float, unload: bool, shown: str | None = None
+                  ) -> StreamingResponse | JSONResponse:
     """The reply as Ollama writes it: a record per piece of text (`message` on /api/chat, `response` on
-    /api/generate), the tool calls in one record, then the last one with the statistics; or all in one object."""
-    name = stream.model
+    /api/generate), the tool calls in one record, then the last one with the statistics; or all in one object.
+    `shown`: the name the client asked for, where it is not the model's (a preset's)."""
+    base = stream.model
+    name = shown or base
     note_generation(request, name, stream)
 
     def piece(text: str, calls: list[dict] | None = None, thinking: str = "") -> dict:
@@ -129,7 +134,7 @@ async def _answer(request: Request, stream: Stream, *, chat: bool, streamed: boo
         finally:
             watcher.cancel()
             if unload:
-                _unload_when_idle(request, name)
+                _unload_when_idle(request, base)
         record = stream.record
         if record.finish_reason is FinishReason.ERROR:
             status, message = _failure(record)
@@ -159,7 +164,7 @@ async def _answer(request: Request, stream: Stream, *, chat: bool, streamed: boo
             yield line({**_record(name), **piece(""), **last(record)})
         finally:
             if unload:
-                _unload_when_idle(request, name)
+                _unload_when_idle(request, base)
 
     return stream_response(lines(), stream, media_type=NDJSON)
 
@@ -173,12 +178,27 @@ async def _load_or_unload(request: Request, name: str, unload: bool, piece: dict
     return JSONResponse({**_record(name), **piece, "done": True, "done_reason": "unload" if unload else "load"})
 
 
-async def _begin(request: Request, body, path: str) -> tuple[float, Engine, str, bool]:
-    """What a generating route does first: start the clock, note what it ignores, name the model, read keep_alive."""
+def _named(request: Request, model: str | None) -> tuple[str, PresetRecord | None]:
+    """The library name `model` means, and the preset it names (whose base model that is), if it names one."""
+    presets: Presets = request.app.state.presets
+    if (preset := presets.find(current_user(request).id, model)) is not None:
+        return presets.base_model(preset), preset
+    return library_name(_engine(request), model), None
+
+
+async def _begin(request: Request, body, path: str) -> tuple[float, Engine, str, bool, PresetRecord | None]:
+    """What a generating route does first: start the clock, note what it ignores, name the model (and the preset
+    named, if one is), read keep_alive."""
     started = time.monotonic()
     body.ignored(path)
     engine = _engine(request)
-    return started, engine, await run_in_threadpool(library_name, engine, body.model), keep_alive_zero(body.keep_alive)
+    name, preset = await run_in_threadpool(_named, request, body.model)
+    return started, engine, name, keep_alive_zero(body.keep_alive), preset
+
+
+def _preset_ask(request: Request, preset: PresetRecord | None, ask: ChatRequest) -> ChatRequest:
+    """`ask` with the preset's system prompt, settings and passages (as it is, for no preset)."""
+    return ask if preset is None else request.app.state.presets.use(preset, ask).request
 
 
 CHAT_DOC = """Ollama's chat. The fields Ollama documents are implemented except: `think` (a model that thinks
@@ -193,7 +213,7 @@ record then says `truncated: true` and `dropped_messages`. `truncate: false` mak
 @router.post("/api/chat", summary="Ollama: the next message of a chat (streamed as NDJSON unless stream: false)",
              description=CHAT_DOC, responses=stream_doc("The reply"))
 async def chat(body: OllamaChatRequest, request: Request):
-    started, engine, name, unload = await _begin(request, body, "/api/chat")
+    started, engine, name, unload, preset = await _begin(request, body, "/api/chat")
     if not body.messages:
         return await _load_or_unload(request, name, unload, {"message": {"role": "assistant", "content": ""}})
     messages = await run_in_threadpool(body.conversation, name)  # its images are read off the event loop
@@ -203,9 +223,11 @@ async def chat(body: OllamaChatRequest, request: Request):
     ask = ChatRequest(messages, params, tools, response_format, trim=body.truncate is not False,
                       think=None if body.think is None else body.think is not False, cap=True, window=num_ctx,
                       user=owner(request))
+    ask = await run_in_threadpool(_preset_ask, request, preset, ask)
     stream = await run_in_threadpool(engine.chat, name, ask)
     return await _answer(request, stream, chat=True, streamed=body.streamed, logprobs=bool(body.logprobs),
-                         started=started, load_s=time.monotonic() - started, unload=unload)
+                         started=started, load_s=time.monotonic() - started, unload=unload,
+                         shown=preset and preset.name)
 
 
 GENERATE_DOC = """Ollama's completion of one prompt. `prompt` (and `system`) go through the model's chat template
@@ -218,7 +240,7 @@ suffix). Options as in /api/chat."""
 @router.post("/api/generate", summary="Ollama: complete a prompt (streamed as NDJSON unless stream: false)",
              description=GENERATE_DOC, responses=stream_doc("The completion"))
 async def generate(body: OllamaGenerateRequest, request: Request):
-    started, engine, name, unload = await _begin(request, body, "/api/generate")
+    started, engine, name, unload, preset = await _begin(request, body, "/api/generate")
     body.check(name)
     if not body.prompt and body.suffix is None:
         return await _load_or_unload(request, name, unload, {"response": ""})
@@ -230,15 +252,18 @@ async def generate(body: OllamaGenerateRequest, request: Request):
                            code="invalid_value", param="format")
         if num_ctx is not None:
             log.debug("Ollama /api/generate: num_ctx has no effect on a raw prompt")
+        params = params if preset is None else request.app.state.presets.sampling(preset, params)
         stream = await run_in_threadpool(engine.complete, name, body.prompt or "", params, body.suffix,
                                          user=owner(request))
     else:
         messages = await run_in_threadpool(body.conversation)
         ask = ChatRequest(messages, params, response_format=response_format, cap=True, window=num_ctx,
                           user=owner(request))
+        ask = await run_in_threadpool(_preset_ask, request, preset, ask)
         stream = await run_in_threadpool(engine.chat, name, ask)
     return await _answer(request, stream, chat=False, streamed=body.streamed, logprobs=bool(body.logprobs),
-                         started=started, load_s=time.monotonic() - started, unload=unload)
+                         started=started, load_s=time.monotonic() - started, unload=unload,
+                         shown=preset and preset.name)
 
 
 def _texts(texts: list[str]) -> list[str]:

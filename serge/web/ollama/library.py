@@ -1,7 +1,8 @@
 """Ollama's API for the model library: `/api/tags`, `/api/show`, `/api/ps`, `/api/version`, `/api/pull`, `/api/delete`.
 
 HTTP only, over the engine's door (`models`, `info`, `status`, `start_pull`,
-`pull_status`, `remove`): models are listed under Ollama's `name:tag` spelling
+`pull_status`, `remove`): models (and the caller's presets whose base model is installed, as
+models made FROM it) are listed under Ollama's `name:tag` spelling
 (`ollama_name`) with Ollama's details (family, parameter size, quantization, a
 digest that stays the same while the installed model does). A pull streams
 Serge's progress as Ollama's status records; pulling and deleting pass
@@ -22,6 +23,8 @@ from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 
 from serge.engine import OLLAMA_OPTIONS, Engine, ModelInfo, ModelNotFound, PullStatus, SamplingParams, params_text
+from serge.chats import PresetView
+from serge.web.http.auth import current_user
 from serge.web.http.errors import ApiError
 from serge.web.api.models import require_admin
 from serge.web.ollama.models import (ERRORS_DOC, NDJSON, OllamaModelRequest, OllamaPullRequest, library_name,
@@ -142,7 +145,18 @@ def version():
 @router.get("/api/tags", response_model=OllamaTags, summary="Ollama: the models a request may name",
              responses=ERRORS_DOC)
 def tags(request: Request):
-    return {"models": [listed(m) for m in _engine(request).models()]}
+    engine = _engine(request)
+    found = request.app.state.presets.among(current_user(request).id, engine.models(), ready_only=True)
+    return {"models": [_preset_listed(engine, m) if isinstance(m, PresetView) else listed(m) for m in found]}
+
+
+def _preset_listed(engine: Engine, view: PresetView) -> dict:
+    """A preset as Ollama lists a model made FROM another: the base model's details, it as `parent_model`."""
+    p, base = view.preset, engine.info(view.preset.model)
+    name = ollama_name(p.name)
+    return {"name": name, "model": name, "modified_at": p.updated_at.isoformat().replace("+00:00", "Z"),
+            "size": base.size_bytes or 0, "digest": hashlib.sha256(f"preset\n{p.id}\n{p.updated_at}".encode()).hexdigest(),
+            "details": details(base).model_copy(update={"parent_model": ollama_name(base.name)})}
 
 
 @router.post("/api/show", response_model=OllamaShow, summary="Ollama: one model's details",

@@ -19,8 +19,11 @@ from fastapi import APIRouter, Request
 from starlette.concurrency import run_in_threadpool
 
 from serge import __version__
+from serge.chats import PresetView
 from serge.engine import ChatRequest, Engine, FinishReason, GenerationRecord, ModelInfo, TokenLogprob
-from serge.web.http.dialects import cancel_on_disconnect, failure, stream_response, think_for
+from serge.web.anthropic.model_list import anthropic_model, anthropic_models
+from serge.web.http.auth import current_user
+from serge.web.http.dialects import cancel_on_disconnect, failure, start_chat, stream_response, think_for
 from serge.web.pages.docs import COMPLETION
 from serge.web.http.errors import ApiError, openai_error
 from serge.web.openai.chat_models import HARMLESS, MAX_CHOICES, REFUSED, ChatCompletionRequest
@@ -34,18 +37,36 @@ def _engine(request: Request) -> Engine:
     return request.app.state.engine
 
 
-def _model_out(m: ModelInfo) -> dict:
+def _model_out(m: ModelInfo | PresetView) -> dict:
+    if isinstance(m, PresetView):  # Serge's own `preset` says what it stands on, and whether that is installed
+        p = m.preset
+        return {"id": p.name, "object": "model", "created": int(p.created_at.timestamp()), "owned_by": "preset",
+                "preset": {"model": p.model, "state": m.state, "shared": p.shared}}
     return {"id": m.name, "object": "model", "created": int(m.created), "owned_by": "remote" if m.remote else "serge"}
 
 
-@router.get("/models", summary="List the models a request may name: installed and remote")
+MODELS_DOC = """The models a request may name: installed and remote ones, and the caller's presets (`owned_by:
+"preset"`, with `preset.model` and `preset.state`: ready, or model_missing once its base model is removed)
+right after the chat models. Asked by Anthropic's clients (an `anthropic-version` header), in Anthropic's shape."""
+
+
+@router.get("/models", summary="List the models a request may name: installed, remote, and presets",
+            description=MODELS_DOC)
 def list_models(request: Request):
-    return {"object": "list", "data": [_model_out(m) for m in _engine(request).models()]}
+    listed = request.app.state.presets.among(current_user(request).id, _engine(request).models())
+    if "anthropic-version" in request.headers:
+        return anthropic_models(listed)
+    return {"object": "list", "data": [_model_out(m) for m in listed]}
 
 
-@router.get("/models/{model_id:path}", summary="One model a request may name (404 for any other)")
+@router.get("/models/{model_id:path}", summary="One model (or preset) a request may name (404 for any other)")
 def get_model(model_id: str, request: Request):
-    return _model_out(_engine(request).info(model_id))
+    preset = request.app.state.presets.find(current_user(request).id, model_id)
+    found = request.app.state.presets.get(current_user(request).id, preset.id) if preset else \
+        _engine(request).info(model_id)
+    if "anthropic-version" in request.headers:
+        return anthropic_model(found)
+    return _model_out(found)
 
 
 def fingerprint(model: str) -> str:
@@ -97,7 +118,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
     think = think_for(body.reasoning_effort)
     # trim=False: an agent managing its context must hear that it does not fit
     ask = ChatRequest(messages, params, tools, body.response_format, trim=False, think=think, n=body.n)
-    stream = await run_in_threadpool(_engine(request).chat, body.model, ask)
+    stream = await run_in_threadpool(start_chat, request, body.model, ask)
     name = stream.model
     note_generation(request, name, stream)
     completion_id = f"chatcmpl-{uuid.uuid4().hex}"

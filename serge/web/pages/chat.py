@@ -167,6 +167,7 @@ def build_pages() -> APIRouter:
             "collections": request.app.state.knowledge.list(user.id),
             "tool_servers": service.tools.usable(user) if service.tools is not None else [],
             "models": engine.models(),
+            "presets": request.app.state.presets.among(user.id, []),  # theirs and everyone's, one per name
             "default_model": engine.default_model,
             "fields": setting_fields(),
             "max_message_chars": MAX_MESSAGE_CHARS,

@@ -7,7 +7,7 @@ numbers come from `serge.accounts.Usage`.
 
 from __future__ import annotations
 
-from datetime import date, timedelta
+from datetime import timedelta
 from typing import Annotated
 
 from fastapi import APIRouter, Form, Query, Request

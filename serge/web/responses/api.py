@@ -26,7 +26,7 @@ from serge.store import DatabaseUnavailable, ResponseNotFound, ResponseRecord
 from serge.web.http.auth import owner
 from serge.web.pages.docs import BUSY
 from serge.web.http.errors import ApiError
-from serge.web.http.dialects import cancel_on_disconnect, failure, stream_response
+from serge.web.http.dialects import cancel_on_disconnect, failure, start_chat, stream_response
 from serge.web.http.request_log import note_generation, note_tools_left_out
 from serge.web.responses.items import conversation, new_id
 from serge.web.responses.mcp_api import mcp_response
@@ -113,7 +113,7 @@ async def _start(body: CreateResponse, request: Request, user: str) -> tuple[Str
     try:
         ask = ChatRequest(messages, params, tools, response_format, trim=body.truncation == "auto",
                           think=body.think())
-        stream = await run_in_threadpool(_engine(request).chat, body.model, ask)
+        stream = await run_in_threadpool(start_chat, request, body.model, ask)
     except ContextTooLong as exc:
         text = str(exc)
         param = "max_output_tokens" if text.startswith("max_new_tokens") else "input"
