@@ -70,7 +70,7 @@ class UsageMeter:
             except QuotaExceeded as exc:
                 answer = problem(exc)
                 response = JSONResponse(error_body(answer.message, status=answer.status, code=answer.code,
-                                                   path=scope["path"]), status_code=answer.status,
+                                                   scope=scope), status_code=answer.status,
                                         headers=answer.headers)
                 return await response(scope, receive, send)
         recorded: list[bool] = [False]
