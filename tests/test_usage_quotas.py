@@ -212,6 +212,15 @@ def test_an_admin_sets_caps_over_the_api_and_a_plain_user_may_not(site):
         bad = alice.put("/api/users/bob/quota", json={"tokens_per_day": -1})
         assert bad.status_code == 400 and bad.json()["error"]["param"] == "tokens_per_day"
         assert alice.put("/api/users/bob/quota", json={}).json()["own"] is None  # back to the default
+        key = key_of(site, "bob", "capped")
+        capped = alice.put(f"/api/users/bob/keys/{key_id(site, 'bob', key)}/quota", json={"tokens_per_day": 0})
+        assert capped.status_code == 200 and capped.json()["own"]["tokens_per_day"] == 0
+        with pytest.raises(openai.RateLimitError) as refused:  # a cap of 0: nothing runs with that key
+            openai.OpenAI(base_url=f"{site['url']}/v1", api_key=key, max_retries=0).embeddings.create(
+                model="all-minilm-l6-v2", input="hello")
+        assert "this API key's quota of 0 tokens a day" in refused.value.body["message"]
+        assert alice.put("/api/users/bob/keys/nope/quota", json={}).status_code == 404
+        assert bob.put(f"/api/users/bob/keys/{key_id(site, 'bob', key)}/quota", json={}).status_code == 403
         assert alice.get("/api/usage", params={"by": "user"}).status_code == 200
 
 
@@ -354,3 +363,14 @@ def test_on_the_real_model_the_ledger_keeps_what_each_reply_told_its_cached_toke
                             ("completion_tokens", lambda u: u.completion_tokens),
                             ("cached_tokens", lambda u: u.prompt_tokens_details.cached_tokens)):
         assert after[field] - before[field] == sum(reported(u) for u in told), field
+
+
+@pytest.mark.real_model
+def test_an_embedding_request_is_recorded_with_the_input_tokens_it_told(real_server):
+    o = openai.OpenAI(base_url=f"{real_server}/v1", api_key="unused", max_retries=0)
+    told = o.embeddings.create(model="all-minilm-l6-v2", input=["one line", "and another, a little longer"])
+    answer = ollama.Client(host=real_server).embed(model="all-minilm-l6-v2", input="a third")
+    rows = httpx.get(f"{real_server}/api/usage", params={"by": "dialect", "model": "all-minilm-l6-v2"}).json()["rows"]
+    kept = {r["dialect"]: (r["requests"], r["prompt_tokens"], r["completion_tokens"]) for r in rows}
+    assert kept["openai"][1:] == (told.usage.prompt_tokens, 0)
+    assert kept["ollama"][1:] == (answer.prompt_eval_count, 0)
