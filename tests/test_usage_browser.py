@@ -3,13 +3,11 @@ message was refused, and the admin's Usage page shows its chart."""
 
 from __future__ import annotations
 
-from contextlib import closing
-
 import openai
 import pytest
 from conftest import BROWSER, ServerThread, free_port
 from standin import NAME as MODEL, stand_in
-from test_accounts_api import PASSWORDS, add_user, login, serge
+from test_accounts_api import PASSWORDS, add_user, serge
 from test_browser import expect
 from test_usage_quotas import HELLO, key_of
 
