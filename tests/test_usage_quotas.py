@@ -374,3 +374,36 @@ def test_an_embedding_request_is_recorded_with_the_input_tokens_it_told(real_ser
     kept = {r["dialect"]: (r["requests"], r["prompt_tokens"], r["completion_tokens"]) for r in rows}
     assert kept["openai"][1:] == (told.usage.prompt_tokens, 0)
     assert kept["ollama"][1:] == (answer.prompt_eval_count, 0)
+
+
+def test_the_api_docs_describe_usage_and_the_caps(site):
+    with closing(login(site["url"], "bob")) as bob:
+        paths = bob.get("/openapi.json").json()["paths"]
+    usage = paths["/api/usage"]["get"]
+    assert usage["summary"] and {"user", "key", "model", "from", "to", "by"} <= {p["name"] for p in usage["parameters"]}
+    for path, method in [("/api/quota", "get"), ("/api/quotas/default", "put"), ("/api/users/{name}/quota", "put"),
+                         ("/api/users/{name}/keys/{key_id}/quota", "put")]:
+        assert paths[path][method]["summary"], (path, method)
+
+
+def test_a_cap_reached_through_one_server_holds_on_another_sharing_its_database(site, settings, engine):
+    other = Settings(data_dir=site["data_dir"], models_dir=settings.models_dir, torch_threads=settings.torch_threads,
+                     port=free_port())  # the same database and secret: a second Serge behind a balancer
+    app = build_app(other, engine)
+    later = NOON + timedelta(minutes=5)  # a minute of their own, on both servers' clocks
+    try:
+        with ServerThread(app, other.port) as second:
+            app.state.usage.clock = site["app"].state.usage.clock = lambda: later
+            serge(site["data_dir"], "users", "quota", "carol", "--tokens-per-day", "none", "--requests-per-minute", "2")
+            key = key_of(site, "carol", "two-servers")
+            for url in (site["url"], second.url):  # one request on each: carol's two this minute
+                openai.OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0).chat.completions.create(
+                    model=MODEL, messages=HELLO, max_tokens=1)
+            for url in (site["url"], second.url):
+                with pytest.raises(openai.RateLimitError) as refused:
+                    openai.OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0).chat.completions.create(
+                        model=MODEL, messages=HELLO, max_tokens=1)
+                assert "your quota of 2 model requests a minute is used up" in refused.value.body["message"]
+    finally:
+        site["app"].state.usage.clock = lambda: NOON
+        serge(site["data_dir"], "users", "quota", "carol", "--clear")
