@@ -11,7 +11,6 @@ import csv
 import sys
 from datetime import date
 
-
 QUOTA_FIELDS = ("tokens_per_day", "tokens_per_month", "requests_per_minute")
 
 
@@ -37,8 +36,10 @@ def _day(text: str) -> date:
 def _quota_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tokens-per-day", type=_count, metavar="N", default=argparse.SUPPRESS,
                    help="prompt and generated tokens a UTC day ('none' lifts it)")
-    p.add_argument("--tokens-per-month", type=_count, metavar="N", default=argparse.SUPPRESS, help="tokens a UTC calendar month")
-    p.add_argument("--requests-per-minute", type=_count, metavar="N", default=argparse.SUPPRESS, help="model requests a minute")
+    p.add_argument("--tokens-per-month", type=_count, metavar="N", default=argparse.SUPPRESS,
+                   help="tokens a UTC calendar month")
+    p.add_argument("--requests-per-minute", type=_count, metavar="N", default=argparse.SUPPRESS,
+                   help="model requests a minute")
     p.add_argument("--clear", action="store_true", help="remove these caps (a user then has the default's)")
 
 

@@ -3,13 +3,11 @@ message was refused, and the admin's Usage page shows its chart."""
 
 from __future__ import annotations
 
-from contextlib import closing
-
 import openai
 import pytest
-from conftest import BROWSER, ServerThread, free_port
+from conftest import BROWSER, ServerThread, free_port, start_chat
 from standin import NAME as MODEL, stand_in
-from test_accounts_api import PASSWORDS, add_user, login, serge
+from test_accounts_api import PASSWORDS, add_user, serge
 from test_browser import expect
 from test_usage_quotas import HELLO, key_of
 
@@ -45,9 +43,7 @@ def test_a_capped_user_reads_in_the_chat_which_quota_refused_them_and_the_admin_
     openai.OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0).chat.completions.create(
         model=MODEL, messages=HELLO, max_tokens=3)
     sign_in(page, url, "bob")
-    box = page.get_by_label("Message")
-    box.fill("Hello?")
-    box.press("Enter")
+    start_chat(page, url, "Hello?", 5)  # through the settings panel: the page's script is running
     status = page.locator("#status")
     expect(status).to_contain_text("Quota reached: your quota of 5 tokens a day is used up")
     expect(status).to_contain_text("00:00 UTC")

@@ -126,13 +126,13 @@ def test_usage_totals_equal_the_usage_each_reply_reported_in_every_dialect(site)
 
 
 def test_a_reply_whose_client_left_is_recorded_with_the_tokens_it_made(site):
-    key = key_of(site, "dave", "leaver")
+    key = key_of(site, "bob", "leaver")
     body = {"model": MODEL, "messages": HELLO, "max_tokens": 4000, "stream": True}
     with httpx.stream("POST", f"{site['url']}/v1/chat/completions", json=body, timeout=60,
                       headers={"Authorization": f"Bearer {key}"}) as response:
         assert response.status_code == 200
         next(response.iter_lines())  # the first chunk, then the client hangs up
-    wanted = {"key": key_id(site, "dave", key)}
+    wanted = {"key": key_id(site, "bob", key)}
 
     def recorded():
         with closing(login(site["url"], "alice")) as alice:
@@ -212,6 +212,15 @@ def test_an_admin_sets_caps_over_the_api_and_a_plain_user_may_not(site):
         bad = alice.put("/api/users/bob/quota", json={"tokens_per_day": -1})
         assert bad.status_code == 400 and bad.json()["error"]["param"] == "tokens_per_day"
         assert alice.put("/api/users/bob/quota", json={}).json()["own"] is None  # back to the default
+        key = key_of(site, "bob", "capped")
+        capped = alice.put(f"/api/users/bob/keys/{key_id(site, 'bob', key)}/quota", json={"tokens_per_day": 0})
+        assert capped.status_code == 200 and capped.json()["own"]["tokens_per_day"] == 0
+        with pytest.raises(openai.RateLimitError) as refused:  # a cap of 0: nothing runs with that key
+            openai.OpenAI(base_url=f"{site['url']}/v1", api_key=key, max_retries=0).embeddings.create(
+                model="all-minilm-l6-v2", input="hello")
+        assert "this API key's quota of 0 tokens a day" in refused.value.body["message"]
+        assert alice.put("/api/users/bob/keys/nope/quota", json={}).status_code == 404
+        assert bob.put(f"/api/users/bob/keys/{key_id(site, 'bob', key)}/quota", json={}).status_code == 403
         assert alice.get("/api/usage", params={"by": "user"}).status_code == 200
 
 
@@ -354,3 +363,47 @@ def test_on_the_real_model_the_ledger_keeps_what_each_reply_told_its_cached_toke
                             ("completion_tokens", lambda u: u.completion_tokens),
                             ("cached_tokens", lambda u: u.prompt_tokens_details.cached_tokens)):
         assert after[field] - before[field] == sum(reported(u) for u in told), field
+
+
+@pytest.mark.real_model
+def test_an_embedding_request_is_recorded_with_the_input_tokens_it_told(real_server):
+    o = openai.OpenAI(base_url=f"{real_server}/v1", api_key="unused", max_retries=0)
+    told = o.embeddings.create(model="all-minilm-l6-v2", input=["one line", "and another, a little longer"])
+    answer = ollama.Client(host=real_server).embed(model="all-minilm-l6-v2", input="a third")
+    rows = httpx.get(f"{real_server}/api/usage", params={"by": "dialect", "model": "all-minilm-l6-v2"}).json()["rows"]
+    kept = {r["dialect"]: (r["requests"], r["prompt_tokens"], r["completion_tokens"]) for r in rows}
+    assert kept["openai"][1:] == (told.usage.prompt_tokens, 0)
+    assert kept["ollama"][1:] == (answer.prompt_eval_count, 0)
+
+
+def test_the_api_docs_describe_usage_and_the_caps(site):
+    with closing(login(site["url"], "bob")) as bob:
+        paths = bob.get("/openapi.json").json()["paths"]
+    usage = paths["/api/usage"]["get"]
+    assert usage["summary"] and {"user", "key", "model", "from", "to", "by"} <= {p["name"] for p in usage["parameters"]}
+    for path, method in [("/api/quota", "get"), ("/api/quotas/default", "put"), ("/api/users/{name}/quota", "put"),
+                         ("/api/users/{name}/keys/{key_id}/quota", "put")]:
+        assert paths[path][method]["summary"], (path, method)
+
+
+def test_a_cap_reached_through_one_server_holds_on_another_sharing_its_database(site, settings, engine):
+    other = Settings(data_dir=site["data_dir"], models_dir=settings.models_dir, torch_threads=settings.torch_threads,
+                     port=free_port())  # the same database and secret: a second Serge behind a balancer
+    app = build_app(other, engine)
+    later = NOON + timedelta(minutes=5)  # a minute of their own, on both servers' clocks
+    try:
+        with ServerThread(app, other.port) as second:
+            app.state.usage.clock = site["app"].state.usage.clock = lambda: later
+            serge(site["data_dir"], "users", "quota", "carol", "--tokens-per-day", "none", "--requests-per-minute", "2")
+            key = key_of(site, "carol", "two-servers")
+            for url in (site["url"], second.url):  # one request on each: carol's two this minute
+                openai.OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0).chat.completions.create(
+                    model=MODEL, messages=HELLO, max_tokens=1)
+            for url in (site["url"], second.url):
+                with pytest.raises(openai.RateLimitError) as refused:
+                    openai.OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0).chat.completions.create(
+                        model=MODEL, messages=HELLO, max_tokens=1)
+                assert "your quota of 2 model requests a minute is used up" in refused.value.body["message"]
+    finally:
+        site["app"].state.usage.clock = lambda: NOON
+        serge(site["data_dir"], "users", "quota", "carol", "--clear")

@@ -279,7 +279,8 @@ class UsageDay(Base):
     completion_tokens: Mapped[int] = mapped_column(BigInteger)
 
     __table_args__ = (Index("ix_usage_days_row", "day", "user_id", "key_id", "model", "dialect", unique=True),
-                      Index("ix_usage_days_user_day", "user_id", "day"), Index("ix_usage_days_key_day", "key_id", "day"))
+                      Index("ix_usage_days_user_day", "user_id", "day"),
+                      Index("ix_usage_days_key_day", "key_id", "day"))
 
 
 class UsageMinute(Base):

@@ -153,10 +153,3 @@ class UsageStore:
                 session.add(Quota(kind=kind, subject=subject, tokens_per_day=quota.tokens_per_day,
                                   tokens_per_month=quota.tokens_per_month,
                                   requests_per_minute=quota.requests_per_minute))
-
-    def forget(self, user_id: str, key_ids: list[str]) -> None:
-        """A removed user's caps and their keys' (their usage stays: it happened)."""
-        with self.db.session() as session, session.begin():
-            session.execute(delete(Quota).where(Quota.kind == "user", Quota.subject == user_id))
-            if key_ids:
-                session.execute(delete(Quota).where(Quota.kind == "key", Quota.subject.in_(key_ids)))

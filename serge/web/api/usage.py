@@ -61,8 +61,7 @@ async def read_usage(request: Request,
     accounts = request.app.state.accounts
 
     def rows():
-        only = usage_filter(accounts, user=user if caller is not LOCAL_USER or user else None, key=key, model=model,
-                            start=start, end=end)
+        only = usage_filter(accounts, user=user, key=key, model=model, start=start, end=end)
         return usage_rows(_usage(request), accounts, by, only)
 
     found = await run_in_threadpool(rows)

@@ -22,7 +22,7 @@ from starlette.concurrency import run_in_threadpool
 
 from serge.accounts import LOCAL_USER, QuotaExceeded, Usage
 from serge.engine import Stream
-from serge.store import UsageCount
+from serge.store import DatabaseUnavailable, UsageCount
 from serge.web.http.errors import error_body, problem
 
 log = logging.getLogger(__name__)
@@ -67,17 +67,18 @@ class UsageMeter:
         if user is not LOCAL_USER:
             try:
                 await run_in_threadpool(usage.admit, user.id, key_id)
-            except QuotaExceeded as exc:
+            except (QuotaExceeded, DatabaseUnavailable) as exc:  # 429 with the reset, or 503 with the fault
                 answer = problem(exc)
                 response = JSONResponse(error_body(answer.message, status=answer.status, code=answer.code,
                                                    scope=scope), status_code=answer.status,
                                         headers=answer.headers)
                 return await response(scope, receive, send)
-        recorded: list[bool] = [False]
+        recorded = False
 
         async def record():
-            if not recorded[0]:
-                recorded[0] = True
+            nonlocal recorded
+            if not recorded:
+                recorded = True
                 await self._record(usage, scope, user.id, key_id, dialect)
 
         async def send_recorded(message):

@@ -22,6 +22,7 @@ from serge.accounts import LOCAL_USER, Accounts, InvalidAccountInput, LoginFaile
 from serge.store import KeyNotFound, LastAdmin, NameTaken, UserNotFound
 from serge.web.http.auth import SESSION_COOKIE, current_user, peer
 from serge.web.http.user_limits import UserLimits
+from serge.web.pages.usage import quota_context  # the caps' forms on the Users page
 
 TEMPLATES = Path(__file__).parent.parent / "templates"
 LOGIN_ATTEMPTS_PER_MINUTE = 10  # failed logins per account name, and per client address
@@ -133,8 +134,6 @@ def build_account_pages(limits: UserLimits) -> APIRouter:
     def users_page(request: Request, status_code: int = 200, **context) -> Response:
         if not current_user(request).admin:
             return render(request, "users.html", 403, forbidden=True, users=[])
-        from serge.web.pages.usage import quota_context  # the caps' forms (pages/usage.py)
-
         return render(request, "users.html", status_code, users=accounts(request).users(), **quota_context(request),
                       **context)
 

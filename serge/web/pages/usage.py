@@ -8,6 +8,7 @@ numbers come from `serge.accounts.Usage`.
 from __future__ import annotations
 
 from datetime import timedelta
+from pathlib import Path
 from typing import Annotated
 
 from fastapi import APIRouter, Form, Query, Request
@@ -19,9 +20,9 @@ from serge.accounts import LOCAL_USER, InvalidAccountInput
 from serge.accounts.usage_report import usage_filter, usage_rows
 from serge.store import QuotaRecord, UserNotFound
 from serge.web.http.auth import current_user
-from serge.web.pages.accounts import TEMPLATES
 from serge.web.pages.usage_chart import tokens_chart
 
+TEMPLATES = Path(__file__).parent.parent / "templates"
 DEFAULT_DAYS = 30
 Cap = Annotated[str, Form(max_length=20)]
 
@@ -88,7 +89,8 @@ def build_usage_pages() -> APIRouter:
         except (InvalidAccountInput, UserNotFound) as exc:
             accounts = request.app.state.accounts
             return templates.TemplateResponse(request, "users.html", {
-                "user": current_user(request), "local": False, "version": __version__, "users": accounts.users(), "error": str(exc),
+                "user": current_user(request), "local": False, "version": __version__, "users": accounts.users(),
+                "error": str(exc),
                 **quota_context(request)}, status_code=400 if isinstance(exc, InvalidAccountInput) else 404)
         return RedirectResponse("/admin/users", status_code=303)
 
