@@ -10,6 +10,7 @@ another waits under its share. It knows nothing of forwards or sampling, nor of 
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter, deque
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -70,6 +71,8 @@ class Waiting:
     def __init__(self, timeout_s: float) -> None:
         self._queues: dict[str, deque[list[Sequence]]] = {}  # per party, oldest first; never an empty one
         self._holding: Counter[str] = Counter()  # slots per party at the last admission
+        self._last: dict[str, int] = {}  # when each party holding or waiting was last admitted (a count)
+        self._admissions = itertools.count(1)
         self._timeout = timeout_s
 
     def __len__(self) -> int:
@@ -111,6 +114,7 @@ class Waiting:
             admitted += group
             free -= len(group)
             counts[group[0].party] += len(group)
+            self._last[group[0].party] = next(self._admissions)
         for queue in self._queues.values():
             for group in list(queue):
                 waited = now - group[0].stream.created
@@ -120,6 +124,7 @@ class Waiting:
                     expired += [(seq, FinishReason.ERROR, error) for seq in group]
         self._queues = {party: queue for party, queue in self._queues.items() if queue}
         self._holding = counts
+        self._last = {p: n for p, n in self._last.items() if counts[p] or p in self._queues}
         for position, group in enumerate(self._order(counts)):
             if group[0].started is None:  # a reply put back is running to its reader: it has no place
                 group[0].stream.queue_position = position
@@ -156,14 +161,17 @@ class Waiting:
 
     def _order(self, holding: Mapping[str, int]) -> list[list[Sequence]]:
         """Every waiting request in the order the slots would go to them: each time, the first of the party
-        holding the fewest (counting what goes to it before), ties to the one waiting longest."""
-        counts, at, order = Counter(holding), dict.fromkeys(self._queues, 0), []
+        holding the fewest (counting what goes to it before), ties to the party admitted longest ago (one
+        never admitted first), then to the request waiting longest: round robin between equals."""
+        counts, last, at, order = Counter(holding), dict(self._last), dict.fromkeys(self._queues, 0), []
         while True:
-            heads = [(counts[p], q[at[p]][0].stream.created, p) for p, q in self._queues.items() if at[p] < len(q)]
+            heads = [(counts[p], last.get(p, 0), q[at[p]][0].stream.created, p)
+                     for p, q in self._queues.items() if at[p] < len(q)]
             if not heads:
                 return order
-            party = min(heads)[2]
+            party = min(heads)[-1]
             group = self._queues[party][at[party]]
             at[party] += 1
             counts[party] += len(group)
+            last[party] = max(last.values(), default=0) + 1
             order.append(group)
