@@ -5,6 +5,7 @@ test_fair_share.py)."""
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 
@@ -114,3 +115,39 @@ def test_alices_short_reply_and_one_line_embedding_are_not_held_back_by_bob_satu
     assert recent, "bob's replies made no tokens while alice waited"
     assert reply_loaded <= SLACK * (reply_alone + REPLY_STEPS * step_loaded), (reply_loaded, reply_alone, step_loaded)
     assert line_loaded <= SLACK * (line_alone + batch_alone), (line_loaded, line_alone, batch_alone)
+
+
+@pytest.mark.real_model
+@pytest.mark.parametrize("kind", ["llama.cpp", "transformers"])
+def test_greedy_replies_that_give_their_slot_back_keep_the_text_they_have_alone(engines, kind, caplog):
+    """Two slots, both bob's: alice's reply takes one of them mid-reply, and bob's reply that gave it back
+    continues, on each engine, to the very text it has alone."""
+    from conftest import registry_for
+    from serge.engine import ChatRequest, Message, SamplingParams
+    from serge.engine.generation.prompts import build_prompt
+
+    registry = registry_for(engines(kind), kind, max_running=2)
+    try:
+        model = registry.get(MODEL)
+        scheduler = model.scheduler
+        greedy = SamplingParams(temperature=0, max_new_tokens=48, ignore_eos=True).resolved(1000)
+        prompts = [build_prompt(model.tokenizer, [Message("user", q)], model.context_window, 48).ids
+                   for q in ("Tell me about the sea.", "Tell me about mountains.")]
+
+        def bobs(alice: bool) -> list[str]:
+            scheduler.forget_prefixes()
+            streams = [scheduler.submit(ids, greedy, party="bob") for ids in prompts]
+            if alice:
+                deadline = time.monotonic() + 120
+                while any(s.queue_position is not None for s in streams) and time.monotonic() < deadline:
+                    time.sleep(0.001)  # both of bob's replies hold a slot
+                with caplog.at_level(logging.INFO, "serge.engine.generation.scheduler"):
+                    model.submit(ChatRequest([Message("user", "Hi")], SamplingParams(temperature=0, max_new_tokens=4),
+                                             party="alice")).text()
+                assert any("'bob' gave back 1" in r.getMessage() for r in caplog.records), "no slot given back"
+            return [s.text() for s in streams]
+
+        alone = bobs(alice=False)
+        assert bobs(alice=True) == alone
+    finally:
+        registry.close()

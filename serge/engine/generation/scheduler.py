@@ -19,6 +19,10 @@ KV is a fixed pool (the paged one) raises `OutOfKV` when full: the prefix cache 
 oldest entries, then the youngest running reply waits (its KV given back, its tokens run again
 when a reply ends): it waits, never fails, for want of room.
 
+The slots are shared fairly between parties (who asked, opaque: `submit`'s `party`): the queue gives
+free slots to the party holding the fewest (`admission.Waiting`), and a party over its share gives
+its youngest replies back, as a reply waits for KV room, when another waits under its (`_give_way`).
+
 Every sequence ends with `stream.finish()`, on every path.
 """
 
