@@ -61,8 +61,8 @@ class Waiting:
 
     A party is who asked (an opaque name, "" for the engine's own callers). Slots go to parties fairly:
     the next request to start is the oldest of the party that holds the fewest slots (the scheduler says
-    who holds how many at each step; ties go to the request waiting longest), so a party's n choices count
-    as the n slots they take, and one party's queue never delays another's first reply. A request is
+    who holds how many at each step; between equals, the party admitted longest ago: round robin), so a
+    party's n choices count as the n slots they take, and one party's queue never delays another's. A request is
     admitted whole and in its turn: when the request whose turn it is does not fit, none starts behind
     it, so one for n is never starved by smaller ones. A reply put back (for want of KV room, or to give a
     slot to a party under its share) goes first in its party's queue and never times out.
