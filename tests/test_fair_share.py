@@ -270,3 +270,34 @@ def test_over_http_alices_one_line_embedding_runs_between_bobs_batches(site):
     assert turn <= seen + 2, f"alice's text waited {turn - seen} of bob's batches, of {2048 // BATCH}"
     bob.join(timeout=120)
     assert encoder.batches[start:].count(ord("b")) == 2048 // BATCH
+
+
+def test_on_the_page_alices_reply_runs_while_bobs_choices_hold_every_slot(site):
+    """The chat page's replies (a login session, the chat service) count as their user's too."""
+    from test_accounts_api import login
+    from test_chats_api import send
+
+    url, keys, _ = site
+    bob = OpenAI(base_url=f"{url}/v1", api_key=keys["bob"], max_retries=0)
+    ended: dict[str, float] = {}
+
+    def bobs() -> None:
+        for _ in bob.chat.completions.create(model=NAME, messages=[{"role": "user", "content": "Story"}], n=4,
+                                             max_tokens=300, stream=True):
+            pass
+        ended["bob"] = time.monotonic()
+
+    alice = login(url, "alice", "correct horse battery staple")
+    try:
+        chat = alice.post("/api/chats", json={"settings": {"max_new_tokens": 4}})
+        assert chat.status_code == 201, chat.text
+        thread = threading.Thread(target=bobs)
+        thread.start()
+        time.sleep(0.5)  # bob's four choices hold every slot
+        _, done = send(alice, f"/api/chats/{chat.json()['id']}/messages", {"content": "Hi"})
+        ended["alice"] = time.monotonic()
+        thread.join(timeout=120)
+    finally:
+        alice.close()
+    assert done["finish_reason"] == "length"
+    assert ended["alice"] < ended["bob"], "alice's reply waited for bob's to end"
