@@ -33,8 +33,8 @@ def _prompt(text: str) -> list[int]:
     return build_prompt(shared_tokenizer(), [Message("user", text)], 8192, 32).ids
 
 
-def _model(max_running: int, step_s: float = 0.002):
-    return standin_model("fair", reply_tokens=None, forward=StandInForward(None, step_s),
+def _model(max_running: int, step_s: float = 0.002, joins: int = 0):
+    return standin_model("fair", reply_tokens=None, forward=StandInForward(None, step_s, joins=joins),
                          limits=SchedulerLimits(max_running=max_running))
 
 
@@ -72,13 +72,14 @@ def test_a_partys_queue_does_not_delay_another_partys_request():
         model.close()
 
 
-def test_replies_that_gave_their_slot_back_finish_with_the_texts_they_had_alone(caplog):
+@pytest.mark.parametrize("joins", [0, 256], ids=["passes-apart", "joined-passes"])
+def test_replies_that_gave_their_slot_back_finish_with_the_texts_they_had_alone(caplog, joins):
     """Bob's sampled choices and greedy reply, made to give slots back to alice and carol mid-reply,
-    end with the very texts they have when nobody else asks."""
+    end with the very texts they have when nobody else asks (with llama.cpp's joined passes too)."""
     greedy = SamplingParams(temperature=0, max_new_tokens=150, ignore_eos=True).resolved(1000)
 
     def bobs(others: bool):
-        model = _model(max_running=4)
+        model = _model(max_running=4, joins=joins)
         try:
             streams = [model.scheduler.submit(_prompt("Tell a story"), LONG, n=3, party="bob"),
                        model.scheduler.submit(_prompt("Tell another"), greedy, party="bob")]
