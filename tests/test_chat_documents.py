@@ -31,7 +31,7 @@ class HashEmbedder:
 
     name, engine, kind, source, context_window = EMBEDDER, "stand-in", "embedding", "tests", 512
 
-    def embed(self, texts, dimensions=None) -> Embeddings:
+    def embed(self, texts, dimensions=None, party="") -> Embeddings:
         vectors = torch.zeros(len(texts), 256)
         for row, text in enumerate(texts):
             for word in re.findall(r"\w+", text.lower()):

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import sys
-from contextlib import closing
 from pathlib import Path
 
 import httpx

@@ -45,7 +45,7 @@ class ChatBackend(Protocol):
     def count_tokens(self, messages: Sequence[Message], tools: Tools | None = None) -> int: ...
 
     def complete(self, prompt: str, params: SamplingParams | None = None, suffix: str | None = None,
-                 n: int = 1) -> Stream: ...
+                 n: int = 1, party: str = "") -> Stream: ...
 
 
 class EmbeddingBackend(Protocol):
@@ -57,7 +57,7 @@ class EmbeddingBackend(Protocol):
     source: str
     context_window: int  # tokens per text; longer texts are cut
 
-    def embed(self, texts: list[str] | list[list[int]], dimensions: int | None = None) -> Embeddings: ...
+    def embed(self, texts: list[str] | list[list[int]], dimensions: int | None = None, party: str = "") -> Embeddings: ...
 
 
 Backend = ChatBackend | EmbeddingBackend

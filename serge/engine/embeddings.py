@@ -4,9 +4,10 @@ An embedding model is a library model of its own kind (`facts.kind == "embedding
 a transformers encoder plus the modules its `modules.json` lists, a pooling (mean,
 CLS, max or last token, from its `1_Pooling/config.json`) and, where listed, a
 normalisation. Texts are cut to the model's `max_seq_length`, as sentence-transformers
-cuts them, and run in batches of similar length (little padding). A request's texts
-are one job; jobs for one model run one at a time on the caller's thread, so an
-embedding never waits behind a chat's reply (chats have their own workers).
+cuts them, and run in batches of similar length (little padding), on the caller's thread,
+so an embedding never waits behind a chat's reply (chats have their own workers). One
+batch runs on a model at a time; each takes a turn (`turns.Turns`), round robin between
+parties, so a large request does not hold back another party's small one.
 A GGUF embedding model runs on llama.cpp instead (`llamacpp.embeddings`), behind the
 same `EmbeddingModel`. It knows nothing of HTTP; the engine hands it out like any
 other backend.
@@ -27,6 +28,7 @@ from serge.engine.devices import DevicePlan
 from serge.engine.generation.schemas import InvalidRequest
 from serge.engine.generation.sampling import SamplingParams
 from serge.engine.info import EngineKind, LoadedInfo, where_loaded
+from serge.engine.turns import Turns
 
 
 BATCH = 32  # texts per forward pass
@@ -100,7 +102,7 @@ class EmbeddingModel:
         self.defaults = SamplingParams()
         self.device = device  # None: the plan's, where every transformers load goes
         self.gpu_bytes = gpu_bytes
-        self._lock = threading.Lock()  # one job at a time on the model
+        self._turns = Turns()  # one batch at a time on the model, in turns between parties
         self._count = threading.Lock()
         self._pending = 0
 
@@ -115,8 +117,8 @@ class EmbeddingModel:
         """Jobs running or waiting: the registry never unloads a model that has any."""
         return self._pending
 
-    def embed(self, texts: list[str] | list[list[int]], dimensions: int | None = None) -> Embeddings:
-        """One vector per text (or per list of token ids), in order."""
+    def embed(self, texts: list[str] | list[list[int]], dimensions: int | None = None, party: str = "") -> Embeddings:
+        """One vector per text (or per list of token ids), in order; each batch in `party`'s turn."""
         if dimensions is not None and dimensions != self.dimensions:
             raise InvalidRequest(f"{self.name} makes {self.dimensions}-dimensional vectors and cannot shorten them; "
                                  f"leave dimensions out or ask for {self.dimensions}", "dimensions")
@@ -126,9 +128,9 @@ class EmbeddingModel:
         with self._count:
             self._pending += 1
         try:
-            with self._lock:
-                for start in range(0, len(order), BATCH):
-                    chunk = order[start:start + BATCH]
+            for start in range(0, len(order), BATCH):
+                chunk = order[start:start + BATCH]
+                with self._turns.turn(party):
                     out[chunk] = self.encoder.vectors([ids[i] for i in chunk])
         finally:
             with self._count:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 
 from prometheus_client import generate_latest
@@ -43,6 +44,7 @@ from serge.engine.generation.schemas import InvalidRequest
 from serge.engine.generation.sampling import SamplingParams
 from serge.engine.generation.admission import SchedulerLimits
 from serge.engine.generation.stream import Stream
+from serge.engine.party import of as party_of
 from serge.engine.generation.tools import Tools
 from serge.settings import Settings
 
@@ -190,22 +192,28 @@ class Engine:
         choice). A model that thinks has its thoughts apart (`Delta.reasoning`, `record.reasoning`). A
         message's images need a model that sees them (`ModelInfo.vision`), else InvalidRequest names those
         that do. Raises ModelNotFound, ContextTooLong, InvalidRequest (a bad schema, tool_choice, logit_bias
-        or n) or EngineBusy before anything runs."""
+        or n) or EngineBusy before anything runs. The model's slots are shared fairly between parties
+        (`request.party`, else `serge.engine.party.current()`)."""
         if images := sum(len(m.images) for m in request.messages):
             self._check_sees(model, images)
+        request = replace(request, party=party_of(request.party))  # slots are shared fairly between parties
         return self._reply(model, request.user or "", lambda backend: backend.submit(request))
 
     def complete(self, model: str | None, prompt: str, params: SamplingParams | None = None,
-                 suffix: str | None = None, n: int = 1, user: str | None = None) -> Stream:
+                 suffix: str | None = None, n: int = 1, user: str | None = None, party: str | None = None) -> Stream:
         """Continue raw text (no chat template), in `n` choices as `chat` gives them; `suffix`: fill in the
-        middle, for models with FIM tokens. `user`: who asks, as `ChatRequest.user`."""
-        return self._reply(model, user or "", lambda backend: backend.complete(prompt, params, suffix, n))
+        middle, for models with FIM tokens. `user`: who asks, as `ChatRequest.user`; `party`: whose share of
+        the slots it takes (None: `party.current()`), as in `chat`."""
+        return self._reply(model, user or "",
+                           lambda backend: backend.complete(prompt, params, suffix, n, party=party_of(party)))
 
     def embed(self, model: str | None, texts: list[str] | list[list[int]], dimensions: int | None = None,
-              user: str | None = None) -> Embeddings:
-        """One vector per text (or list of token ids), from an embedding model (the default one for None)."""
+              user: str | None = None, party: str | None = None) -> Embeddings:
+        """One vector per text (or list of token ids), from an embedding model (the default one for None). A
+        model's batches are taken in turns between parties (`party`, None: `party.current()`), so a large
+        request does not hold back another party's small one."""
         with self._backend(model, "embedding", user or "") as backend:
-            return backend.embed(texts, dimensions)
+            return backend.embed(texts, dimensions, party=party_of(party))
 
     def count_tokens(self, model: str | None, messages: Sequence[Message], tools: Tools | None = None) -> int:
         """The tokens a reply to `messages` would be prompted with."""

@@ -117,7 +117,7 @@ class LocalModel:
         json_only = plan.grammar is not None and (rule is not None or (tools is not None and tools.mode == "required"))
         stream = self.scheduler.submit(ids, params.resolved(room), plan.grammar, plan.reader,
                                        plan.grammar_param, finish_json=json_only, thinking=thinking,
-                                       n=request.n, images=pixels)
+                                       n=request.n, images=pixels, party=request.party or "")
         stream.dropped_messages, stream.prompt_tokens = prompt.dropped_messages, len(ids)
         return stream
 
@@ -147,7 +147,7 @@ class LocalModel:
         return count_tokens(self.tokenizer, plan.messages, plan.template_tools)
 
     def complete(self, prompt: str, params: SamplingParams | None = None, suffix: str | None = None,
-                 n: int = 1) -> Stream:
+                 n: int = 1, party: str = "") -> Stream:
         """Continue raw text, no chat template (`n` choices, one prefill); with `suffix`, fill in the middle
         where the model has FIM tokens."""
         params = self._checked(params)
@@ -167,7 +167,7 @@ class LocalModel:
                                  f"{params.max_new_tokens or 1}, but the model's context window is "
                                  f"{self.context_window} tokens; send less", len(ids) + (params.max_new_tokens or 1),
                                  self.context_window)
-        stream = self.scheduler.submit(ids, params.resolved(room), n=n)
+        stream = self.scheduler.submit(ids, params.resolved(room), n=n, party=party)
         stream.prompt_tokens = len(ids)
         return stream
 

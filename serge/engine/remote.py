@@ -66,7 +66,7 @@ class RemoteBackend:
                              f"count them for it", "model")
 
     def complete(self, prompt: str, params: SamplingParams | None = None, suffix: str | None = None,
-                 n: int = 1) -> Stream:
+                 n: int = 1, party: str = "") -> Stream:
         raise InvalidRequest(f"{self.name!r} is served by a remote server; send raw completions to it directly",
                              "model")
 

@@ -20,6 +20,10 @@ KV is a fixed pool (the paged one) raises `OutOfKV` when full: the prefix cache 
 oldest entries, then the youngest running reply waits (its KV given back, its tokens run again
 when a reply ends): it waits, never fails, for want of room.
 
+The slots are shared fairly between parties (who asked, opaque: `submit`'s `party`): the queue gives
+free slots to the party holding the fewest (`admission.Waiting`), and a party over its share gives
+its youngest replies back, as a reply waits for KV room, when another waits under its (`_give_way`).
+
 Every sequence ends with `stream.finish()`, on every path.
 """
 
@@ -28,6 +32,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import Counter
 
 import torch
 
@@ -92,7 +97,7 @@ class Scheduler:
     def submit(self, prompt: list[int], params: SamplingParams, grammar: str | None = None,
                reader: ReplyReader | None = None, grammar_param: str = "response_format",
                finish_json: bool = False, thinking: Thinking | None = None, n: int = 1,
-               images: dict | None = None) -> Stream:
+               images: dict | None = None, party: str = "") -> Stream:
         """Queue a generation of `n` choices (one stream); raises `EngineBusy` when every slot and the queue
         are full, InvalidRequest when n is more than run at once. Choice i samples with `params.for_choice(i)`.
 
@@ -105,6 +110,8 @@ class Scheduler:
         `images`: a vision prompt's pixel inputs (opaque here): the whole prompt runs in one prefill pass
         that carries them (its image tokens cannot be split from their features), and its KV is never
         taken from or given to the prefix cache (its placeholder ids are the same for any image).
+
+        `party`: who asks (opaque); the slots are shared fairly between parties (see `_give_way`).
         """
         if not prompt:
             raise ValueError("a prompt needs at least one token")
@@ -117,6 +124,8 @@ class Scheduler:
         group = Sequence.choices(prompt, params, stream, self._tokenizer, self._eos, self.vocabulary,
                                  (grammar, grammar_param) if grammar is not None else None, reader, finish_json,
                                  thinking, n, images)
+        for seq in group:
+            seq.party = party
         with self._lock:
             if self._closing:
                 raise GenerationError(f"the model {self.name!r} is being unloaded; try again")
@@ -197,8 +206,10 @@ class Scheduler:
 
     def _admit(self) -> tuple[list[Sequence], list[tuple[Sequence, FinishReason, str | None]]]:
         """Under the lock: move waiting requests into free slots (none while a reply waits for KV room)."""
+        if not self._hold:
+            self._give_way()
         free = 0 if self._hold else self.max_running - len(self._running)
-        admitted, expired = self._waiting.admit(free, time.monotonic())
+        admitted, expired = self._waiting.admit(free, time.monotonic(), Counter(s.party for s in self._running))
         self._active = len(self._running) + len(admitted)
         self._m.queued.set(len(self._waiting))
         self._m.running.set(self._active)
@@ -303,3 +314,34 @@ class Scheduler:
             self._mean_duration = 0.8 * self._mean_duration + 0.2 * record.duration_s
         self._m.finished(reason.value)
         seq.stream.finish(record, seq.choice)
+
+    # --- a fair share of the slots (`admission.Waiting` decides; this does) ----------------------
+    def _give_way(self) -> None:
+        """Under the lock, before admission: while a party waits under its share of the slots and none is
+        free, the parties over theirs give back the slots it needs, their youngest replies first (with the
+        choices still waiting for one's prompt). Each waits at the front of its party's queue, its KV kept
+        in the prefix cache, and comes back with its generator and reply so far, as after waiting for KV
+        room: it goes on as if it had not waited. So a party's n choices or many requests hold every slot
+        only while no one else asks."""
+        holding = Counter(s.party for s in self._running)
+        given = self._waiting.over_share(holding, self.max_running, self.max_running - len(self._running))
+        for party, slots in given.items():
+            youngest = sorted((s for s in self._running if s.party == party and s.kv is not None),
+                              key=lambda s: s.started, reverse=True)
+            for seq in youngest:
+                if slots <= 0:
+                    break
+                group, seq.followers = [seq, *seq.followers], []
+                for one in group:
+                    self._running.remove(one)
+                    kv, one.kv = one.kv, None
+                    if kv is not None and self._prefixes.budget_bytes and one.images is None:
+                        self._prefixes.store(one.prompt + one.generated, kv, len(one.prompt), one.prompt_logits)
+                    elif kv is not None:
+                        kv.release()
+                    one.set_aside()
+                self._waiting.put_back(group)
+                slots -= len(group)
+            log.info("fair share: %r gave back %d slots to a party under its share", party, given[party] - slots)
+        if given:
+            self._m.prefix_cache_bytes.set(self._prefixes.nbytes)

@@ -83,6 +83,7 @@ class Sequence:
     choice: int = 0  # which of its request's n choices; choice 0 prefills the prompt for them all
     followers: list[Sequence] = field(default_factory=list)  # choice 0's: the others, waiting for its prompt
     images: dict | None = None  # a vision prompt's pixel inputs: fed with its first prefill pass, never cached
+    party: str = ""  # who asked (opaque): slots are shared fairly between parties (`admission.Waiting`)
     _answer: str = ""  # with `thinking`: the answer so far
     _thought_tokens: int = 0  # with `thinking`: tokens written inside <think> (its tags too)
     _sampler: Sampler | None = None  # made on its first token: its settings, penalties, generator, logit_bias

@@ -8,7 +8,9 @@ are refused. Once any account exists, everything but the login page, static
 files, the health status and the metrics (whose routes decide what to show)
 needs one of the two: a page sends the browser to /login, anything else gets
 401. What a user may see is not decided here: routes pass the user's id to the
-chat service as the owner of every query.
+chat service as the owner of every query. Everything the engine does for the
+request counts as that user's (or, without accounts, the client address's) in its
+fair share (`party`).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from fastapi.responses import JSONResponse, RedirectResponse
 from starlette.concurrency import run_in_threadpool
 
 from serge.accounts import LOCAL_USER, Accounts, LoginSessions
+from serge.engine.party import asking
 from serge.store import DatabaseUnavailable, UserRecord
 from serge.web.http.errors import ApiError, error_body, problem
 from serge.web.http.user_limits import UserLimits
@@ -50,6 +53,15 @@ def is_local(scope) -> bool:
         return False
     address = getattr(address, "ipv4_mapped", None) or address
     return address.is_loopback and not any(name in FORWARDING_HEADERS for name, _ in scope["headers"])
+
+
+def party(user: UserRecord | None, scope) -> str:
+    """Who a request is to the engine, which shares its slots fairly between parties: the user, or (no
+    accounts: everyone is the local user) the client's address."""
+    if user is not None and user is not LOCAL_USER:
+        return f"user {user.id}"
+    client = scope.get("client")
+    return f"address {client[0] if client else 'unknown'}"
 
 
 def peer(request: Request) -> str:
@@ -154,9 +166,10 @@ class Authenticate:
                                       "unauthorized", {"WWW-Authenticate": 'Bearer realm="serge"'})
         scope.setdefault("state", {})["user"] = user
         scope["state"]["key_id"] = key_id  # for the request log
-        if user is None or user is LOCAL_USER or path in OPEN_PATHS:
-            return await self.app(scope, receive, send)
-        return await self._metered(user, scope, receive, send)
+        with asking(party(user, scope)):  # all the engine does for this request is this party's
+            if user is None or user is LOCAL_USER or path in OPEN_PATHS:
+                return await self.app(scope, receive, send)
+            return await self._metered(user, scope, receive, send)
 
     async def _metered(self, user: UserRecord, scope, receive, send):
         wait = self.limits.take(user.id)
