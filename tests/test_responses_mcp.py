@@ -247,3 +247,14 @@ def test_the_real_model_calls_the_clock_and_answers_after_its_output(real_settin
     if call.output is not None:  # the server's answer: the time where the model asked
         assert json.loads(call.arguments)["timezone"] in call.output
     assert rest and rest[-1].type == "message" and response.output_text
+
+
+def test_a_call_of_the_clients_own_function_ends_the_response_beside_mcp_tools(client):
+    weather = {"type": "function", "name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string", "maxLength": 20}}, "required": ["city"]}}
+    response = client.responses.create(model=MODEL, input="Weather in Paris?", max_output_tokens=200,
+                                       tools=[weather, harbour(require_approval="never", allowed_tools=["tide"])],
+                                       tool_choice={"type": "function", "name": "get_weather"})
+    assert [i.type for i in response.output] == ["mcp_list_tools", "function_call"]
+    assert [t.type for t in response.tools] == ["function", "mcp"]
+    assert response.tools[1].server_label == "harbour" and response.tools[1].allowed_tools == ["tide"]
