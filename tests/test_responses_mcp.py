@@ -28,6 +28,7 @@ settings, engine = stand_in("settings", "engine")
 
 HARBOUR = [sys.executable, str(Path(__file__).parent / "mcp_harbour.py")]
 CLOCK = [sys.executable, "-m", "mcp_server_time", "--local-timezone", "UTC"]
+BROKEN = [sys.executable, "-c", "raise SystemExit('no tools today')"]
 ASK = "When is high water at Skerry?"
 
 
@@ -47,7 +48,7 @@ def register(settings, data_dir: Path, **servers) -> None:
 @pytest.fixture(scope="module")
 def server(settings, engine, tmp_path_factory):
     data_dir = tmp_path_factory.mktemp("responses-mcp")
-    register(settings, data_dir, harbour=(HARBOUR, False), clock=(CLOCK, False))
+    register(settings, data_dir, harbour=(HARBOUR, False), clock=(CLOCK, False), broken=(BROKEN, False))
     with own_server(settings, engine, data_dir) as url:
         yield url
 
@@ -258,3 +259,14 @@ def test_a_call_of_the_clients_own_function_ends_the_response_beside_mcp_tools(c
     assert [i.type for i in response.output] == ["mcp_list_tools", "function_call"]
     assert [t.type for t in response.tools] == ["function", "mcp"]
     assert response.tools[1].server_label == "harbour" and response.tools[1].allowed_tools == ["tide"]
+
+
+def test_a_server_that_cannot_be_reached_is_listed_with_its_error_and_the_model_answers_without_it(client):
+    events = list(client.responses.create(model=MODEL, input=ASK, max_output_tokens=4, stream=True,
+                                          tools=[{"type": "mcp", "server_label": "broken"}]))
+    kinds = [e.type for e in events]
+    assert "response.mcp_list_tools.failed" in kinds and "response.mcp_list_tools.completed" not in kinds
+    final = events[-1].response
+    listed = final.output[0]
+    assert listed.type == "mcp_list_tools" and listed.tools == [] and listed.error
+    assert final.output[-1].type == "message"
