@@ -24,6 +24,7 @@ from serge.engine import Engine
 from serge.settings import Settings
 from serge.chats.documents import ChatDocuments
 from serge.chats.lookup import Lookup
+from serge.chats.responses import StoredResponses
 from serge.store import AccountStore, ChatStore, CollectionStore, Database, DocumentStore, FileStore, ResponseStore
 from serge.store.tools import ToolServerStore
 from serge.tools import ToolServers
@@ -86,7 +87,7 @@ def build_app(settings: Settings, engine: Engine) -> FastAPI:
         app.state.chats = ChatService(chat_store, engine, documents, app.state.knowledge,
                                       ChatTools(app.state.tools, chat_store, engine, steps=settings.tool_steps))
         app.state.chats.recover()  # replies cut off by a crash are shown as interrupted
-        app.state.responses = ResponseStore(database)
+        app.state.responses = StoredResponses(ResponseStore(database))
         loader = threading.Thread(target=_warm_up, args=(app.state.engine, app), name="serge-warm-up", daemon=True)
         loader.start()
         try:

@@ -1,8 +1,8 @@
 """OpenAI's Responses API: `POST /v1/responses`, and stored responses' `GET`, `DELETE` and `input_items`.
 
 HTTP only: it reads the request (`responses.models`), continues a stored chain
-(`previous_response_id`: the chain's input and output items come before the new
-input, so the prefix cache finds the conversation it already has), asks the engine
+(`previous_response_id`: what comes before the new input is `chats.responses`'
+rule), asks the engine
 for a stream and answers a `response` object, or its typed server-sent events
 (`responses.output`). A response is stored, owned by the account that made it, once
 it has finished (`store: false` keeps nothing); one whose client went away is
@@ -21,7 +21,8 @@ from fastapi import APIRouter, Query, Request
 from starlette.concurrency import run_in_threadpool
 
 from serge.engine import ChatRequest, ContextTooLong, Engine, FinishReason, Stream
-from serge.store import DatabaseUnavailable, ResponseNotFound, ResponseRecord, ResponseStore
+from serge.chats.responses import StoredResponses
+from serge.store import DatabaseUnavailable, ResponseNotFound, ResponseRecord
 from serge.web.http.auth import owner
 from serge.web.pages.docs import BUSY
 from serge.web.http.errors import ApiError
@@ -84,25 +85,30 @@ def _engine(request: Request) -> Engine:
     return request.app.state.engine
 
 
-def _store(request: Request) -> ResponseStore:
+def _store(request: Request) -> StoredResponses:
     return request.app.state.responses
 
 
 async def history_of(body: CreateResponse, request: Request, user: str) -> list[dict]:
-    """The items of the stored chain `previous_response_id` continues, oldest first (none without one)."""
+    """What a reply continuing `previous_response_id` comes after (chats.responses' rule); none without one."""
     if not body.previous_response_id:
         return []
     try:
-        chain = await run_in_threadpool(_store(request).chain, user, body.previous_response_id)
+        return await run_in_threadpool(_store(request).history, user, body.previous_response_id)
     except ResponseNotFound as exc:
         raise ApiError(404, f"previous_response_id: {exc}", code="previous_response_not_found",
                        param="previous_response_id") from None
-    return [item for r in chain for item in (*r.input_items, *r.output_items)]
 
 
 async def _start(body: CreateResponse, request: Request, user: str) -> tuple[Stream, list[dict]]:
     """The stream of the reply, and this request's input items as they will be stored."""
-    history = await history_of(body, request, user)
+    history: list[dict] = []
+    if body.previous_response_id:
+        try:
+            history = await run_in_threadpool(_store(request).history, user, body.previous_response_id)
+        except ResponseNotFound as exc:
+            raise ApiError(404, f"previous_response_id: {exc}", code="previous_response_not_found",
+                           param="previous_response_id") from None
     items = await run_in_threadpool(body.input_items)  # its files and images are read off the event loop
     messages = await run_in_threadpool(conversation, body.instructions, history + items)
     if not any(m.role != "system" for m in messages):
@@ -141,7 +147,7 @@ async def create_response(body: CreateResponse, request: Request):
     async def keep(record) -> None:
         if body.store:
             await run_in_threadpool(
-                _store(request).add, user, id=response_id, model=model, status=status_of(record),
+                _store(request).keep, user, id=response_id, model=model, status=status_of(record),
                 previous_response_id=body.previous_response_id, input_items=items, output_items=builder.output,
                 usage=usage(record), request=request_echo, created_at=datetime.fromtimestamp(created, UTC))
 

@@ -117,7 +117,7 @@ async def mcp_response(body: CreateResponse, request: Request, history: list[dic
     async def keep(record) -> None:
         if body.store:
             await run_in_threadpool(
-                request.app.state.responses.add, user.id, id=response_id, model=model, status=status_of(record),
+                request.app.state.responses.keep, user.id, id=response_id, model=model, status=status_of(record),
                 previous_response_id=body.previous_response_id, input_items=items, output_items=builder.output,
                 usage=usage(record), request=request_echo, created_at=datetime.fromtimestamp(created, UTC))
 
