@@ -270,3 +270,12 @@ def test_a_server_that_cannot_be_reached_is_listed_with_its_error_and_the_model_
     listed = final.output[0]
     assert listed.type == "mcp_list_tools" and listed.tools == [] and listed.error
     assert final.output[-1].type == "message"
+
+
+@pytest.mark.parametrize("tool", [harbour(require_approval="sometimes"), harbour(allowed_tools=["t"] * 300),
+                                  harbour(unknown_field=1), {"type": "mcp"}, harbour(server_label="x" * 100),
+                                  harbour(require_approval={"always": {"tool_names": "tide"}})])
+def test_a_malformed_mcp_tool_is_a_400_naming_it(server, tool):
+    refused = httpx.post(f"{server}/v1/responses", json={"model": MODEL, "input": ASK, "tools": [tool]}, timeout=60)
+    assert refused.status_code == 400, refused.text
+    assert refused.json()["error"]["param"].startswith("tools"), refused.text
