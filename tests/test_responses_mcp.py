@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import sys
-from contextlib import closing
 from pathlib import Path
 
 import httpx
@@ -145,7 +144,8 @@ def test_approval_filters_choose_which_calls_wait(client):
         harbour(require_approval={"never": {"read_only": True}})])
     assert read_only.output[1].type == "mcp_call"
     bell = client.responses.create(model=MODEL, input="Ring the bell", tool_choice=forced("ring_bell"),
-                                   max_output_tokens=200, tools=[harbour(require_approval={"never": {"read_only": True}})])
+                                   max_output_tokens=200,
+                                   tools=[harbour(require_approval={"never": {"read_only": True}})])
     assert bell.output[1].type == "mcp_approval_request", "a tool not annotated read-only waits"
     only_tide = client.responses.create(model=MODEL, input=ASK, tool_choice=forced(), max_output_tokens=200,
                                         tools=[harbour(allowed_tools=["tide"], require_approval="never")])

@@ -71,8 +71,8 @@ response.output_text.delta..., response.output_text.done, response.content_part.
 (response.function_call_arguments.delta..., response.function_call_arguments.done) for a call,
 (response.mcp_list_tools.in_progress, response.mcp_list_tools.completed or .failed) for a listing,
 (response.mcp_call.in_progress, response.mcp_call_arguments.delta..., response.mcp_call_arguments.done,
-response.mcp_call.completed or .failed) for a call Serge runs, response.output_item.done; then response.completed or response.incomplete; `error` if generation fails on
-the way. Every event has a rising sequence_number."""
+response.mcp_call.completed or .failed) for a call Serge runs, response.output_item.done; then
+response.completed or response.incomplete; `error` if generation fails on the way. Every event has a rising sequence_number."""
 
 _STREAMED = {200: {"model": ResponseOut, "description": "A response, or its events when streamed.",
                    "content": {"text/event-stream": {"schema": {"type": "object", "required": ["event", "data"],
