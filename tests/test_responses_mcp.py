@@ -279,3 +279,22 @@ def test_a_malformed_mcp_tool_is_a_400_naming_it(server, tool):
     refused = httpx.post(f"{server}/v1/responses", json={"model": MODEL, "input": ASK, "tools": [tool]}, timeout=60)
     assert refused.status_code == 400, refused.text
     assert refused.json()["error"]["param"].startswith("tools"), refused.text
+
+
+def test_a_streamed_approval_round_trip(client):
+    first = list(client.responses.create(model=MODEL, input=ASK, tools=[harbour()], tool_choice=forced(),
+                                         max_output_tokens=200, stream=True))
+    added = [e.item for e in first if e.type == "response.output_item.added"]
+    assert [i.type for i in added] == ["mcp_list_tools", "mcp_approval_request"]
+    assert "response.mcp_call.in_progress" not in [e.type for e in first], "nothing runs before it is approved"
+    asked = first[-1].response.output[1]
+    assert asked.type == "mcp_approval_request" and json.loads(asked.arguments)["place"]
+    second = list(client.responses.create(model=MODEL, previous_response_id=first[-1].response.id, stream=True,
+                                          tools=[harbour()], max_output_tokens=8, input=[
+                                              {"type": "mcp_approval_response", "approve": True,
+                                               "approval_request_id": asked.id}]))
+    kinds = [e.type for e in second]
+    assert kinds[:2] == ["response.created", "response.in_progress"]
+    assert kinds.index("response.mcp_call.in_progress") < kinds.index("response.mcp_call.completed")
+    call = next(e.item for e in second if e.type == "response.output_item.done")
+    assert call.type == "mcp_call" and call.approval_request_id == asked.id and call.output.startswith("High water")
