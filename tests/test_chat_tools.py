@@ -3,7 +3,6 @@ over stdio (tests/mcp_servers.py, and mcp-server-time from PyPI): each call show
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
@@ -11,7 +10,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import free_port, own_server
+from conftest import own_server
 from standin import stand_in
 from test_chats_api import read_events
 

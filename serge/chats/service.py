@@ -20,7 +20,7 @@ from serge.chats.documents import ChatDocuments
 from serge.chats.knowledge import Knowledge
 from serge.chats.replies import Reply
 from serge.chats.tools import ToolLoop
-from serge.chats.chat_tools import ChatTools
+from serge.chats.chat_tools import ChatTools, knowledge_search
 from serge.chats.transfer import ChatExport, export_json
 from serge.documents import MAX_FILES_PER_MESSAGE
 from serge.engine import ChatRequest, Engine, Message, ModelNotFound, SamplingParams
@@ -333,8 +333,8 @@ class ChatService:
                                                   "Regenerate once that is fixed") from exc
         try:
             if self.tools is not None and chat.tools:
-                stream = self.tools.loop(owner, chat, model, history, caller,
-                                         self._searcher(owner, attached, collections))
+                search = knowledge_search(self.documents, owner, [*attached, *collections])
+                stream = self.tools.loop(owner, chat, model, history, caller, search)
             else:
                 stream = self.engine.chat(model, ChatRequest(history, SamplingParams(**chat.settings)))
         except Exception as exc:
@@ -346,20 +346,3 @@ class ChatService:
         with self._lock:
             self._active[chat_id] = reply
         return reply.start()
-
-    def _searcher(self, owner: str, attached: list[str], collections: dict[str, str]):
-        """`search_knowledge` for one reply: the chat's collections and files, or None when it has neither."""
-        if self.documents is None or not (attached or collections):
-            return None
-        documents = self.documents
-        ids = list(dict.fromkeys([*attached, *collections]))
-
-        def search(query: str, limit: int = 5) -> str:
-            names = documents.store.names(owner, ids)
-            found = []
-            for ranked in documents.rank(owner, ids, query)[:max(1, min(limit, 10))]:
-                hit = ranked.hit
-                found.append(f"[{names.get(hit.document_id, '?')}, page {hit.page}] {hit.text}")
-            return "\n\n".join(found) or "nothing in the chat's files and collections matches"
-        return search
-
