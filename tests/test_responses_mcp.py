@@ -168,6 +168,8 @@ def test_streamed_calls_send_openais_mcp_events(client):
     assert [e.sequence_number for e in events] == list(range(len(events)))
     done = [e.item for e in events if e.type == "response.output_item.done"]
     assert [i.type for i in done[:2]] == ["mcp_list_tools", "mcp_call"] and done[1].output.startswith("High water")
+    added = [(e.output_index, e.item.type) for e in events if e.type == "response.output_item.added"]
+    assert added == [(e.output_index, e.item.type) for e in events if e.type == "response.output_item.done"]
     pieces = "".join(e.delta for e in events if e.type == "response.mcp_call_arguments.delta")
     assert pieces == done[1].arguments
     assert kinds[-1] == "response.completed" or kinds[-1] == "response.incomplete"
