@@ -17,11 +17,15 @@ import pytest
 from openai import OpenAI
 
 from conftest import own_server
-from standin import NAME as MODEL, stand_in
+from standin import NAME as MODEL, stand_in, standin_model
 from test_accounts_api import add_user, serge
+from test_chat_documents import Recording
 
+from serge.engine import Engine
+from serge.settings import Settings
 from serge.store import Database
 from serge.store.tools import ToolServerStore
+from serge.web.responses.items import DENIED
 
 settings, engine = stand_in("settings", "engine")
 
@@ -320,3 +324,28 @@ def test_a_call_whose_stream_left_its_id_out_is_matched_to_its_item():
     [item] = items.output
     assert (item["type"], item["status"], item["output"], item["arguments"]) == (
         "mcp_call", "completed", "noon", '{"place": "Skerry"}')
+
+
+def test_the_model_is_told_a_denied_call_was_not_run_and_given_an_approved_calls_output(tmp_path_factory):
+    recorder = Recording(standin_model())
+    data_dir = tmp_path_factory.mktemp("responses-mcp-told")
+    own = Settings(data_dir=data_dir, models_dir=tmp_path_factory.mktemp("no-models"), default_model=MODEL)
+    register(own, data_dir, harbour=(HARBOUR, False))
+    try:
+        with Engine(own, backends={MODEL: recorder}) as engine, own_server(own, engine, data_dir) as url:
+            client = OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0, timeout=120)
+            for approve in (False, True):
+                first = client.responses.create(model=MODEL, input=ASK, tools=[harbour()], tool_choice=forced(),
+                                                max_output_tokens=200)
+                asked = first.output[1]
+                client.responses.create(model=MODEL, previous_response_id=first.id, tools=[harbour()],
+                                        max_output_tokens=4, input=[{"type": "mcp_approval_response",
+                                                                     "approve": approve,
+                                                                     "approval_request_id": asked.id}])
+                *_, call, told = recorder.asked[-1]
+                assert call.role == "assistant" and call.tool_calls[0].name == "tide"
+                assert told.role == "tool" and told.tool_call_id == call.tool_calls[0].id
+                place = json.loads(asked.arguments)["place"]
+                assert told.content == (f"High water at {place} is at noon." if approve else DENIED)
+    finally:
+        recorder.model.close()
