@@ -144,9 +144,23 @@ def test_without_a_valid_key_mcp_is_a_401_and_never_a_500(site):
                                (b'{"jsonrpc": "2.0"}', "application/json"), (b"hello", "text/plain")):
         bad = httpx.post(f"{site['url']}/mcp", content=body, headers={**key, "Content-Type": content_type})
         assert 400 <= bad.status_code < 500, (body, bad.status_code, bad.text)
+    for method in ("GET", "DELETE", "PUT"):  # no session, no stream of its own: only POST is answered
+        other = httpx.request(method, f"{site['url']}/mcp", headers=key)
+        assert 400 <= other.status_code < 500, (method, other.status_code, other.text)
     big = httpx.post(f"{site['url']}/mcp", content=b'{"a": "' + b"x" * 20_000_000 + b'"}',
                      headers={**key, "Content-Type": "application/json"})
     assert big.status_code == 413
     other_site = httpx.post(f"{site['url']}/mcp", json=initialize,
                             headers={**key, "Origin": "https://evil.example"})
     assert other_site.status_code == 403
+
+
+def test_while_serge_has_no_accounts_this_machine_needs_no_key(standin_settings, standin_engine, tmp_path_factory):
+    async def steps(session):
+        return await session.call_tool("list_collections", {})
+
+    with own_server(standin_settings, standin_engine, tmp_path_factory.mktemp("mcp-local")) as url, \
+            httpx.Client(base_url=url, timeout=60) as local:
+        assert local.post("/api/knowledge", json={"name": "notes"}).status_code == 201
+        [mine] = structured(session_of({"url": url}, None, steps))
+    assert mine["name"] == "notes"

@@ -17,16 +17,21 @@ import pytest
 from openai import OpenAI
 
 from conftest import own_server
-from standin import NAME as MODEL, stand_in
+from standin import NAME as MODEL, stand_in, standin_model
 from test_accounts_api import add_user, serge
+from test_chat_documents import Recording
 
+from serge.engine import Engine
+from serge.settings import Settings
 from serge.store import Database
 from serge.store.tools import ToolServerStore
+from serge.web.responses.items import DENIED
 
 settings, engine = stand_in("settings", "engine")
 
 HARBOUR = [sys.executable, str(Path(__file__).parent / "mcp_harbour.py")]
 CLOCK = [sys.executable, "-m", "mcp_server_time", "--local-timezone", "UTC"]
+BROKEN = [sys.executable, "-c", "raise SystemExit('no tools today')"]
 ASK = "When is high water at Skerry?"
 
 
@@ -46,7 +51,7 @@ def register(settings, data_dir: Path, **servers) -> None:
 @pytest.fixture(scope="module")
 def server(settings, engine, tmp_path_factory):
     data_dir = tmp_path_factory.mktemp("responses-mcp")
-    register(settings, data_dir, harbour=(HARBOUR, False), clock=(CLOCK, False))
+    register(settings, data_dir, harbour=(HARBOUR, False), clock=(CLOCK, False), broken=(BROKEN, False))
     with own_server(settings, engine, data_dir) as url:
         yield url
 
@@ -143,7 +148,8 @@ def test_approval_filters_choose_which_calls_wait(client):
         harbour(require_approval={"never": {"read_only": True}})])
     assert read_only.output[1].type == "mcp_call"
     bell = client.responses.create(model=MODEL, input="Ring the bell", tool_choice=forced("ring_bell"),
-                                   max_output_tokens=200, tools=[harbour(require_approval={"never": {"read_only": True}})])
+                                   max_output_tokens=200,
+                                   tools=[harbour(require_approval={"never": {"read_only": True}})])
     assert bell.output[1].type == "mcp_approval_request", "a tool not annotated read-only waits"
     only_tide = client.responses.create(model=MODEL, input=ASK, tool_choice=forced(), max_output_tokens=200,
                                         tools=[harbour(allowed_tools=["tide"], require_approval="never")])
@@ -166,6 +172,8 @@ def test_streamed_calls_send_openais_mcp_events(client):
     assert [e.sequence_number for e in events] == list(range(len(events)))
     done = [e.item for e in events if e.type == "response.output_item.done"]
     assert [i.type for i in done[:2]] == ["mcp_list_tools", "mcp_call"] and done[1].output.startswith("High water")
+    added = [(e.output_index, e.item.type) for e in events if e.type == "response.output_item.added"]
+    assert added == [(e.output_index, e.item.type) for e in events if e.type == "response.output_item.done"]
     pieces = "".join(e.delta for e in events if e.type == "response.mcp_call_arguments.delta")
     assert pieces == done[1].arguments
     assert kinds[-1] == "response.completed" or kinds[-1] == "response.incomplete"
@@ -246,3 +254,98 @@ def test_the_real_model_calls_the_clock_and_answers_after_its_output(real_settin
     if call.output is not None:  # the server's answer: the time where the model asked
         assert json.loads(call.arguments)["timezone"] in call.output
     assert rest and rest[-1].type == "message" and response.output_text
+
+
+def test_a_call_of_the_clients_own_function_ends_the_response_beside_mcp_tools(client):
+    weather = {"type": "function", "name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string", "maxLength": 20}}, "required": ["city"]}}
+    response = client.responses.create(model=MODEL, input="Weather in Paris?", max_output_tokens=200,
+                                       tools=[weather, harbour(require_approval="never", allowed_tools=["tide"])],
+                                       tool_choice={"type": "function", "name": "get_weather"})
+    assert [i.type for i in response.output] == ["mcp_list_tools", "function_call"]
+    assert [t.type for t in response.tools] == ["function", "mcp"]
+    assert response.tools[1].server_label == "harbour" and response.tools[1].allowed_tools == ["tide"]
+
+
+def test_a_server_that_cannot_be_reached_is_listed_with_its_error_and_the_model_answers_without_it(client):
+    events = list(client.responses.create(model=MODEL, input=ASK, max_output_tokens=4, stream=True,
+                                          tools=[{"type": "mcp", "server_label": "broken"}]))
+    kinds = [e.type for e in events]
+    assert "response.mcp_list_tools.failed" in kinds and "response.mcp_list_tools.completed" not in kinds
+    final = events[-1].response
+    listed = final.output[0]
+    assert listed.type == "mcp_list_tools" and listed.tools == [] and listed.error
+    assert final.output[-1].type == "message"
+
+
+@pytest.mark.parametrize("tool", [harbour(require_approval="sometimes"), harbour(allowed_tools=["t"] * 300),
+                                  harbour(unknown_field=1), {"type": "mcp"}, harbour(server_label="x" * 100),
+                                  harbour(require_approval={"always": {"tool_names": "tide"}})])
+def test_a_malformed_mcp_tool_is_a_400_naming_it(server, tool):
+    refused = httpx.post(f"{server}/v1/responses", json={"model": MODEL, "input": ASK, "tools": [tool]}, timeout=60)
+    assert refused.status_code == 400, refused.text
+    assert refused.json()["error"]["param"].startswith("tools"), refused.text
+
+
+def test_a_streamed_approval_round_trip(client):
+    first = list(client.responses.create(model=MODEL, input=ASK, tools=[harbour()], tool_choice=forced(),
+                                         max_output_tokens=200, stream=True))
+    added = [e.item for e in first if e.type == "response.output_item.added"]
+    assert [i.type for i in added] == ["mcp_list_tools", "mcp_approval_request"]
+    assert "response.mcp_call.in_progress" not in [e.type for e in first], "nothing runs before it is approved"
+    asked = first[-1].response.output[1]
+    assert asked.type == "mcp_approval_request" and json.loads(asked.arguments)["place"]
+    second = list(client.responses.create(model=MODEL, previous_response_id=first[-1].response.id, stream=True,
+                                          tools=[harbour()], max_output_tokens=8, input=[
+                                              {"type": "mcp_approval_response", "approve": True,
+                                               "approval_request_id": asked.id}]))
+    kinds = [e.type for e in second]
+    assert kinds[:2] == ["response.created", "response.in_progress"]
+    assert kinds.index("response.mcp_call.in_progress") < kinds.index("response.mcp_call.completed")
+    call = next(e.item for e in second if e.type == "response.output_item.done")
+    assert call.type == "mcp_call" and call.approval_request_id == asked.id and call.output.startswith("High water")
+
+
+def test_a_call_whose_stream_left_its_id_out_is_matched_to_its_item():
+    from serge.chats.mcp_turn import CallDone, CallRunning, McpTool, McpUse
+    from serge.engine import Delta, ToolCall
+    from serge.engine.generation.stream import ToolCallDelta
+    from serge.tools import ToolOutcome, ToolSpec
+    from serge.web.responses.mcp_output import McpOutputItems
+
+    tide = McpTool(McpUse("harbour", approve_all=False), ToolSpec("harbour", "tide", "", {}, True))
+    items = McpOutputItems(False, {"tide": tide})
+    items.next_pass()
+    items.add(Delta(tool_calls=(ToolCallDelta(0, None, "tide", '{"place": '),)))
+    items.add(Delta(tool_calls=(ToolCallDelta(0, arguments='"Skerry"}'),)))
+    call = ToolCall("call_from_the_record", "tide", '{"place": "Skerry"}')  # a remote server's record names it
+    items.running(CallRunning(call, tide))
+    items.called(CallDone(call, tide, ToolOutcome("noon", False, False)))
+    [item] = items.output
+    assert (item["type"], item["status"], item["output"], item["arguments"]) == (
+        "mcp_call", "completed", "noon", '{"place": "Skerry"}')
+
+
+def test_the_model_is_told_a_denied_call_was_not_run_and_given_an_approved_calls_output(tmp_path_factory):
+    recorder = Recording(standin_model())
+    data_dir = tmp_path_factory.mktemp("responses-mcp-told")
+    own = Settings(data_dir=data_dir, models_dir=tmp_path_factory.mktemp("no-models"), default_model=MODEL)
+    register(own, data_dir, harbour=(HARBOUR, False))
+    try:
+        with Engine(own, backends={MODEL: recorder}) as engine, own_server(own, engine, data_dir) as url:
+            client = OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0, timeout=120)
+            for approve in (False, True):
+                first = client.responses.create(model=MODEL, input=ASK, tools=[harbour()], tool_choice=forced(),
+                                                max_output_tokens=200)
+                asked = first.output[1]
+                client.responses.create(model=MODEL, previous_response_id=first.id, tools=[harbour()],
+                                        max_output_tokens=4, input=[{"type": "mcp_approval_response",
+                                                                     "approve": approve,
+                                                                     "approval_request_id": asked.id}])
+                *_, call, told = recorder.asked[-1]
+                assert call.role == "assistant" and call.tool_calls[0].name == "tide"
+                assert told.role == "tool" and told.tool_call_id == call.tool_calls[0].id
+                place = json.loads(asked.arguments)["place"]
+                assert told.content == (f"High water at {place} is at noon." if approve else DENIED)
+    finally:
+        recorder.model.close()

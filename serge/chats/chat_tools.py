@@ -95,3 +95,18 @@ class ChatTools:
                         remember=remember, wait_s=self.approval_wait_s)
         loop.tool_log.extend(notes)
         return loop
+
+
+def knowledge_search(documents, owner: str, document_ids: Sequence[str]) -> Callable[[str, int], str] | None:
+    """`search_knowledge` for one reply, over these documents (the chat's files and its collections' files), with
+    the hybrid ranking replies' own retrieval uses; None when there is nothing to search."""
+    ids = list(dict.fromkeys(document_ids))
+    if documents is None or not ids:
+        return None
+
+    def search(query: str, limit: int = 5) -> str:
+        names = documents.store.names(owner, ids)
+        found = [f"[{names.get(r.hit.document_id, '?')}, page {r.hit.page}] {r.hit.text}"
+                 for r in documents.rank(owner, ids, query)[:max(1, min(limit, 10))]]
+        return "\n\n".join(found) or "nothing in the chat's files and collections matches"
+    return search

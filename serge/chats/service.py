@@ -24,7 +24,7 @@ from serge.chats.knowledge import Knowledge
 from serge.chats.presets import Presets
 from serge.chats.replies import Reply
 from serge.chats.tools import ToolLoop
-from serge.chats.chat_tools import ChatTools
+from serge.chats.chat_tools import ChatTools, knowledge_search
 from serge.chats.running import SharedReplies
 from serge.chats.transfer import ChatExport, export_json
 from serge.documents import MAX_FILES_PER_MESSAGE
@@ -384,8 +384,8 @@ class ChatService:
                                                   "Regenerate once that is fixed") from exc
         try:
             if self.tools is not None and chat.tools:
-                stream = self.tools.loop(owner, chat, model, history, caller,
-                                         self._searcher(owner, attached, collections))
+                search = knowledge_search(self.documents, owner, [*attached, *collections])
+                stream = self.tools.loop(owner, chat, model, history, caller, search)
             else:
                 stream = self.engine.chat(model, ChatRequest(history, SamplingParams(**settings)))
         except Exception as exc:
@@ -400,20 +400,4 @@ class ChatService:
         if self.shared is not None and self.shared.started(chat_id, placeholder.id):
             reply.cancel()  # a Stop reached another process before the reply had a message
         return reply
-
-    def _searcher(self, owner: str, attached: list[str], collections: dict[str, str]):
-        """`search_knowledge` for one reply: the chat's collections and files, or None when it has neither."""
-        if self.documents is None or not (attached or collections):
-            return None
-        documents = self.documents
-        ids = list(dict.fromkeys([*attached, *collections]))
-
-        def search(query: str, limit: int = 5) -> str:
-            names = documents.store.names(owner, ids)
-            found = []
-            for ranked in documents.rank(owner, ids, query)[:max(1, min(limit, 10))]:
-                hit = ranked.hit
-                found.append(f"[{names.get(hit.document_id, '?')}, page {hit.page}] {hit.text}")
-            return "\n\n".join(found) or "nothing in the chat's files and collections matches"
-        return search
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import re
+import threading
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
@@ -41,6 +42,7 @@ class ToolServers:
         self.timeout_s, self.concurrency, self.output_chars = timeout_s, concurrency, output_chars
         self._sessions: dict[str, ServerSession] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread: int | None = None
 
     @classmethod
     def of(cls, store: ToolServerStore, settings) -> ToolServers:
@@ -51,6 +53,7 @@ class ToolServers:
     async def start(self) -> None:
         """Bind to the running loop; servers start later, each on its first use."""
         self._loop = asyncio.get_running_loop()
+        self._loop_thread = threading.get_ident()
 
     async def close(self) -> None:
         """Stop every server Serge started (their processes too) and wait until they are gone."""
@@ -126,6 +129,9 @@ class ToolServers:
         if self._loop is None or self._loop.is_closed():
             coroutine.close()
             raise ToolServerError("the tool servers are not running")
+        if threading.get_ident() == self._loop_thread:  # waiting on it there would wait forever
+            coroutine.close()
+            raise RuntimeError("ToolServers.submit was called on its own event loop's thread; await the call")
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop)
 
 

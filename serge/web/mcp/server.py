@@ -130,5 +130,7 @@ class McpEndpoint:
 def install_mcp(app: FastAPI) -> McpEndpoint:
     """Route `/mcp` to the endpoint; the caller runs `endpoint.running()` in the app's lifespan."""
     endpoint = McpEndpoint()
-    app.router.add_route(PATH, endpoint, methods=["GET", "POST", "DELETE"], include_in_schema=False)
+    # POST only: stateless, there is no session to DELETE and nothing to push on a GET stream, which would only
+    # hold a connection open; MCP's spec has such a server answer 405, which clients expect.
+    app.router.add_route(PATH, endpoint, methods=["POST"], include_in_schema=False)
     return endpoint

@@ -71,8 +71,8 @@ response.output_text.delta..., response.output_text.done, response.content_part.
 (response.function_call_arguments.delta..., response.function_call_arguments.done) for a call,
 (response.mcp_list_tools.in_progress, response.mcp_list_tools.completed or .failed) for a listing,
 (response.mcp_call.in_progress, response.mcp_call_arguments.delta..., response.mcp_call_arguments.done,
-response.mcp_call.completed or .failed) for a call Serge runs, response.output_item.done; then response.completed or response.incomplete; `error` if generation fails on
-the way. Every event has a rising sequence_number."""
+response.mcp_call.completed or .failed) for a call Serge runs, response.output_item.done; then
+response.completed or response.incomplete; `error` if generation fails on the way. Every event has a rising sequence_number."""
 
 _STREAMED = {200: {"model": ResponseOut, "description": "A response, or its events when streamed.",
                    "content": {"text/event-stream": {"schema": {"type": "object", "required": ["event", "data"],
@@ -90,7 +90,7 @@ def _store(request: Request) -> StoredResponses:
 
 
 async def history_of(body: CreateResponse, request: Request, user: str) -> list[dict]:
-    """The items of the stored chain `previous_response_id` continues, oldest first (none without one)."""
+    """What a reply continuing `previous_response_id` comes after (chats.responses' rule); none without one."""
     if not body.previous_response_id:
         return []
     try:
@@ -102,7 +102,13 @@ async def history_of(body: CreateResponse, request: Request, user: str) -> list[
 
 async def _start(body: CreateResponse, request: Request, user: str) -> tuple[Stream, list[dict]]:
     """The stream of the reply, and this request's input items as they will be stored."""
-    history = await history_of(body, request, user)
+    history: list[dict] = []
+    if body.previous_response_id:
+        try:
+            history = await run_in_threadpool(_store(request).history, user, body.previous_response_id)
+        except ResponseNotFound as exc:
+            raise ApiError(404, f"previous_response_id: {exc}", code="previous_response_not_found",
+                           param="previous_response_id") from None
     items = await run_in_threadpool(body.input_items)  # its files and images are read off the event loop
     messages = await run_in_threadpool(conversation, body.instructions, history + items)
     if not any(m.role != "system" for m in messages):

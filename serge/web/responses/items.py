@@ -1,10 +1,11 @@
 """The input items of `/v1/responses` (OpenAI's Responses API), and how they become the engine's messages.
 
 An item is a message (parts `input_text`, `output_text`, `refusal`), a `function_call`,
-a `function_call_output`, an MCP item (`mcp_approval_response`, and `mcp_list_tools`, `mcp_call`,
-`mcp_approval_request` sent back: a call becomes the assistant's call and its result), or a `reasoning` item (a model's earlier thoughts, which
-clients such as the Agents SDK and Codex send back: accepted, and left out of the
-prompt, as thinking templates leave earlier thoughts out). Items are first written in
+a `function_call_output`, an MCP item (`mcp_approval_response`, and `mcp_list_tools`,
+`mcp_call`, `mcp_approval_request` sent back: a call becomes the assistant's call and its
+result), or a `reasoning` item (a model's earlier thoughts, which clients such as the Agents
+SDK and Codex send back: accepted, and left out of the prompt, as thinking templates leave
+earlier thoughts out). Items are first written in
 the one shape Serge stores and lists them in (`canonical`: ids, `status`, parts as
 OpenAI lists them), and a conversation is made from such items (`conversation`), so
 a stored chain and a new request become messages the same way. An item's own unknown
@@ -179,7 +180,8 @@ def _item_kind(data: Any) -> str:
 InputItem = Annotated[
     Annotated[MessageItem, Tag("message")] | Annotated[FunctionCallItem, Tag("function_call")]
     | Annotated[FunctionCallOutputItem, Tag("function_call_output")] | Annotated[ReasoningItem, Tag("reasoning")]
-    | Annotated[McpListToolsItem, Tag("mcp_list_tools")] | Annotated[McpApprovalRequestItem, Tag("mcp_approval_request")]
+    | Annotated[McpListToolsItem, Tag("mcp_list_tools")]
+    | Annotated[McpApprovalRequestItem, Tag("mcp_approval_request")]
     | Annotated[McpApprovalResponseItem, Tag("mcp_approval_response")] | Annotated[McpCallItem, Tag("mcp_call")],
     Discriminator(_item_kind, custom_error_type="invalid_item", custom_error_message=(
         "an input item is a message, function_call, function_call_output, reasoning, mcp_list_tools, "

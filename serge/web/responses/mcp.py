@@ -10,7 +10,7 @@ loop that runs the calls is `serge.chats.mcp_turn`'s.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field
 
@@ -48,9 +48,8 @@ class McpToolIn(StrictRequest):
     server_url: str | None = Field(None, max_length=2048, description=(
         "Optional; if given, it must be the registered server's URL (else a 400). Serge never connects to a URL "
         "a request names."))
-    allowed_tools: list[str] | McpFilter | None = Field(None, description="The server's tools the model is "
-                                                                          "offered: names, or a filter; all if "
-                                                                          "left out.")
+    allowed_tools: Annotated[list[str], Field(max_length=256)] | McpFilter | None = Field(None, description=(
+        "The server's tools the model is offered: names, or a filter; all if left out."))
     require_approval: Literal["always", "never"] | ApprovalFilter | None = Field(None, description=(
         "always (the default), never, or {always: filter, never: filter}: a call that needs approval ends the "
         "response with an mcp_approval_request item; answer it with an mcp_approval_response input item."))

@@ -34,6 +34,7 @@ class McpOutputItems(OutputItems):
         self.tools = tools
         self._mcp: dict[int, dict] = {}  # this pass's call index -> its mcp_call or approval item
         self._by_call: dict[str, dict] = {}  # the engine's call id -> its item
+        self._unnamed: list[dict] = []  # items of calls whose id the stream did not say, oldest first
 
     def next_pass(self) -> list[dict]:
         """A new generation pass: its calls are counted from 0 again."""
@@ -58,7 +59,7 @@ class McpOutputItems(OutputItems):
             item = self._mcp.get(piece.index)
             if item is None and piece.index not in self._calls and piece.name in self.tools:
                 events += self._close_message("completed") + self._close_thought("completed") + self._close_call()
-                item = self._open_mcp(piece.id or new_id("call"), piece.name)
+                item = self._open_mcp(piece.id, piece.name)
                 self._mcp[piece.index] = item
                 if item["type"] == "mcp_call":
                     index = self._index(item)
@@ -75,22 +76,35 @@ class McpOutputItems(OutputItems):
         rest = Delta(delta.text, delta.tokens, tuple(theirs), delta.reasoning, delta.choice)
         return events + (super().add(rest) if rest or not delta else [])
 
-    def _open_mcp(self, call_id: str, name: str) -> dict:
+    def _open_mcp(self, call_id: str | None, name: str) -> dict:
         tool = self.tools[name]
         if tool.needs_approval:
             item = {"type": "mcp_approval_request", "id": new_id("mcpr"), "server_label": tool.use.server,
                     "name": name, "arguments": ""}
         else:
-            item = {"type": "mcp_call", "id": call_id, "server_label": tool.use.server, "name": name,
-                    "arguments": "", "status": "in_progress", "output": None, "error": None,
+            item = {"type": "mcp_call", "id": call_id or new_id("mcp"), "server_label": tool.use.server,
+                    "name": name, "arguments": "", "status": "in_progress", "output": None, "error": None,
                     "approval_request_id": None}
         self.output.append(item)
-        self._by_call[call_id] = item
+        if call_id is not None:
+            self._by_call[call_id] = item
+        else:  # a remote model's server may leave a call's id out: the record names it, matched by order
+            self._unnamed.append(item)
         return item
+
+    def _item_of(self, call: ToolCall) -> dict | None:
+        """The item this pass opened for `call`, if any."""
+        if call.id not in self._by_call:
+            match = next((i for i in self._unnamed if i["name"] == call.name), None)
+            if match is None:
+                return None
+            self._unnamed.remove(match)
+            self._by_call[call.id] = match
+        return self._by_call[call.id]
 
     def running(self, event: CallRunning) -> list[dict]:
         """A call about to run: its arguments are whole now (or, approved in this request, its item opens)."""
-        item = self._by_call.get(event.call.id)
+        item = self._item_of(event.call)
         if item is None:  # approved in this request: the call was asked for in an earlier response
             item = {"type": "mcp_call", "id": new_id("mcp"), "server_label": event.tool.use.server,
                     "name": event.call.name, "arguments": event.call.arguments, "status": "in_progress",
@@ -106,7 +120,7 @@ class McpOutputItems(OutputItems):
                  "output_index": self._index(item), "arguments": item["arguments"]}]
 
     def called(self, event: CallDone) -> list[dict]:
-        item = self._by_call[event.call.id]
+        item = self._item_of(event.call)
         outcome = event.outcome
         if outcome.is_error:
             item["status"], item["error"] = "failed", {"type": "mcp_tool_execution_error",
@@ -118,7 +132,7 @@ class McpOutputItems(OutputItems):
                 {"type": "response.output_item.done", "output_index": index, "item": item}]
 
     def asked(self, call: ToolCall) -> list[dict]:
-        item = self._by_call[call.id]
+        item = self._item_of(call)
         item["arguments"] = call.arguments or item["arguments"]
         index = self._index(item)
         return [{"type": "response.output_item.added", "output_index": index, "item": item},
