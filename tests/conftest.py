@@ -189,19 +189,19 @@ def both_engines(request, engines):
     return engines(request.param)
 
 
-def load_options(engine: Engine, **limits) -> LlamaOptions:
-    """What `engine` loads models with, with other scheduler limits."""
+def load_options(engine: Engine, llama: dict | None = None, **limits) -> LlamaOptions:
+    """What `engine` loads models with, with other scheduler limits (and other llama.cpp options: `llama`)."""
     s = engine.settings
-    return LlamaOptions(engine.plan, s.torch_threads, s.context_window,
-                        SchedulerLimits.from_settings(s).__class__(**{**vars(SchedulerLimits.from_settings(s)), **limits}),
-                        engine.metrics, memory_bytes=engine._budget().memory_bytes, kv_cache_mb=s.llama_kv_cache_mb,
-                        gpu_layers=s.gpu_layers, kv_type=s.llama_kv_type)
+    limits = SchedulerLimits.from_settings(s).__class__(**{**vars(SchedulerLimits.from_settings(s)), **limits})
+    own = {"kv_cache_mb": s.llama_kv_cache_mb, "gpu_layers": s.gpu_layers, "kv_type": s.llama_kv_type, **(llama or {})}
+    return LlamaOptions(engine.plan, s.torch_threads, s.context_window, limits, engine.metrics,
+                        memory_bytes=engine._budget().memory_bytes, **own)
 
 
-def registry_for(engine: Engine, kind: str | None = None, **limits) -> ModelRegistry:
+def registry_for(engine: Engine, kind: str | None = None, llama: dict | None = None, **limits) -> ModelRegistry:
     """A second registry beside `engine`'s, loading with the same options (and engine kind)."""
     kind = kind or engine.model(MODEL).engine
-    return ModelRegistry(ModelLibrary(engine.settings.models_path), load_options(engine, **limits), kind)
+    return ModelRegistry(ModelLibrary(engine.settings.models_path), load_options(engine, llama, **limits), kind)
 
 
 SMALL_WINDOW = 512  # tokens: a chat of a few dozen messages no longer fits

@@ -96,8 +96,7 @@ def test_a_cached_conversation_that_cannot_come_back_fails_that_reply_alone(llam
 
 
 def test_a_kv_cache_too_small_for_every_reply_means_fewer_at_once_and_the_rest_wait_their_turn(llama):
-    registry = registry_for(llama, "llama.cpp")
-    registry.options = registry.options.__class__(**{**vars(registry.options), "kv_cache_mb": 16})  # ~700 cells
+    registry = registry_for(llama, "llama.cpp", llama={"kv_cache_mb": 16})  # ~700 cells
     try:
         small = registry.get(MODEL)
         forward = small.scheduler.forward
@@ -148,8 +147,7 @@ def test_the_loaded_kv_cache_has_the_layout_and_type_the_estimate_counted(llama,
 
 @pytest.mark.parametrize("kv, cells, per_token", [("f16", 728, 23_040), ("q8_0", 1370, 12_240)])
 def test_each_kv_type_is_made_in_that_type_within_its_megabytes(llama, kv, cells, per_token):
-    registry = registry_for(llama, "llama.cpp")
-    registry.options = registry.options.__class__(**{**vars(registry.options), "kv_type": kv, "kv_cache_mb": 16})
+    registry = registry_for(llama, "llama.cpp", llama={"kv_type": kv, "kv_cache_mb": 16})
     try:
         model = registry.get(MODEL)
         assert model.submit(ChatRequest(QUESTION, SamplingParams(temperature=0, max_new_tokens=12, ignore_eos=True))).text()
