@@ -98,18 +98,18 @@ class Engine:
             return backend
 
     @contextmanager
-    def _backend(self, name: str | None, kind: str = "chat", user: str | None = None) -> Iterator[Backend]:
+    def _backend(self, name: str | None, kind: str = "chat", party: str | None = None) -> Iterator[Backend]:
         """A backend of `kind`, not unloaded while the caller holds it (see `_open`)."""
-        backend, let_go = self._open(name, kind, user)
+        backend, let_go = self._open(name, kind, party)
         try:
             yield backend
         finally:
             let_go()
 
-    def _reply(self, name: str | None, user: str, start: Callable[[Backend], Stream]) -> Stream:
+    def _reply(self, name: str | None, party: str, start: Callable[[Backend], Stream]) -> Stream:
         """The stream `start` begins on the chat model `name`, which holds its lease until the reply has
         finished: a model is idle exactly when its last lease ends."""
-        backend, let_go = self._open(name, "chat", user)
+        backend, let_go = self._open(name, "chat", party)
         try:
             stream = start(backend)
         except BaseException:
@@ -119,9 +119,9 @@ class Engine:
         stream.model = backend.name
         return stream
 
-    def _open(self, name: str | None, kind: str, user: str | None) -> tuple[Backend, Callable[[], None]]:
+    def _open(self, name: str | None, kind: str, party: str | None) -> tuple[Backend, Callable[[], None]]:
         """The one place a name becomes a backend of `kind`: a fixed one, or the library's, loaded and leased
-        (not unloaded until the returned function is called) by the registry, which counts `user` as using it
+        (not unloaded until the returned function is called) by the registry, which counts `party` as using it
         (None: not counted). InvalidRequest for a model of another kind."""
         name = name or (self.default_model if kind == "chat" else self.settings.default_embedding_model)
         if (fixed := self._fixed.get(name)) is not None:
@@ -136,7 +136,7 @@ class Engine:
             has = loaded.kind
         if has != kind:
             raise self._wrong_kind(name, has, kind)
-        return self._registry.hold(name, user)
+        return self._registry.hold(name, party)
 
     def _wrong_kind(self, name: str, has: str, wanted: str) -> InvalidRequest:
         able = [m.name for m in self.models() if m.kind == wanted]
@@ -197,23 +197,23 @@ class Engine:
         if images := sum(len(m.images) for m in request.messages):
             self._check_sees(model, images)
         request = replace(request, party=party_of(request.party))  # slots are shared fairly between parties
-        return self._reply(model, request.user or "", lambda backend: backend.submit(request))
+        return self._reply(model, request.party, lambda backend: backend.submit(request))
 
     def complete(self, model: str | None, prompt: str, params: SamplingParams | None = None,
-                 suffix: str | None = None, n: int = 1, user: str | None = None, party: str | None = None) -> Stream:
+                 suffix: str | None = None, n: int = 1, party: str | None = None) -> Stream:
         """Continue raw text (no chat template), in `n` choices as `chat` gives them; `suffix`: fill in the
-        middle, for models with FIM tokens. `user`: who asks, as `ChatRequest.user`; `party`: whose share of
-        the slots it takes (None: `party.current()`), as in `chat`."""
-        return self._reply(model, user or "",
-                           lambda backend: backend.complete(prompt, params, suffix, n, party=party_of(party)))
+        middle, for models with FIM tokens. `party`: who asks (None: `party.current()`), as in `chat`."""
+        party = party_of(party)
+        return self._reply(model, party, lambda backend: backend.complete(prompt, params, suffix, n, party=party))
 
     def embed(self, model: str | None, texts: list[str] | list[list[int]], dimensions: int | None = None,
-              user: str | None = None, party: str | None = None) -> Embeddings:
+              party: str | None = None) -> Embeddings:
         """One vector per text (or list of token ids), from an embedding model (the default one for None). A
         model's batches are taken in turns between parties (`party`, None: `party.current()`), so a large
         request does not hold back another party's small one."""
-        with self._backend(model, "embedding", user or "") as backend:
-            return backend.embed(texts, dimensions, party=party_of(party))
+        party = party_of(party)
+        with self._backend(model, "embedding", party) as backend:
+            return backend.embed(texts, dimensions, party=party)
 
     def count_tokens(self, model: str | None, messages: Sequence[Message], tools: Tools | None = None) -> int:
         """The tokens a reply to `messages` would be prompted with."""
@@ -255,13 +255,13 @@ class Engine:
             return False
         return self._registry.unload(self._library.find(name).name)
 
-    def unload_when_idle(self, name: str, user: str, admin: bool) -> bool:
+    def unload_when_idle(self, name: str, party: str, admin: bool) -> bool:
         """Unload a local model once its replies have ended (Ollama's keep_alive 0): any model for an admin; for a
-        plain user only one no one else has used lately (`registry.RECENT_S`), so one user cannot unload a model
-        others are using. False when it was not theirs to unload or is not a local model; ModelNotFound."""
+        plain user only one no other party has used lately (`registry.RECENT_S`), so one user cannot unload a
+        model others are using. False when it was not theirs to unload or is not a local model; ModelNotFound."""
         if name in self._fixed:
             return False
-        return self._registry.unload_when_idle(self._library.find(name).name, user, admin)
+        return self._registry.unload_when_idle(self._library.find(name).name, party, admin)
 
     def remove(self, name: str) -> None:
         """Unload (if idle) and delete an installed model; ModelInUse while it answers, ModelNotFound if absent."""

@@ -26,5 +26,4 @@ class ChatRequest:
     n: int = 1  # choices, sharing one prefill and decoded in one batch
     cap: bool = False  # max_new_tokens capped to what the window leaves after the prompt, never refused
     window: int | None = None  # the reply gets at most what this many tokens leave after the prompt (num_ctx)
-    user: str | None = None  # who asks (an opaque id; None: not said): the registry counts who uses a model
     party: str | None = None  # who asks (opaque), for a fair share of the slots; None: `party.current()`'s

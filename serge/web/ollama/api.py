@@ -26,7 +26,8 @@ from serge.engine import (ChatRequest, Engine, FinishReason, GenerationRecord, M
                           TokenLogprob)
 from serge.chats import Presets
 from serge.store import PresetRecord
-from serge.web.http.auth import current_user, owner
+from serge.engine.party import of as party_of
+from serge.web.http.auth import current_user
 from serge.web.http.dialects import cancel_on_disconnect, stream_response
 from serge.web.http.errors import ApiError
 from serge.web.ollama.library import router as library_router
@@ -61,11 +62,11 @@ def _record(name: str) -> dict:
 def _unload_when_idle(request: Request, name: str) -> asyncio.Future:
     """keep_alive 0: ask the engine to unload `name` once its replies are done (a plain user's ask is refused
     where others use the model: `Engine.unload_when_idle`); the unload runs on a thread of its own."""
-    user = current_user(request)
+    admin, party = current_user(request).admin, party_of(None)  # the request's party, set by web.http.auth
 
     def unload() -> None:
         try:
-            _engine(request).unload_when_idle(name, user.id, user.admin)
+            _engine(request).unload_when_idle(name, party, admin)
         except ModelNotFound:  # removed meanwhile
             pass
 
@@ -221,8 +222,7 @@ async def chat(body: OllamaChatRequest, request: Request):
     params, num_ctx = body.sampling()
     response_format = body.response_format()
     ask = ChatRequest(messages, params, tools, response_format, trim=body.truncate is not False,
-                      think=None if body.think is None else body.think is not False, cap=True, window=num_ctx,
-                      user=owner(request))
+                      think=None if body.think is None else body.think is not False, cap=True, window=num_ctx)
     ask = await run_in_threadpool(_preset_ask, request, preset, ask)
     stream = await run_in_threadpool(engine.chat, name, ask)
     return await _answer(request, stream, chat=True, streamed=body.streamed, logprobs=bool(body.logprobs),
@@ -253,12 +253,10 @@ async def generate(body: OllamaGenerateRequest, request: Request):
         if num_ctx is not None:
             log.debug("Ollama /api/generate: num_ctx has no effect on a raw prompt")
         params = params if preset is None else request.app.state.presets.sampling(preset, params)
-        stream = await run_in_threadpool(engine.complete, name, body.prompt or "", params, body.suffix,
-                                         user=owner(request))
+        stream = await run_in_threadpool(engine.complete, name, body.prompt or "", params, body.suffix)
     else:
         messages = await run_in_threadpool(body.conversation)
-        ask = ChatRequest(messages, params, response_format=response_format, cap=True, window=num_ctx,
-                          user=owner(request))
+        ask = ChatRequest(messages, params, response_format=response_format, cap=True, window=num_ctx)
         ask = await run_in_threadpool(_preset_ask, request, preset, ask)
         stream = await run_in_threadpool(engine.chat, name, ask)
     return await _answer(request, stream, chat=False, streamed=body.streamed, logprobs=bool(body.logprobs),
@@ -276,7 +274,7 @@ def _texts(texts: list[str]) -> list[str]:
 async def _embed(request: Request, model: str | None, texts: list[str], dimensions: int | None = None):
     engine = _engine(request)
     name = library_name(engine, model or engine.settings.default_embedding_model)
-    result = await run_in_threadpool(engine.embed, name, texts, dimensions, owner(request))
+    result = await run_in_threadpool(engine.embed, name, texts, dimensions)
     note_embedding(request, result.model, result.prompt_tokens)
     return result
 
