@@ -200,3 +200,35 @@ def test_migration_0009_keeps_chats_and_messages_both_ways(database):
     again = chats.get_chat("me", chat.id)
     assert again.title == "kept" and [m.content for m in again.messages] == ["hello"] and again.tools == ()
     assert ToolServerStore(database).list() == []
+
+
+def test_closing_the_tool_servers_or_removing_one_ends_its_process_at_once(tmp_path):
+    import os
+
+    from serge.store import Database, ToolServerStore
+    from serge.tools import ToolServers
+
+    db = Database(f"sqlite:///{tmp_path / 'serge.db'}")
+    db.migrate()
+    servers = ToolServers(ToolServerStore(db))
+    servers.register("one", command=script("one", "pid"))
+    servers.register("two", command=script("two", "pid"))
+
+    def alive(pid: int) -> bool:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+
+    async def use():
+        await servers.start()
+        one = int((await servers.call("one", "pid", {})).text)
+        two = int((await servers.call("two", "pid", {})).text)
+        assert alive(one) and alive(two)
+        await servers.unregister("one")
+        assert not alive(one) and alive(two)  # while the loop still runs: no help from its teardown
+        await servers.close()
+        assert not alive(two)
+    asyncio.run(use())
+    db.close()
