@@ -256,3 +256,27 @@ def test_a_server_that_speaks_only_sse_is_reached_over_sse(tmp_path):
     db.close()
     assert names == ["control", "echo"] and echoed.text == "echo: over sse" and not echoed.is_error
     assert any(h.get("x-key") == "k" for h in old.headers)
+
+
+def test_a_server_runs_at_most_its_concurrency_in_calls_at_once(tmp_path):
+    from serge.store import Database, ToolServerStore
+    from serge.tools import ToolServers
+
+    db = Database(f"sqlite:///{tmp_path / 'serge.db'}")
+    db.migrate()
+
+    async def three_naps(concurrency: int) -> float:
+        servers = ToolServers(ToolServerStore(db), timeout_s=30, concurrency=concurrency)
+        await servers.start()
+        try:
+            await servers.tools("napper")  # started before the clock runs
+            started = time.monotonic()
+            done = await asyncio.gather(*(servers.call("napper", "nap", {"seconds": 1}) for _ in range(3)))
+            assert [d.text for d in done] == ["rested"] * 3
+            return time.monotonic() - started
+        finally:
+            await servers.close()
+    ToolServers(ToolServerStore(db)).register("napper", command=script("napper", "nap"))
+    assert asyncio.run(three_naps(1)) >= 3.0  # one at a time
+    assert asyncio.run(three_naps(3)) < 2.5  # together
+    db.close()
