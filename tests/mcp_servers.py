@@ -38,6 +38,12 @@ def build(name: str = "faults", only: set[str] | None = None) -> MCPServer:
         return "late"
 
     @app.tool(annotations=READ_ONLY)
+    async def nap(seconds: float) -> str:
+        """Sleeps, then says so."""
+        await anyio.sleep(min(seconds, 10))
+        return "rested"
+
+    @app.tool(annotations=READ_ONLY)
     def crash() -> str:
         """Kills its own server process."""
         os._exit(3)

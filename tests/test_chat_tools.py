@@ -171,6 +171,19 @@ def test_a_stop_during_a_call_stops_the_call(client):
     assert calls[-1]["state"] == "stopped" and reply["status"] == "stopped"
 
 
+def test_a_stop_while_a_call_waits_for_approval_ends_the_reply_and_nothing_runs(client, folder):
+    notes = folder / "notes.txt"
+    before = notes.read_text() if notes.exists() else ""
+    chat = chat_with(client, ["notes"])
+
+    def stop(call):
+        if call["state"] == "waiting":
+            assert client.post(f"/api/chats/{chat}/stop").status_code == 200
+    calls, reply = ask(client, chat, on_tool=stop)
+    assert [c["state"] for c in calls] == ["waiting", "stopped"] and reply["status"] == "stopped"
+    assert (notes.read_text() if notes.exists() else "") == before
+
+
 def test_calls_and_results_are_exported_and_imported(client):
     chat = chat_with(client, ["echo"])
     _, reply = ask(client, chat)

@@ -100,10 +100,11 @@ def test_the_admin_page_lists_adds_and_removes_servers_and_never_shows_a_header_
 class HttpMcp:
     """The SDK's MCP server over streamable HTTP on 127.0.0.1, in a thread; it records the headers it got."""
 
-    def __init__(self):
+    def __init__(self, sse: bool = False):
         self.port = free_port()
         self.headers: list[dict] = []
-        app = build("remote", {"echo", "control"}).streamable_http_app()
+        server = build("remote", {"echo", "control"})
+        app = server.sse_app() if sse else server.streamable_http_app()
 
         async def recording(scope, receive, send):
             if scope["type"] == "http":
@@ -200,3 +201,82 @@ def test_migration_0009_keeps_chats_and_messages_both_ways(database):
     again = chats.get_chat("me", chat.id)
     assert again.title == "kept" and [m.content for m in again.messages] == ["hello"] and again.tools == ()
     assert ToolServerStore(database).list() == []
+
+
+def test_closing_the_tool_servers_or_removing_one_ends_its_process_at_once(tmp_path):
+    import os
+
+    from serge.store import Database, ToolServerStore
+    from serge.tools import ToolServers
+
+    db = Database(f"sqlite:///{tmp_path / 'serge.db'}")
+    db.migrate()
+    servers = ToolServers(ToolServerStore(db))
+    servers.register("one", command=script("one", "pid"))
+    servers.register("two", command=script("two", "pid"))
+
+    def alive(pid: int) -> bool:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+
+    async def use():
+        await servers.start()
+        one = int((await servers.call("one", "pid", {})).text)
+        two = int((await servers.call("two", "pid", {})).text)
+        assert alive(one) and alive(two)
+        await servers.unregister("one")
+        assert not alive(one) and alive(two)  # while the loop still runs: no help from its teardown
+        await servers.close()
+        assert not alive(two)
+    asyncio.run(use())
+    db.close()
+
+
+def test_a_server_that_speaks_only_sse_is_reached_over_sse(tmp_path):
+    from serge.store import Database, ToolServerStore
+    from serge.tools import ToolServers
+
+    db = Database(f"sqlite:///{tmp_path / 'serge.db'}")
+    db.migrate()
+    servers = ToolServers(ToolServerStore(db), timeout_s=30)
+
+    async def use(port: int):
+        servers.register("old", url=f"http://127.0.0.1:{port}/sse", headers={"X-Key": "k"})
+        await servers.start()
+        try:
+            names = sorted(t.name for t in await servers.tools("old"))
+            return names, await servers.call("old", "echo", {"text": "over sse"})
+        finally:
+            await servers.close()
+    with HttpMcp(sse=True) as old:
+        names, echoed = asyncio.run(use(old.port))
+    db.close()
+    assert names == ["control", "echo"] and echoed.text == "echo: over sse" and not echoed.is_error
+    assert any(h.get("x-key") == "k" for h in old.headers)
+
+
+def test_a_server_runs_at_most_its_concurrency_in_calls_at_once(tmp_path):
+    from serge.store import Database, ToolServerStore
+    from serge.tools import ToolServers
+
+    db = Database(f"sqlite:///{tmp_path / 'serge.db'}")
+    db.migrate()
+
+    async def three_naps(concurrency: int) -> float:
+        servers = ToolServers(ToolServerStore(db), timeout_s=30, concurrency=concurrency)
+        await servers.start()
+        try:
+            await servers.tools("napper")  # started before the clock runs
+            started = time.monotonic()
+            done = await asyncio.gather(*(servers.call("napper", "nap", {"seconds": 1}) for _ in range(3)))
+            assert [d.text for d in done] == ["rested"] * 3
+            return time.monotonic() - started
+        finally:
+            await servers.close()
+    ToolServers(ToolServerStore(db)).register("napper", command=script("napper", "nap"))
+    assert asyncio.run(three_naps(1)) >= 3.0  # one at a time
+    assert asyncio.run(three_naps(3)) < 2.5  # together
+    db.close()

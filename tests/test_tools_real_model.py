@@ -24,3 +24,5 @@ def test_the_real_model_calls_the_clock_and_answers_with_its_result(settings, en
     assert finished[0]["tool"] in ("get_current_time", "convert_time")
     assert reply["status"] in ("complete", "length") and reply["content"]
     assert reply["tool_calls"] == finished
+    asked = [(c["tool"], c["arguments"]) for c in finished]
+    assert len(asked) == len(set(asked)), "a call the model made already is not run again: it answers instead"

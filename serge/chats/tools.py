@@ -7,7 +7,8 @@ model calls one, the call is shown as it happens (a `ToolDelta`, folded into the
 the page); a tool that is not read-only waits for the user's Allow or Deny unless the chat
 always allows it; it runs through `serge.tools.ToolServers` (or Serge's own knowledge
 search), and its result goes back to the model as a tool message: text, which the engine
-never reads as control tokens. Once the calls are spent the model answers without tools.
+never reads as control tokens. Once the calls are spent, or when the model (not forced to) asks for
+a call it made already, it answers without tools.
 It runs on the reply's thread; a Stop ends the generation, the wait and the call in flight.
 It does not decide which tools a chat may use (the chat service does) nor run MCP sessions.
 """
@@ -49,6 +50,15 @@ def function_names(specs: Sequence[ToolSpec]) -> dict[str, ToolSpec]:
     return named
 
 
+def _key(call) -> tuple[str, str]:
+    """A call's name and arguments, the arguments' JSON read and written back (spacing and order aside)."""
+    try:
+        arguments = json.dumps(json.loads(call.arguments or "{}"), sort_keys=True)
+    except ValueError:
+        arguments = call.arguments
+    return call.name, arguments
+
+
 class ToolLoop:
     def __init__(self, engine: Engine, model: str, messages: Sequence[Message], params: SamplingParams,
                  offered: dict[str, ToolSpec], run: Callable[[ToolSpec, dict], concurrent.futures.Future], *,
@@ -60,6 +70,8 @@ class ToolLoop:
         self._always, self._remember, self._wait_s = set(always), remember, wait_s
         self.tool_log: list[dict] = []  # each call, as stored with the message
         self._made = 0  # calls made so far
+        self._asked: set[tuple[str, str]] = set()  # (name, arguments) of the calls made, to catch a repeat
+        self._forced = False  # the step running must call a tool
         self._records: list[GenerationRecord] = []
         self._cancelled = threading.Event()
         self._done = threading.Event()
@@ -135,6 +147,12 @@ class ToolLoop:
                 calls = record.tool_calls[:max(0, self._steps - self._made)]
                 if self._cancelled.is_set() or not calls:
                     return
+                if not self._forced and all(_key(c) in self._asked for c in calls):
+                    # it asks again what it was just told (a small model's loop): it answers with that instead
+                    self._made = self._steps
+                    self._current = self._generate()
+                    continue
+                self._asked.update(_key(c) for c in calls)
                 self._messages.append(Message("assistant", record.text, tool_calls=tuple(calls)))
                 for call in calls:
                     yield from self._call(call)
@@ -146,9 +164,10 @@ class ToolLoop:
 
     def _generate(self):
         left = self._steps - self._made
-        tools = None
+        tools, self._forced = None, False
         if self._offered and left > 0:
             must = self._choice == "always" or (self._choice == "first" and not self._made)
+            self._forced = must
             tools = Tools(tuple(Tool(name, spec.description[:4000], json.dumps(spec.input_schema))
                                 for name, spec in self._offered.items()),
                           "required" if must else "auto", parallel=False)
