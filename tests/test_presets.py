@@ -285,3 +285,9 @@ def test_presets_come_between_the_chat_models_and_the_embedding_models_one_per_n
     assert presets.apply("bob", "writer", ChatRequest([Message("user", "Hi")])).preset.owner == "bob"
     assert presets.apply("carol", "writer", ChatRequest([Message("user", "Hi")])).preset.owner is None
     database.close()
+
+
+def test_ollama_shows_a_preset_as_a_modelfile_from_its_base(site, harbour):
+    shown = ollama_client(site, "bob").show("harbourbot")
+    assert shown.modelfile.startswith(f"FROM {NAME}:latest\nSYSTEM \"\"\"{PROMPT}\"\"\"\n")
+    assert "PARAMETER temperature" in shown.modelfile and shown.details.parent_model == f"{NAME}:latest"
