@@ -20,6 +20,7 @@ from test_chat_documents import EMBEDDER, QUESTION, documents_engine, recorder  
 from test_chats_api import send, wait_for
 
 import documents as files
+from serge.engine import ChatRequest, Message
 
 PROMPT = "You are Harbourbot. Answer in the voice of a ferry captain."
 
@@ -260,3 +261,33 @@ def test_a_chat_exported_carries_its_preset_and_an_import_makes_it_the_importers
     # a second import finds it already there: no second preset
     assert bob.post("/api/chats/import", json=exported).status_code == 201
     assert [p["name"] for p in bob.get("/api/presets").json()["data"]].count("alices-voice") == 1
+
+
+def test_presets_come_between_the_chat_models_and_the_embedding_models_one_per_name(engine, tmp_path):
+    from dataclasses import replace
+
+    from serge.chats import Presets
+    from serge.store import Database, PresetStore
+
+    _, running = engine
+    database = Database(f"sqlite:///{tmp_path / 'serge.db'}")
+    database.migrate()
+    presets = Presets(PresetStore(database), running)
+    presets.create("bob", False, name="writer", model=NAME)  # bob's own, before everyone's of that name
+    presets.create("alice", True, name="writer", model=NAME, shared=True)
+    presets.create("alice", True, name="editor", model=NAME, shared=True)
+    chat = running.info(NAME)
+    models = [chat, replace(chat, name="second-chat"), replace(chat, name="embedder", kind="embedding")]
+    listed = presets.among("bob", models)
+    assert [getattr(m, "name", None) or m.preset.name for m in listed] == [
+        NAME, "second-chat", "editor", "writer", "embedder"]
+    assert listed[3].preset.owner == "bob"  # his own over everyone's of that name
+    assert presets.apply("bob", "writer", ChatRequest([Message("user", "Hi")])).preset.owner == "bob"
+    assert presets.apply("carol", "writer", ChatRequest([Message("user", "Hi")])).preset.owner is None
+    database.close()
+
+
+def test_ollama_shows_a_preset_as_a_modelfile_from_its_base(site, harbour):
+    shown = ollama_client(site, "bob").show("harbourbot")
+    assert shown.modelfile.startswith(f"FROM {NAME}:latest\nSYSTEM \"\"\"{PROMPT}\"\"\"\n")
+    assert "PARAMETER temperature" in shown.modelfile and shown.details.parent_model == f"{NAME}:latest"

@@ -63,3 +63,7 @@ def test_a_users_own_preset_is_theirs_and_named_with_user(serge):
     assert json.loads(serge("presets", "show", "notes").stdout)["author"] == "alice"  # the first admin
     assert serge("presets", "rm", "notes", "--user", "bob").returncode == 0
     assert serge("presets", "show", "notes", "--user", "bob").returncode == 2
+    # a user removed takes their own presets along; those for everyone stay
+    assert serge("presets", "add", "scratch", "--model", MODEL, "--user", "bob", "--own").returncode == 0
+    assert serge("users", "rm", "bob").returncode == 0
+    assert [line.split()[:3] for line in serge("presets", "list").stdout.splitlines()] == [["notes", "for", "everyone"]]

@@ -16,7 +16,8 @@ from sqlalchemy.exc import IntegrityError
 
 from serge.store.chats import new_id
 from serge.store.db import Database
-from serge.store.tables import ApiKey, Chat, Collection, Document, DocumentChunk, LoginSession, Message, User, now
+from serge.store.tables import (ApiKey, Chat, Collection, Document, DocumentChunk, LoginSession, Message, Preset, User,
+                               now)
 
 LOCAL_OWNER = "local"  # owner of the chats made while Serge had no accounts
 KEY_TOUCH_EVERY = timedelta(minutes=1)  # last_used_at is written at most this often per key
@@ -127,7 +128,8 @@ class AccountStore:
             return revoked.rowcount or 0
 
     def remove_user(self, name: str) -> int:
-        """Remove a user with their chats, collections, keys and sessions; the number of chats removed."""
+        """Remove a user with their chats, collections, own presets, keys and sessions; the number of chats
+        removed."""
         with self.db.session() as session, session.begin():
             row = self._user(session, name)
             if row.admin and session.scalar(select(func.count()).select_from(User).where(User.admin)) == 1 \
@@ -142,6 +144,7 @@ class AccountStore:
             session.execute(delete(DocumentChunk).where(DocumentChunk.document_id.in_(documents)))
             session.execute(delete(Document).where(Document.owner == row.id))
             session.execute(delete(Collection).where(Collection.owner == row.id))
+            session.execute(delete(Preset).where(Preset.owner == row.id))  # their own; those for everyone stay
             session.execute(delete(Chat).where(Chat.owner == row.id))
             session.execute(delete(ApiKey).where(ApiKey.user_id == row.id))
             session.execute(delete(LoginSession).where(LoginSession.user_id == row.id))

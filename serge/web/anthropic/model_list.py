@@ -14,7 +14,8 @@ def anthropic_model(m: ModelInfo | PresetView) -> dict:
     """A model (`ModelInfo`) or preset (`PresetView`) as Anthropic's Models API describes one."""
     if isinstance(m, PresetView):
         preset = m.preset
-        created, name, shown = preset.created_at, preset.name, f"{preset.name} (preset of {preset.model}{'' if m.state == 'ready' else ', not installed'})"
+        missing = "" if m.state == "ready" else ", not installed"
+        created, name, shown = preset.created_at, preset.name, f"{preset.name} (preset of {preset.model}{missing})"
     else:
         created, name, shown = datetime.fromtimestamp(m.created, UTC), m.name, m.name
     return {"type": "model", "id": name, "display_name": shown,

@@ -24,6 +24,7 @@ from starlette.concurrency import run_in_threadpool
 
 from serge.engine import OLLAMA_OPTIONS, Engine, ModelInfo, ModelNotFound, PullStatus, SamplingParams, params_text
 from serge.chats import PresetView
+from serge.store import PresetRecord
 from serge.web.http.auth import current_user
 from serge.web.http.errors import ApiError
 from serge.web.api.models import require_admin
@@ -155,7 +156,8 @@ def _preset_listed(engine: Engine, view: PresetView) -> dict:
     p, base = view.preset, engine.info(view.preset.model)
     name = ollama_name(p.name)
     return {"name": name, "model": name, "modified_at": p.updated_at.isoformat().replace("+00:00", "Z"),
-            "size": base.size_bytes or 0, "digest": hashlib.sha256(f"preset\n{p.id}\n{p.updated_at}".encode()).hexdigest(),
+            "size": base.size_bytes or 0,
+            "digest": hashlib.sha256(f"preset\n{p.id}\n{p.updated_at}".encode()).hexdigest(),
             "details": details(base).model_copy(update={"parent_model": ollama_name(base.name)})}
 
 
@@ -164,6 +166,9 @@ def _preset_listed(engine: Engine, view: PresetView) -> dict:
 async def show(body: OllamaModelRequest, request: Request):
     engine = _engine(request)
     body.ignored("/api/show")
+    presets = request.app.state.presets
+    if (preset := await run_in_threadpool(presets.find, current_user(request).id, body.named)) is not None:
+        return _show_preset(engine.info(presets.base_model(preset)), preset)
     m = engine.info(await run_in_threadpool(library_name, engine, body.named))
     family = _family(m) or "general"
     info: dict = {"general.architecture": family}
@@ -177,6 +182,18 @@ async def show(body: OllamaModelRequest, request: Request):
             "model_info": info,
             "capabilities": ["embedding"] if m.kind == "embedding" else ["completion", "tools"] + ["vision"] * m.vision,
             "modified_at": _modified(m)}
+
+
+def _show_preset(m: ModelInfo, preset: PresetRecord) -> dict:
+    """A preset as Ollama shows a model made by a Modelfile: FROM its base, its SYSTEM and PARAMETERs."""
+    settings = SamplingParams(**preset.settings)
+    system = f'SYSTEM """{preset.system_prompt}"""\n' if preset.system_prompt else ""
+    lines = "".join(f"PARAMETER {line}\n" for line in parameters(settings).splitlines())
+    base = ollama_name(m.name)
+    return {"modelfile": f"FROM {base}\n{system}{lines}", "parameters": parameters(settings.over(m.defaults)),
+            "template": "", "license": "", "details": details(m).model_copy(update={"parent_model": base}),
+            "model_info": {}, "capabilities": ["completion", "tools"] + ["vision"] * m.vision,
+            "modified_at": preset.updated_at.isoformat().replace("+00:00", "Z")}
 
 
 @router.get("/api/ps", response_model=OllamaPs, summary="Ollama: the models loaded now", responses=ERRORS_DOC)
