@@ -255,3 +255,12 @@ def test_search_knowledge_is_a_tool_over_the_chats_files(client):
     assert calls[-1]["server"] == "serge" and calls[-1]["tool"] == "search_knowledge"
     assert calls[-1]["state"] == "done" and calls[-1]["result"], calls
     assert done["status"] == "complete"
+
+
+def test_a_presets_servers_are_offered_in_a_chat_on_it_that_ticks_none(client):
+    from standin import NAME
+
+    made = client.post("/api/presets", json={"name": "echo-bot", "model": NAME, "tools": ["echo"]})
+    assert made.status_code == 201, made.text
+    calls, reply = ask(client, chat_with(client, [], model="echo-bot"))
+    assert calls and calls[-1]["server"] == "echo" and calls[-1]["result"].startswith("echo: "), reply

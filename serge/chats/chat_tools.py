@@ -68,7 +68,9 @@ class ChatTools:
         return specs, notes
 
     def loop(self, owner: str, chat: ChatRecord, model: str, history: list[Message], user,
-             search: Callable | None) -> ToolLoop:
+             search: Callable | None, settings: dict | None = None) -> ToolLoop:
+        """The reply's tool loop over the chat's ticked servers; `settings`: its sampling (the chat's by
+        default; a preset's under the chat's own where the chat names one)."""
         specs, notes = self.offered(user, chat.tools, search)
         servers = self.servers
 
@@ -90,7 +92,8 @@ class ChatTools:
             if key not in current:
                 self.store.update_chat(owner, chat.id, tool_approvals=[*current, key])
 
-        loop = ToolLoop(self.engine, model, history, SamplingParams(**chat.settings), function_names(specs), run,
+        params = SamplingParams(**(chat.settings if settings is None else settings))
+        loop = ToolLoop(self.engine, model, history, params, function_names(specs), run,
                         steps=self.steps, choice=chat.tool_choice, always=frozenset(chat.tool_approvals),
                         remember=remember, wait_s=self.approval_wait_s)
         loop.tool_log.extend(notes)

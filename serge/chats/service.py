@@ -383,9 +383,11 @@ class ChatService:
             raise DatabaseUnavailable(exc.reason, "your message is saved, but no reply was started; press "
                                                   "Regenerate once that is fixed") from exc
         try:
+            if preset is not None and preset.tools and not chat.tools:  # a preset's servers, where the chat ticks none
+                chat = replace(chat, tools=tuple(preset.tools))
             if self.tools is not None and chat.tools:
                 search = knowledge_search(self.documents, owner, [*attached, *collections])
-                stream = self.tools.loop(owner, chat, model, history, caller, search)
+                stream = self.tools.loop(owner, chat, model, history, caller, search, settings)
             else:
                 stream = self.engine.chat(model, ChatRequest(history, SamplingParams(**settings)))
         except Exception as exc:
