@@ -15,8 +15,9 @@ position in its grammar, used only on the scheduler's worker. Grammar text comes
 from `schemas.json_rule` (which has already refused a schema with no finite instance)
 and the tool formats; this module knows nothing of prompts or HTTP.
 
-A schema that compiles but cannot be matched in bounded size fails here, before any
-token: `Vocabulary.matcher` compiles under explicit `GRAMMAR_LIMITS`, then
+A grammar not compiled before is compiled first in a child process that may crash
+without harm (`grammar_check`); only what it survived is compiled here. A schema that
+compiles but cannot be matched in bounded size fails here, before any token: `Vocabulary.matcher` compiles under explicit `GRAMMAR_LIMITS`, then
 computes the first mask and follows the forced tokens a few steps, which is where a
 `$ref: "#"` or a pattern like `^a{1000000}$` blows a limit. Each is a `GrammarError`
 naming the request field (response_format or tools) and what to simplify.
@@ -30,6 +31,7 @@ from collections import OrderedDict
 
 import torch
 
+from serge.engine.generation.grammar_check import GrammarCheck
 from serge.engine.generation.schemas import GrammarError, InvalidRequest
 
 GRAMMAR_CACHE = 64  # distinct grammars kept compiled per model
@@ -45,8 +47,10 @@ SIMPLIFY = ("simplify the schema: fewer or shorter repetitions in patterns and l
 class Vocabulary:
     """One model's tokens as llguidance sees them, and its compiled grammars. Thread-safe."""
 
-    def __init__(self, tokenizer, eos: frozenset[int], cache_size: int = GRAMMAR_CACHE) -> None:
+    def __init__(self, tokenizer, eos: frozenset[int], cache_size: int = GRAMMAR_CACHE,
+                 check: GrammarCheck | None = None) -> None:
         self._tokenizer = tokenizer
+        self._check = check or GrammarCheck()
         self._eos = sorted(eos)
         self._cache_size = cache_size
         self._lock = threading.Lock()
@@ -81,6 +85,8 @@ class Vocabulary:
             if compiled is not None:
                 self._compiled.move_to_end(grammar)
                 return Matcher(compiled.deep_copy(), ll.vocab_size)
+        if (crash := self._check.problem(grammar)) is not None:  # a child compiles it first: it may die
+            raise GrammarError(f"{param}: {crash}; {SIMPLIFY}", param)
         compiled = LLMatcher(ll, LLMatcher.grammar_from_lark(grammar), log_level=0,  # outside the lock
                              limits=LLParserLimits(**GRAMMAR_LIMITS, verbose_errors=False))
         if compiled.is_error():
