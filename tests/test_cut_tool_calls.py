@@ -123,7 +123,9 @@ CALLS = {
 @pytest.mark.parametrize("fmt", CALLS)
 def test_the_reader_every_dialect_reads_through_drops_a_call_cut_before_its_name(fmt):
     kind, text = CALLS[fmt]
-    for cut in range(1, len(text)):
+    # hermes models write "<tool_call>" as one token, so no cut lands inside it; text that ends like part of it
+    # is shown (test_tools.py::test_text_that_only_looks_like_a_call_is_shown)
+    for cut in range(len("<tool_call>") if fmt == "hermes" else 1, len(text)):
         reader = CallReader(kind)
         shown, _ = reader.feed(text[:cut])
         rest, _ = reader.close()

@@ -119,8 +119,6 @@ class CallReader:
         """At the end of the reply: a call cut short keeps what it has; text never shown is shown."""
         deltas: list[ToolCallDelta] = []
         call, rest = self._call, "" if self._after_call and not self._held.strip() else self._held
-        if call is None and self._opener and len(rest) > 1 and self._opener.startswith(rest):
-            rest = ""  # the opener cut short ("<tool_c"): held back as a call's start, never reply text
         self._call, self._held = None, ""
         if call is not None:
             if call.name is not None:
