@@ -185,3 +185,41 @@ class Matcher:
     def complete(self) -> bool:
         """Nothing may follow: the reply is over."""
         return self._m.is_stopped()
+
+    def closest(self, allowed: torch.Tensor, closers: tuple[int, ...]) -> int | None:
+        """The token that brings the grammar soonest to its end from here: the one it forces, else the first of
+        `closers` it allows (a quote, a closing brace or bracket, a zero), else the allowed token of lowest id;
+        None when it allows none."""
+        forced = self._m.compute_ff_tokens()
+        if forced:
+            return forced[0]
+        for token in closers:
+            if token < allowed.shape[0] and bool(allowed[token]):
+                return token
+        found = allowed.nonzero()
+        return int(found[0]) if found.numel() else None
+
+    def distance(self, closers: tuple[int, ...], limit: int, after: int | None = None) -> int:
+        """How many tokens the grammar needs to reach its end from here (or from after the token `after`) when
+        each is `closest` (what steering writes): counted on a copy, stopping past `limit`. llguidance gives no
+        shortest path, so it is walked; greedy, it can be a token or two above the true shortest."""
+        m, words, steps = self._m.deep_copy(), torch.zeros_like(self._words), 0
+        if after is not None and not m.consume_token(after):
+            return limit + 1
+        while steps <= limit and not (m.is_accepting() or m.is_stopped() or m.is_error()):
+            forced = m.compute_ff_tokens()
+            if forced:
+                m.consume_tokens(forced)
+                steps += len(forced)
+                continue
+            m.unsafe_compute_mask_ptr(words.data_ptr(), words.numel() * 4)
+            allowed = ((words[:, None] >> _SHIFTS) & 1).bool().flatten()[: self._vocab]
+            token = next((t for t in closers if t < allowed.shape[0] and bool(allowed[t])), None)
+            if token is None:
+                found = allowed.nonzero()
+                if not found.numel():
+                    break
+                token = int(found[0])
+            m.consume_token(token)
+            steps += 1
+        return steps
