@@ -43,6 +43,11 @@ from serge.engine.generation.thinking import Thinking
 # tokens left after it (`Matcher.distance`, walked each token within the last CLOSING_WINDOW).
 STEER_TO_CLOSE = True  # bench/schema_cost.py turns it off to measure what it costs
 CLOSING_WINDOW = 128  # tokens left under which the distance is walked
+# A token without JSON's structure in it (text in a string, digits) moves the grammar no further from an end but by
+# what a pattern may ask (a repeated group begun again): such a token is taken without a walk while the last walk's
+# distance, plus PLAIN_SLACK, fits; a walk costs ~10 ms on a 49k vocabulary, a mask 0.3 ms.
+STRUCTURE = frozenset(b'{}[],:"')
+PLAIN_SLACK = 4
 
 
 class ReplyReader(Protocol):
@@ -89,6 +94,7 @@ class Sequence:
     _thought_tokens: int = 0  # with `thinking`: tokens written inside <think> (its tags too)
     _sampler: Sampler | None = None  # made on its first token: its settings, penalties, generator, logit_bias
     _steering: bool = False  # with finish_json: its budget reached its grammar's distance to an end
+    _distance: int | None = None  # with finish_json: the last walk's distance to an end (after the token it took)
 
     @classmethod
     def choices(cls, prompt: list[int], params, stream: Stream, tokenizer, eos: frozenset[int], vocabulary: Vocabulary,
@@ -154,8 +160,13 @@ class Sequence:
         if left > CLOSING_WINDOW:
             return drawn
         closers = self.vocabulary.closers()
-        if not self._steering and 1 + self.matcher.distance(closers, left, after=drawn) <= left:
-            return drawn  # the grammar can still close in what is left after the token drawn
+        if not self._steering:
+            if (self._distance is not None and 1 + self._distance + PLAIN_SLACK < left
+                    and not STRUCTURE & set(self.vocabulary.token_bytes(drawn))):
+                return drawn  # text inside a string or number: no further from an end than the last walk said
+            self._distance = self.matcher.distance(closers, left, after=drawn)
+            if 1 + self._distance <= left:
+                return drawn  # the grammar can still close in what is left after the token drawn
         self._steering = True  # from here on every token closes: the distance falls by one a token
         token = self.matcher.closest(allowed, closers)
         return drawn if token is None else token
