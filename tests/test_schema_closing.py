@@ -42,11 +42,16 @@ def closing_distance(engine) -> int:
     return matcher.distance(vocabulary.closers(), 1000)
 
 
-def test_the_distance_is_about_what_the_shortest_valid_reply_takes(closing_distance):
+def test_the_distance_is_what_the_shortest_valid_reply_takes(closing_distance):
     shortest = '{"title": "", "owners": [], "owner": {"name": "", "age": 0}, "steps": []}'
-    # the walk is greedy (a quote before a bracket, as a string must close first), so an empty list of strings
-    # costs it `""` more: 2 tokens over the true shortest, which steering then writes the same way
-    assert len(shortest) <= closing_distance <= len(shortest) + 2  # the stand-in's tokens are bytes
+    assert closing_distance == len(shortest)  # the stand-in's tokens are bytes
+
+
+def test_an_optional_recursion_is_closed_not_followed(engine):
+    vocabulary = engine.model(MODEL).scheduler.vocabulary
+    recursive = {"type": "object", "properties": {"a": {"$ref": "#"}, "b": {"type": "array"}}}
+    matcher = vocabulary.matcher("start: " + json_rule(recursive), "response_format")
+    assert matcher.distance(vocabulary.closers(), 100) == len("{}")
 
 
 def test_a_nested_schema_cut_at_every_budget_from_its_distance_parses_and_validates(engine, closing_distance):
@@ -71,3 +76,18 @@ def test_a_nested_schema_cut_at_every_budget_from_its_distance_parses_and_valida
                 pytest.fail(f"max_tokens={budget}, choice {choice}: the reply does not parse: {text!r}")
             assert valid(reply), (budget, choice, text)
     print(f"{129 - closing_distance} budgets x {SEEDS} seeds in {time.monotonic() - started:.0f} s")
+
+
+def test_a_max_tokens_below_the_distance_is_a_400_naming_the_least_that_fits(standin_server, closing_distance):
+    import httpx
+
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Make a plan as JSON."}],
+            "response_format": {"type": "json_schema", "json_schema": {"name": "plan", "schema": PLAN}}}
+    short = httpx.post(f"{standin_server}/v1/chat/completions", json={**body, "max_tokens": closing_distance - 1},
+                       timeout=60)
+    assert short.status_code == 400, short.text
+    error = short.json()["error"]
+    assert error["param"] == "max_tokens" and f"at least {closing_distance}" in error["message"], error
+    enough = httpx.post(f"{standin_server}/v1/chat/completions", json={**body, "max_tokens": closing_distance},
+                        timeout=60)
+    assert enough.status_code == 200 and valid(json.loads(enough.json()["choices"][0]["message"]["content"]))

@@ -100,15 +100,15 @@ class Vocabulary:
                 self._compiled.popitem(last=False)
             return Matcher(compiled.deep_copy(), ll.vocab_size)
 
-    def closers(self) -> tuple[int, ...]:
-        """The tokens that end JSON soonest, in order: a quote, a closing brace and bracket, a zero."""
+    def closers(self) -> tuple[int | None, ...]:
+        """The tokens that end JSON soonest: a quote, a closing brace, a closing bracket, a zero (None for one
+        that is not a single token here)."""
         with self._lock:
             if self._closers is None:
                 found = []
                 for text in ('"', "}", "]", "0"):
                     ids = self._tokenizer.encode(text, add_special_tokens=False)
-                    if len(ids) == 1:
-                        found.append(ids[0])
+                    found.append(ids[0] if len(ids) == 1 else None)
                 self._closers = tuple(found)
             return self._closers
 
@@ -160,6 +160,20 @@ def _first_line(error: str) -> str:
 _SHIFTS = torch.arange(32, dtype=torch.int32)
 
 
+def _closing(allowed: torch.Tensor, closers: tuple[int | None, ...]) -> int | None:
+    """The allowed token that closes soonest (see `Matcher.closest`). Where a closing brace and bracket are both
+    allowed, a string is open: the quote ends it. Elsewhere a quote would open a key or a string, so a brace or a
+    bracket comes first (`{"a": {"$ref": "#"}}` would otherwise nest for ever). Then a zero, a number at its
+    shortest; else the allowed token of lowest id; None when none is allowed."""
+    ok = [t is not None and t < allowed.shape[0] and bool(allowed[t]) for t in closers]
+    order = (0, 1, 2, 3) if ok[1] and ok[2] else (1, 2, 0, 3)
+    for i in order:
+        if ok[i]:
+            return closers[i]
+    found = allowed.nonzero()
+    return int(found[0]) if found.numel() else None
+
+
 class Matcher:
     """One sequence's position in its grammar: which tokens may come next, and whether it is complete."""
 
@@ -186,20 +200,14 @@ class Matcher:
         """Nothing may follow: the reply is over."""
         return self._m.is_stopped()
 
-    def closest(self, allowed: torch.Tensor, closers: tuple[int, ...]) -> int | None:
+    def closest(self, allowed: torch.Tensor, closers: tuple[int | None, ...]) -> int | None:
         """The token that brings the grammar soonest to its end from here: the one it forces, else the first of
         `closers` it allows (a quote, a closing brace or bracket, a zero), else the allowed token of lowest id;
         None when it allows none."""
         forced = self._m.compute_ff_tokens()
-        if forced:
-            return forced[0]
-        for token in closers:
-            if token < allowed.shape[0] and bool(allowed[token]):
-                return token
-        found = allowed.nonzero()
-        return int(found[0]) if found.numel() else None
+        return forced[0] if forced else _closing(allowed, closers)
 
-    def distance(self, closers: tuple[int, ...], limit: int, after: int | None = None) -> int:
+    def distance(self, closers: tuple[int | None, ...], limit: int, after: int | None = None) -> int:
         """How many tokens the grammar needs to reach its end from here (or from after the token `after`) when
         each is `closest` (what steering writes): counted on a copy, stopping past `limit`. llguidance gives no
         shortest path, so it is walked; greedy, it can be a token or two above the true shortest."""
@@ -213,13 +221,9 @@ class Matcher:
                 steps += len(forced)
                 continue
             m.unsafe_compute_mask_ptr(words.data_ptr(), words.numel() * 4)
-            allowed = ((words[:, None] >> _SHIFTS) & 1).bool().flatten()[: self._vocab]
-            token = next((t for t in closers if t < allowed.shape[0] and bool(allowed[t])), None)
+            token = _closing(((words[:, None] >> _SHIFTS) & 1).bool().flatten()[: self._vocab], closers)
             if token is None:
-                found = allowed.nonzero()
-                if not found.numel():
-                    break
-                token = int(found[0])
+                break
             m.consume_token(token)
             steps += 1
         return steps
