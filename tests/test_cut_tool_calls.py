@@ -61,7 +61,7 @@ def refused_below_the_closing_distance(ask) -> bool:
     try:
         ask()
     except openai.BadRequestError as exc:
-        assert exc.body["param"] == "max_tokens" and "at least" in exc.body["message"], exc.body
+        assert exc.body["param"] in ("max_tokens", "max_output_tokens") and "at least" in exc.body["message"], exc.body
         return True
     return False
 

@@ -91,3 +91,14 @@ def test_a_max_tokens_below_the_distance_is_a_400_naming_the_least_that_fits(sta
     enough = httpx.post(f"{standin_server}/v1/chat/completions", json={**body, "max_tokens": closing_distance},
                         timeout=60)
     assert enough.status_code == 200 and valid(json.loads(enough.json()["choices"][0]["message"]["content"]))
+
+
+def test_on_responses_the_400_names_max_output_tokens(standin_server, closing_distance):
+    import httpx
+
+    short = httpx.post(f"{standin_server}/v1/responses", timeout=60, json={
+        "model": MODEL, "input": "Make a plan as JSON.", "max_output_tokens": closing_distance - 1,
+        "text": {"format": {"type": "json_schema", "name": "plan", "schema": PLAN}}})
+    assert short.status_code == 400, short.text
+    error = short.json()["error"]
+    assert error["param"] == "max_output_tokens" and f"max_output_tokens={closing_distance - 1}" in error["message"]
