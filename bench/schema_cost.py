@@ -9,9 +9,9 @@ grammar step). Also measured, once per model: building llguidance's view of the
 tokenizer, compiling the schema, taking it again from the model's cache, and the
 grammar's own time per token (mask and advance, replaying a constrained reply),
 which a loaded machine's noise in tokens/s can hide.
-And the cost of the steering that closes a constrained reply within its budget (the last
-`FINISH_TOKENS` tokens, `sequence.finish_json`): the same schema workload with the
-steering switched off in this process (`FINISH_TOKENS = 0`) beside it on, on a schema a reply can
+And the cost of the steering that closes a constrained reply within its budget (from the grammar's
+distance to an end, `sequence.STEER_TO_CLOSE`, `sequence.finish_json`): the same schema workload with the
+steering switched off in this process (`STEER_TO_CLOSE = False`) beside it on, on a schema a reply can
 close at any point (`CLOSABLE`, the sections without a minimum), so the table also says how
 many cut replies still parse either way. A steered reply closes before its budget ends, so it
 writes fewer tokens: that pair is compared on decode tokens/s (after the first token).
@@ -67,12 +67,12 @@ def _steering(on: bool):
     """The closing steering on (as shipped) or off, for the replies started inside."""
     from serge.engine.generation import sequence
 
-    shipped = sequence.FINISH_TOKENS
-    sequence.FINISH_TOKENS = shipped if on else 0
+    shipped = sequence.STEER_TO_CLOSE
+    sequence.STEER_TO_CLOSE = shipped and on
     try:
         yield
     finally:
-        sequence.FINISH_TOKENS = shipped
+        sequence.STEER_TO_CLOSE = shipped
 
 
 def _level(engine, streams: int, params, fmt, tag: int) -> tuple[dict, str]:

@@ -81,20 +81,20 @@ def test_a_pull_streams_its_progress_to_100_percent_and_the_model_is_listed_ever
     assert httpx.get(f"{base}/api/models/pulls/{pull['id']}").json()["state"] == "done"
 
     name = pull["name"]
-    assert names(base) == ["local-a", name, REMOTE], "installed, then remote; each once"
+    assert names(base) == [REMOTE, "local-a", name], "the default first, then installed, then remote; each once"
     one = httpx.get(f"{base}/api/models/{name}").json()
     assert one["architecture"] == "LlamaForCausalLM" and one["chat_template"] and not one["loaded"]
     weights = hub.repos[TINY_REPO].files["model.safetensors"].stat().st_size
     assert one["engine"] == "transformers" and one["memory_bytes"] > one["size_bytes"] >= weights
     listed = [m["id"] for m in httpx.get(f"{base}/v1/models").json()["data"]]
-    assert listed == ["local-a", name, REMOTE]
+    assert listed == [REMOTE, "local-a", name]
     assert httpx.get(f"{base}/v1/models/{name}").json() == {
         "id": name, "object": "model", "created": one["created"], "owned_by": "serge"}
     assert httpx.get(f"{base}/v1/models/{REMOTE}").json()["owned_by"] == "remote"
 
     assert httpx.delete(f"{base}/api/models/{name}").status_code == 204
     assert httpx.get(f"{base}/api/models/{name}").status_code == 404
-    assert names(base) == ["local-a", REMOTE]
+    assert names(base) == [REMOTE, "local-a"]
 
 
 def test_cancelling_a_pull_leaves_nothing_installed(library_server, hub):

@@ -192,7 +192,7 @@ def test_a_client_that_goes_away_cancels_its_generation_and_nothing_is_stored(se
         "type": "object", "properties": {"essay": {"type": "string", "minLength": 3000}}, "required": ["essay"]}}
     response_id = None
     with httpx.stream("POST", f"{server}/v1/responses", timeout=60, json={
-            "model": MODEL, "input": "Write an essay.", "stream": True, "max_output_tokens": 1500,
+            "model": MODEL, "input": "Write an essay.", "stream": True, "max_output_tokens": 4000,
             "text": {"format": essay}}) as reply:
         for line in reply.iter_lines():
             if line.startswith("data: ") and (event := json.loads(line[6:]))["type"] == "response.created":

@@ -82,9 +82,12 @@ class Engine:
         return name if name in self._fixed else self._library.find(name).name
 
     def models(self) -> list[ModelInfo]:
-        """Every model a request may name: the installed ones, then the others, each once."""
+        """Every model a request may name, each once: the default chat model first, then the other chat models,
+        then embedding models (clients and scripts that take the first model listed get one that chats);
+        within each, the installed ones, then the others."""
         found = [self._local_info(m) for m in self._library.installed() if m.name not in self._fixed]
-        return found + [self._fixed_info(name) for name in sorted(self._fixed)]
+        found += [self._fixed_info(name) for name in sorted(self._fixed)]
+        return sorted(found, key=lambda m: 0 if m.default and m.kind == "chat" else 1 if m.kind == "chat" else 2)
 
     def info(self, name: str) -> ModelInfo:
         """One model's facts; raises ModelNotFound."""

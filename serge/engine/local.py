@@ -115,11 +115,23 @@ class LocalModel:
         if self.thinks:  # does the prompt leave the reply inside <think> (the template opened it)?
             thinking = Thinking(inside=opens_thinking(self.tokenizer.decode(prompt.ids[-16:])))
         json_only = plan.grammar is not None and (rule is not None or (tools is not None and tools.mode == "required"))
+        if json_only and not request.cap and params.max_new_tokens is not None:
+            self._fits(plan.grammar, plan.grammar_param, params.max_new_tokens)
         stream = self.scheduler.submit(ids, params.resolved(room), plan.grammar, plan.reader,
                                        plan.grammar_param, finish_json=json_only, thinking=thinking,
                                        n=request.n, images=pixels, party=request.party or "")
         stream.dropped_messages, stream.prompt_tokens = prompt.dropped_messages, len(ids)
         return stream
+
+    def _fits(self, grammar: str, param: str, budget: int) -> None:
+        """InvalidRequest naming max_tokens when the shortest reply `grammar` allows takes more than `budget` tokens
+        (a capped request, Anthropic's or Ollama's, is cut as before instead)."""
+        vocabulary = self.scheduler.vocabulary
+        least = vocabulary.matcher(grammar, param).distance(vocabulary.closers(), budget)
+        if least > budget:
+            raise InvalidRequest(f"max_tokens={budget} is fewer than the {least} tokens the shortest reply this "
+                                 f"{'tool call' if param == 'tools' else 'schema'} allows takes; ask for at least "
+                                 f"{least}", "max_tokens")
 
     def _with_images(self, prompt, messages: Sequence[Message]) -> tuple[list[int], dict | None, int]:
         """The prompt's ids with its images' tokens, their pixel inputs (None: no image), and the room left."""

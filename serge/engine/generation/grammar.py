@@ -15,8 +15,9 @@ position in its grammar, used only on the scheduler's worker. Grammar text comes
 from `schemas.json_rule` (which has already refused a schema with no finite instance)
 and the tool formats; this module knows nothing of prompts or HTTP.
 
-A schema that compiles but cannot be matched in bounded size fails here, before any
-token: `Vocabulary.matcher` compiles under explicit `GRAMMAR_LIMITS`, then
+A grammar not compiled before is compiled first in a child process that may crash
+without harm (`grammar_check`); only what it survived is compiled here. A schema that
+compiles but cannot be matched in bounded size fails here, before any token: `Vocabulary.matcher` compiles under explicit `GRAMMAR_LIMITS`, then
 computes the first mask and follows the forced tokens a few steps, which is where a
 `$ref: "#"` or a pattern like `^a{1000000}$` blows a limit. Each is a `GrammarError`
 naming the request field (response_format or tools) and what to simplify.
@@ -30,6 +31,7 @@ from collections import OrderedDict
 
 import torch
 
+from serge.engine.generation.grammar_check import GrammarCheck
 from serge.engine.generation.schemas import GrammarError, InvalidRequest
 
 GRAMMAR_CACHE = 64  # distinct grammars kept compiled per model
@@ -45,8 +47,10 @@ SIMPLIFY = ("simplify the schema: fewer or shorter repetitions in patterns and l
 class Vocabulary:
     """One model's tokens as llguidance sees them, and its compiled grammars. Thread-safe."""
 
-    def __init__(self, tokenizer, eos: frozenset[int], cache_size: int = GRAMMAR_CACHE) -> None:
+    def __init__(self, tokenizer, eos: frozenset[int], cache_size: int = GRAMMAR_CACHE,
+                 check: GrammarCheck | None = None) -> None:
         self._tokenizer = tokenizer
+        self._check = check or GrammarCheck()
         self._eos = sorted(eos)
         self._cache_size = cache_size
         self._lock = threading.Lock()
@@ -81,6 +85,8 @@ class Vocabulary:
             if compiled is not None:
                 self._compiled.move_to_end(grammar)
                 return Matcher(compiled.deep_copy(), ll.vocab_size)
+        if (crash := self._check.problem(grammar)) is not None:  # a child compiles it first: it may die
+            raise GrammarError(f"{param}: {crash}; {SIMPLIFY}", param)
         compiled = LLMatcher(ll, LLMatcher.grammar_from_lark(grammar), log_level=0,  # outside the lock
                              limits=LLParserLimits(**GRAMMAR_LIMITS, verbose_errors=False))
         if compiled.is_error():
@@ -94,15 +100,15 @@ class Vocabulary:
                 self._compiled.popitem(last=False)
             return Matcher(compiled.deep_copy(), ll.vocab_size)
 
-    def closers(self) -> tuple[int, ...]:
-        """The tokens that end JSON soonest, in order: a quote, a closing brace and bracket, a zero."""
+    def closers(self) -> tuple[int | None, ...]:
+        """The tokens that end JSON soonest: a quote, a closing brace, a closing bracket, a zero (None for one
+        that is not a single token here)."""
         with self._lock:
             if self._closers is None:
                 found = []
                 for text in ('"', "}", "]", "0"):
                     ids = self._tokenizer.encode(text, add_special_tokens=False)
-                    if len(ids) == 1:
-                        found.append(ids[0])
+                    found.append(ids[0] if len(ids) == 1 else None)
                 self._closers = tuple(found)
             return self._closers
 
@@ -154,6 +160,20 @@ def _first_line(error: str) -> str:
 _SHIFTS = torch.arange(32, dtype=torch.int32)
 
 
+def _closing(allowed: torch.Tensor, closers: tuple[int | None, ...]) -> int | None:
+    """The allowed token that closes soonest (see `Matcher.closest`). Where a closing brace and bracket are both
+    allowed, a string is open: the quote ends it. Elsewhere a quote would open a key or a string, so a brace or a
+    bracket comes first (`{"a": {"$ref": "#"}}` would otherwise nest for ever). Then a zero, a number at its
+    shortest; else the allowed token of lowest id; None when none is allowed."""
+    ok = [t is not None and t < allowed.shape[0] and bool(allowed[t]) for t in closers]
+    order = (0, 1, 2, 3) if ok[1] and ok[2] else (1, 2, 0, 3)
+    for i in order:
+        if ok[i]:
+            return closers[i]
+    found = allowed.nonzero()
+    return int(found[0]) if found.numel() else None
+
+
 class Matcher:
     """One sequence's position in its grammar: which tokens may come next, and whether it is complete."""
 
@@ -179,3 +199,31 @@ class Matcher:
     def complete(self) -> bool:
         """Nothing may follow: the reply is over."""
         return self._m.is_stopped()
+
+    def closest(self, allowed: torch.Tensor, closers: tuple[int | None, ...]) -> int | None:
+        """The token that brings the grammar soonest to its end from here: the one it forces, else the first of
+        `closers` it allows (a quote, a closing brace or bracket, a zero), else the allowed token of lowest id;
+        None when it allows none."""
+        forced = self._m.compute_ff_tokens()
+        return forced[0] if forced else _closing(allowed, closers)
+
+    def distance(self, closers: tuple[int | None, ...], limit: int, after: int | None = None) -> int:
+        """How many tokens the grammar needs to reach its end from here (or from after the token `after`) when
+        each is `closest` (what steering writes): counted on a copy, stopping past `limit`. llguidance gives no
+        shortest path, so it is walked; greedy, it can be a token or two above the true shortest."""
+        m, words, steps = self._m.deep_copy(), torch.zeros_like(self._words), 0
+        if after is not None and not m.consume_token(after):
+            return limit + 1
+        while steps <= limit and not (m.is_accepting() or m.is_stopped() or m.is_error()):
+            forced = m.compute_ff_tokens()
+            if forced:
+                m.consume_tokens(forced)
+                steps += len(forced)
+                continue
+            m.unsafe_compute_mask_ptr(words.data_ptr(), words.numel() * 4)
+            token = _closing(((words[:, None] >> _SHIFTS) & 1).bool().flatten()[: self._vocab], closers)
+            if token is None:
+                break
+            m.consume_token(token)
+            steps += 1
+        return steps

@@ -1,7 +1,8 @@
 """JSON schemas a request sends, checked and turned into grammar text before anything is compiled.
 
 A `response_format` or a tool's parameters arrive as a JSON schema. `json_rule` refuses
-one that no finite JSON matches (a required `$ref` back to itself with no way out) or
+one too large or deep to compile safely, or with `x-guidance` options out of bounds
+(`schema_limits`), one that no finite JSON matches (a required `$ref` back to itself with no way out) or
 whose patterns repeat past `MAX_REPEAT`, adds Serge's defaults (`bounded`: objects
 closed, integers within JavaScript's safe range) and writes the `%json` expression that
 `grammar.Vocabulary` compiles. Nothing here knows llguidance or a tokenizer; the
@@ -16,6 +17,8 @@ import re
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from serge.engine.generation.schema_limits import guidance_problem, schema_problem
 
 # Compact, conventional JSON: no free whitespace (a small model can pad with
 # newlines forever), separators as json.dumps writes them.
@@ -42,10 +45,12 @@ def json_rule(schema: dict, *, strict: bool = True, param: str = "response_forma
     has the same two): an object that lists its properties gets no others unless its
     schema says `additionalProperties`, and an integer without bounds stays within
     JavaScript's safe integers (16 digits). A schema's own "x-guidance" options win
-    over Serge's JSON style.
+    over Serge's JSON style, where `schema_limits` allows them; a schema too large or deep is refused first.
     """
     if not isinstance(schema, dict):
         raise GrammarError("a JSON schema must be an object", param)
+    if (why := schema_problem(schema) or guidance_problem(schema.get("x-guidance"))) is not None:
+        raise GrammarError(f"{param}: {why}", param)
     if (why := endless(schema)) is not None:
         raise GrammarError(f"{param}: no finite JSON matches this schema: {why}; make that recursion optional "
                            "(leave it out of `required`, or allow an empty array or null)", param)
@@ -155,10 +160,13 @@ def _finite(schema, good: set[str], depth: int = 0) -> bool:
         return True  # a string, number, boolean or null ends at once
     props = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
     required = schema.get("required") if isinstance(schema.get("required"), list) else []
-    if any(name in props and not sub(props[name]) for name in required if isinstance(name, str)):
-        object_ok = False
-    else:
-        object_ok = True
+    object_ok = not any(name in props and not sub(props[name]) for name in required if isinstance(name, str))
+    least = schema.get("minProperties") if isinstance(schema.get("minProperties"), int) else 0
+    if object_ok and least > 0:  # that many properties, each with a finite value?
+        extra = schema.get("additionalProperties", "properties" not in schema)  # closed by `bounded` when listed
+        patterns = schema.get("patternProperties") if isinstance(schema.get("patternProperties"), dict) else {}
+        unlimited = extra is True or (isinstance(extra, dict) and sub(extra)) or any(sub(s) for s in patterns.values())
+        object_ok = unlimited or least <= sum(1 for s in props.values() if sub(s))
     array_ok = True
     least = schema.get("minItems") if isinstance(schema.get("minItems"), int) else 0
     prefix = schema.get("prefixItems") if isinstance(schema.get("prefixItems"), list) else []

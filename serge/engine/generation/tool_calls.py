@@ -124,10 +124,22 @@ class CallReader:
             if call.name is not None:
                 self._finish(call, deltas)
                 rest = ""
+            elif self._begins_a_call(call.spans.text):  # cut before its name was whole: Serge's syntax, not a
+                rest = ""  # reply; the reply ends with the text before it, as a cut reply ends
             else:  # never became a call: it was reply text after all
                 rest = (self._opener + call.spans.text + rest) if self._opener else call.spans.text + rest
         self._shown.append(rest)
         return rest, deltas
+
+    def _begins_a_call(self, text: str) -> bool:
+        """Whether `text`, an unfinished JSON object, is so far the start of a call: anything after the
+        hermes opener; in the generic format the `{"tool_call"` wrapper; in the json one `{"name"` (or its
+        arguments' key first). A cut JSON reply of the user's own that begins so is taken for one too."""
+        if self._opener:
+            return True
+        compact = "".join(text.split())
+        keys = ('{"tool_call"',) if self._wrapped else ('{"name"', '{"arguments"', '{"parameters"')
+        return any(key.startswith(compact) or compact.startswith(key) for key in keys)
 
     def _advance_call(self, deltas: list[ToolCallDelta], shown: list[str]) -> bool:
         """Feed held text to the call being read; False when it needs more text."""

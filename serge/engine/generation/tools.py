@@ -29,7 +29,8 @@ from typing import Literal
 
 from serge.engine.generation.jsonspans import json_or_text
 from serge.engine.generation.prompts import Message
-from serge.engine.generation.schemas import InvalidRequest, json_rule
+from serge.engine.generation.schema_limits import schema_problem
+from serge.engine.generation.schemas import GrammarError, InvalidRequest, json_rule
 from serge.engine.generation.tool_calls import CallReader, ToolFormat
 
 
@@ -49,7 +50,10 @@ class Tool:
     def call_schema(self, arguments_key: str, defs: dict[str, dict]) -> dict:
         """One call of this tool as a JSON schema; the arguments' `$defs` / `definitions` go into `defs`
         (the combined schema's root, where their refs, rewritten, can find them)."""
-        arguments = _hoisted(json.loads(self.parameters), self.name, defs)
+        parameters = json.loads(self.parameters)
+        if (why := schema_problem(parameters)) is not None:  # before anything walks it: it may be deep
+            raise GrammarError(f"tools: {self.name}'s parameters: {why}", "tools")
+        arguments = _hoisted(parameters, self.name, defs)
         return {"type": "object", "properties": {"name": {"const": self.name}, arguments_key: arguments},
                 "required": ["name", arguments_key], "additionalProperties": False}
 

@@ -72,20 +72,28 @@ class ErrorShape:
 
     paths: tuple[str, ...]
     body: Callable[[str, int, str | None, str | None], dict]
+    bare_json: bool = False  # its routes read a body without a Content-Type as JSON (Ollama's, as Ollama does)
 
     def owns(self, path: str) -> bool:
         return any(path == prefix or path.startswith(prefix + "/") for prefix in self.paths)
+
+
+def shape_of(scope: dict) -> ErrorShape | None:
+    """The registered dialect whose paths the request (`scope`) is for; None: OpenAI's and Serge's own."""
+    if "app" in scope:
+        path = scope.get("path", "")
+        for shape in getattr(scope["app"].state, "error_shapes", ()):
+            if shape.owns(path):
+                return shape
+    return None
 
 
 def error_body(message: str, *, status: int, code: str | None = None, param: str | None = None,
                scope: dict | None = None) -> dict:
     """An error's body in the shape of the API the request (`scope`) belongs to: a registered dialect's, else
     OpenAI's (Serge's own API, the pages, /v1's OpenAI routes). Every refusal, of every layer, is made here."""
-    if scope is not None and "app" in scope:
-        path = scope.get("path", "")
-        for shape in getattr(scope["app"].state, "error_shapes", ()):
-            if shape.owns(path):
-                return shape.body(message, status, code, param)
+    if scope is not None and (shape := shape_of(scope)) is not None:
+        return shape.body(message, status, code, param)
     return openai_error(message, status, code, param)
 
 

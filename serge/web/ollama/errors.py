@@ -17,4 +17,4 @@ def ollama_error(message: str, status: int, code: str | None, param: str | None)
     return {"error": message}
 
 
-OLLAMA_ERRORS = ErrorShape(PATHS, ollama_error)
+OLLAMA_ERRORS = ErrorShape(PATHS, ollama_error, bare_json=True)

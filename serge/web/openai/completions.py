@@ -24,7 +24,7 @@ from serge.web.pages.docs import TEXT_COMPLETION
 from serge.web.http.errors import ApiError
 from serge.web.http.dialects import StrictRequest, cancel_on_disconnect, failure, refused_settings, stream_response
 from serge.web.openai.chat import fingerprint, usage
-from serge.web.openai.chat_models import MAX_CHOICES
+from serge.web.openai.chat_models import MAX_CHOICES, StreamOptions
 from serge.web.http.request_log import note_generation
 
 router = APIRouter(prefix="/v1", tags=["OpenAI-compatible"])
@@ -49,6 +49,8 @@ class CompletionRequest(StrictRequest):
                                                                "likeliest alternatives.")
     echo: bool = Field(False, description="Put the prompt before the continuation in the text.")
     stream: bool = False
+    stream_options: StreamOptions | None = Field(None, description="Only with stream: true; include_usage: a last "
+                                                                   "event with the usage of every prompt's choices.")
     n: int = Field(1, ge=1, le=MAX_CHOICES, description=f"Choices per prompt (1 to {MAX_CHOICES}), sharing its "
                                                         "prefill; with seed, choice i uses seed + i.")
     user: str | None = Field(None, description="Accepted for compatibility; no effect.")
@@ -89,6 +91,9 @@ def _logprobs(tokens: list[TokenLogprob], offset: int) -> dict:
 @router.post("/completions", responses=TEXT_COMPLETION, summary="Continue a text (the legacy completions API; suffix: fill in the middle)")
 async def completions(body: CompletionRequest, request: Request):
     prompts, params = body.prompts(), body.sampling()
+    if body.stream_options is not None and not body.stream:
+        raise ApiError(400, "stream_options is only allowed with stream: true", code="invalid_value",
+                       param="stream_options")
     engine = request.app.state.engine
     streams: list[Stream] = []
     try:
@@ -144,6 +149,7 @@ async def completions(body: CompletionRequest, request: Request):
                                       "choices": [choice]}) + "\n\n"
 
     async def events():
+        counts = [0, 0, 0]
         for at, (text, stream) in enumerate(zip(prompts, streams)):
             sent = [head(text)] * n
             for choice in range(n):
@@ -161,6 +167,12 @@ async def completions(body: CompletionRequest, request: Request):
                 break
             for choice, record in enumerate(records):
                 yield chunk(at * n + choice, "", _finish(record))
+            counts = [a + b for a, b in zip(counts, usage(records).values())]
+        else:
+            if body.stream_options is not None and body.stream_options.include_usage:
+                yield "data: " + json.dumps({"id": completion_id, "object": "text_completion", "created": created,
+                                             "model": name, "choices": [], "usage": dict(zip(
+                                                 ("prompt_tokens", "completion_tokens", "total_tokens"), counts))}) + "\n\n"
         yield "data: [DONE]\n\n"
 
     return stream_response(events(), *streams)

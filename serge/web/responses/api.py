@@ -20,7 +20,7 @@ from typing import Literal
 from fastapi import APIRouter, Query, Request
 from starlette.concurrency import run_in_threadpool
 
-from serge.engine import ChatRequest, ContextTooLong, Engine, FinishReason, Stream
+from serge.engine import ChatRequest, ContextTooLong, Engine, FinishReason, InvalidRequest, Stream
 from serge.chats.responses import StoredResponses
 from serge.store import DatabaseUnavailable, ResponseNotFound, ResponseRecord
 from serge.web.http.auth import owner
@@ -125,6 +125,11 @@ async def _start(body: CreateResponse, request: Request, user: str) -> tuple[Str
         param = "max_output_tokens" if text.startswith("max_new_tokens") else "input"
         raise ApiError(400, text.replace("max_new_tokens", "max_output_tokens"), code="context_length_exceeded",
                        param=param) from None
+    except InvalidRequest as exc:
+        if exc.param != "max_tokens":
+            raise
+        raise ApiError(400, str(exc).replace("max_tokens", "max_output_tokens"), code="invalid_value",
+                       param="max_output_tokens") from None
     note_generation(request, stream.model, stream)
     return stream, items
 

@@ -1,0 +1,81 @@
+"""Every model list puts the default chat model first, then the other chat models, then embedding models.
+
+Clients and scripts take the first model a list gives (Open WebUI does, for its first chat):
+with the bundled embedding model sorting first by name, every such chat got a 400. The
+server here is the stand-in (the default, a chat model) over the real models dir (the
+bundled chat and embedding models, listed but never loaded), asked through each official
+client and the page. Open WebUI itself is not installed (it is far too heavy for the dev
+extra): `test_open_webuis_first_chat_works_with_its_defaults` sends the requests it sends
+for a first chat over an OpenAI connection (its model list, then a streamed chat with the
+first model and no other settings), as seen from the server.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import anthropic
+import httpx
+import ollama
+import openai
+import pytest
+from conftest import MODEL as BUNDLED, free_port, models_dir, own_server
+from standin import NAME as STANDIN, standin_engine
+
+EMBEDDING = "all-minilm-l6-v2"
+ORDER = [STANDIN, BUNDLED, EMBEDDING]  # the default chat model, the other chat model, the embedding model
+
+
+@pytest.fixture(scope="module")
+def server(standin_settings, tmp_path_factory):
+    if not {BUNDLED, EMBEDDING} <= {p.name for p in models_dir().iterdir()}:
+        pytest.fail(f"the models dir {models_dir()} lacks the bundled models (`make models` installs them)")
+    settings = standin_settings.model_copy(update={"models_dir": models_dir(), "port": free_port()})
+    with standin_engine(settings) as engine, own_server(settings, engine, tmp_path_factory.mktemp("order")) as url:
+        yield url
+
+
+def test_openais_model_list_puts_the_default_chat_model_first_and_embeddings_last(server):
+    listed = [m.id for m in openai.OpenAI(base_url=f"{server}/v1", api_key="none").models.list()]
+    assert listed == ORDER
+
+
+def test_anthropics_model_list_puts_the_default_chat_model_first(server):
+    listed = [m.id for m in anthropic.Anthropic(base_url=server, api_key="none").models.list()]
+    assert listed == ORDER
+
+
+def test_ollamas_tags_put_the_default_chat_model_first(server):
+    listed = [m.model for m in ollama.Client(host=server).list().models]
+    assert [name.removesuffix(":latest") for name in listed] == ORDER
+
+
+def test_serges_own_list_and_the_pages_picker_put_the_default_first(server):
+    assert [m["name"] for m in httpx.get(f"{server}/api/models").json()["data"]] == ORDER
+    page = httpx.get(f"{server}/").text
+    picker = page[page.index('id="set-model"'):page.index("</select>", page.index('id="set-model"'))]
+    options = re.findall(r"<option([^>]*)>([^<]+)</option>", picker)
+    assert [text for _, text in options] == [f"{STANDIN} (default)", BUNDLED, EMBEDDING]
+    assert ["selected" in attributes for attributes, _ in options] == [True, False, False]
+
+
+OPEN_WEBUI = {"Authorization": "Bearer sk-open-webui", "Content-Type": "application/json",
+              "User-Agent": "Python/3.11 aiohttp/3.11.11", "Accept": "*/*"}
+
+
+def test_open_webuis_first_chat_works_with_its_defaults(server):
+    models = httpx.get(f"{server}/v1/models", headers=OPEN_WEBUI)
+    first = models.json()["data"][0]["id"]
+    body = {"stream": True, "model": first,
+            "messages": [{"role": "system", "content": "You are a helpful assistant."},
+                         {"role": "user", "content": "Hello!"}]}
+    with httpx.stream("POST", f"{server}/v1/chat/completions", headers=OPEN_WEBUI, content=json.dumps(body),
+                      timeout=60) as reply:
+        assert reply.status_code == 200, reply.read()
+        data = [line[6:] for line in reply.iter_lines() if line.startswith("data: ")]
+    assert data[-1] == "[DONE]"
+    text = "".join(json.loads(d)["choices"][0]["delta"].get("content") or "" for d in data[:-1]
+                   if json.loads(d)["choices"])
+    assert text.strip()
+
