@@ -32,6 +32,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from dataclasses import replace
 from collections import Counter
 
 import torch
@@ -192,7 +193,7 @@ class Scheduler:
     def _turn(self, admitted: list[Sequence], expired: list[tuple[Sequence, FinishReason, str | None]]) -> None:
         """One step of the worker, its readers woken once at its end: what was admitted starts, then a pass."""
         for seq, reason, error in expired:
-            self._finish(seq, reason, error)
+            self._finish(seq, reason, error, busy=True)
         self._running.extend(admitted)
         for seq in admitted:
             if seq in self._running:  # not a choice that its choice 0's failed start has ended
@@ -306,10 +307,12 @@ class Scheduler:
         for other in stranded:
             self._leave(other, reason, error)
 
-    def _finish(self, seq: Sequence, reason: FinishReason, error: str | None = None) -> None:
+    def _finish(self, seq: Sequence, reason: FinishReason, error: str | None = None, busy: bool = False) -> None:
         if reason is not FinishReason.ERROR:
             seq.flush()
         record = seq.record(reason, error)
+        if busy:  # it waited out the queue's timeout: the server is busy, nothing failed
+            record = replace(record, busy=True)
         if seq.started is not None:
             self._mean_duration = 0.8 * self._mean_duration + 0.2 * record.duration_s
         self._m.finished(reason.value)

@@ -98,6 +98,7 @@ class GenerationRecord:
     error: str | None = None
     tool_calls: tuple[ToolCall, ...] = ()
     remote_error: bool = False  # the error was a remote model's server's (silent, hung up, refused), not Serge's
+    busy: bool = False  # it never started: no slot came free within the queue's timeout (busy, not broken)
     stop_sequence: str | None = None  # the stop string that ended the reply, where the engine knows it
     cached_tokens: int = 0  # of prompt_tokens, those whose keys and values were reused (the prefix cache's)
 

@@ -233,7 +233,8 @@ async def _events(stream: Stream, message_id: str, prompt_tokens: int):
                            delta={"type": "input_json_delta", "partial_json": call.arguments})
     record = stream.record
     if record.finish_reason is FinishReason.ERROR:
-        error = anthropic_error(f"generation failed: {record.error}", 502 if record.remote_error else 500)
+        error = (anthropic_error(record.error or "the server is busy", 529) if record.busy else
+                 anthropic_error(f"generation failed: {record.error}", 502 if record.remote_error else 500))
         yield _sse("error", error=error["error"])
         return
     if open_kind is None:  # an empty reply is still one (empty) text block

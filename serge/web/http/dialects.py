@@ -21,6 +21,8 @@ from serge.web.http.errors import ApiError, describe_validation
 
 log = logging.getLogger(__name__)
 
+BUSY_RETRY_S = 5  # Retry-After for a request that waited out the queue: slots free as replies end
+
 
 class StrictRequest(BaseModel):
     """Unknown fields are a 400 naming them; a field sent as null is a field not sent (generated SDKs send
@@ -98,7 +100,11 @@ def start_chat(request: Request, name: str | None, ask: ChatRequest) -> Stream:
 
 
 def failure(record: GenerationRecord) -> ApiError:
-    """A generation that failed: 502 when a remote model's server was at fault, else Serge's 500."""
+    """A generation that failed: 503 when it waited out the queue (the server is busy), 502 when a remote model's
+    server was at fault, else Serge's 500."""
+    if record.busy:
+        return ApiError(503, record.error or "the server is busy", code="engine_busy",
+                        headers={"Retry-After": str(BUSY_RETRY_S)})
     if record.remote_error:
         return ApiError(502, f"generation failed: {record.error}", code="remote_model_failed")
     return ApiError(500, f"generation failed: {record.error}", code="generation_failed")

@@ -101,6 +101,8 @@ def _finish(record: GenerationRecord, started: float, load_s: float) -> dict:
 
 
 def _failure(record: GenerationRecord) -> tuple[int, str]:
+    if record.busy:
+        return 503, record.error or "the server is busy"
     return 502 if record.remote_error else 500, f"generation failed: {record.error}"
 
 
