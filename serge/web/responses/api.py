@@ -11,28 +11,24 @@ cancelled and not stored at all, so nothing half-made is ever kept.
 
 from __future__ import annotations
 
-import itertools
-import json
-import time
-from datetime import UTC, datetime
 from typing import Literal
 
 from fastapi import APIRouter, Query, Request
 from starlette.concurrency import run_in_threadpool
 
-from serge.engine import ChatRequest, ContextTooLong, Engine, FinishReason, InvalidRequest, Stream
+from serge.engine import ChatRequest, ContextTooLong, Engine, InvalidRequest, Stream
 from serge.chats.responses import StoredResponses
-from serge.store import DatabaseUnavailable, ResponseNotFound, ResponseRecord
+from serge.store import ResponseNotFound, ResponseRecord
 from serge.web.http.auth import owner
 from serge.web.pages.docs import BUSY
 from serge.web.http.errors import ApiError
-from serge.web.http.dialects import cancel_on_disconnect, failure, start_chat, stream_response
+from serge.web.http.dialects import start_chat
 from serge.web.http.request_log import note_generation, note_tools_left_out
-from serge.web.responses.items import conversation, new_id
+from serge.web.responses.items import conversation
+from serge.web.responses.answer import answer, too_long
 from serge.web.responses.mcp_api import mcp_response
 from serge.web.responses.models import HARMLESS, HOSTED, CreateResponse
-from serge.web.responses.output import (DeletedResponse, InputItemList, OutputItems, ResponseOut, echo,
-                                        response_object, status_of, usage)
+from serge.web.responses.output import (DeletedResponse, InputItemList, OutputItems, ResponseOut, response_object)
 
 router = APIRouter(prefix="/v1", tags=["OpenAI Responses API"])
 
@@ -121,10 +117,7 @@ async def _start(body: CreateResponse, request: Request, user: str) -> tuple[Str
                           think=body.think())
         stream = await run_in_threadpool(start_chat, request, body.model, ask)
     except ContextTooLong as exc:
-        text = str(exc)
-        param = "max_output_tokens" if text.startswith("max_new_tokens") else "input"
-        raise ApiError(400, text.replace("max_new_tokens", "max_output_tokens"), code="context_length_exceeded",
-                       param=param) from None
+        raise too_long(exc) from None
     except InvalidRequest as exc:
         if exc.param != "max_tokens":
             raise
@@ -141,71 +134,15 @@ async def create_response(body: CreateResponse, request: Request):
     if body.uses_mcp():  # Serge runs the calls of registered MCP servers' tools between passes
         return await mcp_response(body, request, await history_of(body, request, user))
     stream, items = await _start(body, request, user)
-    response_id, created = new_id("resp"), int(time.time())
-    request_echo, model = echo(body), stream.model
     builder = OutputItems(body.wants_logprobs)
 
-    def whole(status: str, record=None) -> dict:
-        return response_object(response_id, created, model, status, builder.output,
-                               usage(record) if record else None, request_echo, body.previous_response_id)
-
-    async def keep(record) -> None:
-        if body.store:
-            await run_in_threadpool(
-                _store(request).keep, user, id=response_id, model=model, status=status_of(record),
-                previous_response_id=body.previous_response_id, input_items=items, output_items=builder.output,
-                usage=usage(record), request=request_echo, created_at=datetime.fromtimestamp(created, UTC))
-
-    if not body.stream:
-        watcher = cancel_on_disconnect(request, stream)
-        try:
-            async for delta in stream.adeltas():
-                builder.add(delta)
-        finally:
-            watcher.cancel()
-        record = stream.record
-        if record.finish_reason is FinishReason.ERROR:
-            raise failure(record)
-        if record.finish_reason is FinishReason.CANCELLED:  # the client left, or the server is stopping
-            raise ApiError(503, "the reply was stopped before it finished; nothing was stored", code="cancelled")
-        builder.finish(record)
-        await keep(record)
-        return whole(status_of(record), record)
-
-    numbers = itertools.count()
-
-    def sse(event: dict) -> str:
-        event["sequence_number"] = next(numbers)
-        return f"event: {event['type']}\ndata: {json.dumps(event)}\n\n"
-
-    def error_event(message: str, code: str) -> str:
-        return sse({"type": "error", "code": code, "message": message, "param": None})
-
     async def events():
-        yield sse({"type": "response.created", "response": whole("in_progress")})
-        yield sse({"type": "response.in_progress", "response": whole("in_progress")})
         async for delta in stream.adeltas():
             for event in builder.add(delta):
-                yield sse(event)
-        record = stream.record
-        if record.finish_reason is FinishReason.ERROR:  # nothing is stored
-            yield error_event(f"generation failed: {record.error}",
-                          "remote_model_failed" if record.remote_error else "generation_failed")
-            return
-        if record.finish_reason is FinishReason.CANCELLED:
-            yield error_event("the reply was stopped before it finished; nothing was stored", "cancelled")
-            return
-        for event in builder.finish(record):
-            yield sse(event)
-        try:
-            await keep(record)
-        except DatabaseUnavailable as exc:  # say so in the stream's own terms
-            yield error_event(f"the response could not be stored: {exc}", "database_unavailable")
-            return
-        status = status_of(record)
-        yield sse({"type": f"response.{status}", "response": whole(status, record)})
+                yield event
 
-    return stream_response(events(), stream)
+    return await answer(body, request, owner=user, model=stream.model, items=items, builder=builder,
+                        events=events, record=lambda: stream.record, reply=stream)
 
 
 def _stored(record: ResponseRecord) -> dict:

@@ -11,34 +11,21 @@ conversation (`previous_response_id`) neither lists a server again nor loses a c
 
 from __future__ import annotations
 
-import itertools
-import json
-import time
-from datetime import UTC, datetime
 
 from fastapi import Request
 from starlette.concurrency import run_in_threadpool
 
 from serge.chats.mcp_turn import (ApprovalAsked, CallDone, CallRunning, Generated, McpTurn, PassStarted, ToolNameClash,
                                   TurnEnded, as_function, catalog, list_tools)
-from serge.engine import ChatRequest, ContextTooLong, FinishReason, GenerationRecord
-from serge.store import DatabaseUnavailable
+from serge.engine import ChatRequest, ContextTooLong, GenerationRecord
 from serge.web.http.auth import current_user
-from serge.web.http.dialects import cancel_on_disconnect, failure, stream_response
 from serge.web.http.errors import ApiError
 from serge.web.http.request_log import note_generation, note_tools_left_out
-from serge.web.responses.items import conversation, invalid, new_id
+from serge.web.responses.items import conversation, invalid
+from serge.web.responses.answer import answer, too_long
 from serge.web.responses.mcp import approvals, checked_uses, earlier_listings
 from serge.web.responses.mcp_output import McpOutputItems
 from serge.web.responses.models import CreateResponse
-from serge.web.responses.output import echo, response_object, status_of, usage
-
-
-def _too_long(exc: ContextTooLong) -> ApiError:
-    text = str(exc)
-    param = "max_output_tokens" if text.startswith("max_new_tokens") else "input"
-    return ApiError(400, text.replace("max_new_tokens", "max_output_tokens"), code="context_length_exceeded",
-                    param=param)
 
 
 async def mcp_response(body: CreateResponse, request: Request, history: list[dict]):
@@ -81,10 +68,8 @@ async def mcp_response(body: CreateResponse, request: Request, history: list[dic
     try:
         stream = await run_in_threadpool(turn.start, body.model, ask)
     except ContextTooLong as exc:
-        raise _too_long(exc) from None
+        raise too_long(exc) from None
     note_generation(request, stream.model, stream)
-    response_id, created, model = new_id("resp"), int(time.time()), stream.model
-    request_echo = echo(body)
     ended: list[GenerationRecord] = []
 
     async def events():
@@ -110,69 +95,5 @@ async def mcp_response(body: CreateResponse, request: Request, history: list[dic
             elif isinstance(event, TurnEnded):
                 ended.append(event.record)
 
-    def whole(status: str, record=None) -> dict:
-        return response_object(response_id, created, model, status, builder.output,
-                               usage(record) if record else None, request_echo, body.previous_response_id)
-
-    async def keep(record) -> None:
-        if body.store:
-            await run_in_threadpool(
-                request.app.state.responses.keep, user.id, id=response_id, model=model, status=status_of(record),
-                previous_response_id=body.previous_response_id, input_items=items, output_items=builder.output,
-                usage=usage(record), request=request_echo, created_at=datetime.fromtimestamp(created, UTC))
-
-    if not body.stream:
-        watcher = cancel_on_disconnect(request, turn)
-        try:
-            async for _ in events():
-                pass
-        except ContextTooLong as exc:  # a later pass, its prompt grown by the tools' outputs
-            raise _too_long(exc) from None
-        finally:
-            watcher.cancel()
-        record = ended[-1]
-        if record.finish_reason is FinishReason.ERROR:
-            raise failure(record)
-        if record.finish_reason is FinishReason.CANCELLED:
-            raise ApiError(503, "the reply was stopped before it finished; nothing was stored", code="cancelled")
-        builder.finish(record)
-        await keep(record)
-        return whole(status_of(record), record)
-
-    numbers = itertools.count()
-
-    def sse(event: dict) -> str:
-        event["sequence_number"] = next(numbers)
-        return f"event: {event['type']}\ndata: {json.dumps(event)}\n\n"
-
-    def error_event(message: str, code: str) -> str:
-        return sse({"type": "error", "code": code, "message": message, "param": None})
-
-    async def streamed():
-        yield sse({"type": "response.created", "response": whole("in_progress")})
-        yield sse({"type": "response.in_progress", "response": whole("in_progress")})
-        try:
-            async for event in events():
-                yield sse(event)
-        except ContextTooLong as exc:
-            yield error_event(str(exc), "context_length_exceeded")
-            return
-        record = ended[-1]
-        if record.finish_reason is FinishReason.ERROR:
-            yield error_event(f"generation failed: {record.error}",
-                              "remote_model_failed" if record.remote_error else "generation_failed")
-            return
-        if record.finish_reason is FinishReason.CANCELLED:
-            yield error_event("the reply was stopped before it finished; nothing was stored", "cancelled")
-            return
-        for event in builder.finish(record):
-            yield sse(event)
-        try:
-            await keep(record)
-        except DatabaseUnavailable as exc:
-            yield error_event(f"the response could not be stored: {exc}", "database_unavailable")
-            return
-        status = status_of(record)
-        yield sse({"type": f"response.{status}", "response": whole(status, record)})
-
-    return stream_response(streamed(), turn)
+    return await answer(body, request, owner=user.id, model=stream.model, items=items, builder=builder,
+                        events=events, record=lambda: ended[-1], reply=turn)
