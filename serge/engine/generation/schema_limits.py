@@ -42,9 +42,9 @@ def _size(schema) -> int:
     return count
 
 
-def _target(root: dict, ref: str):
-    """What a local `$ref` points at (None: not local or not there)."""
-    if not ref.startswith("#"):
+def pointer(root: dict, ref: str):
+    """The schema a local `$ref` ("#", "#/$defs/x") points at; None for one that is not local or not there."""
+    if not isinstance(ref, str) or not ref.startswith("#"):
         return None
     node = root
     for part in filter(None, ref[1:].split("/")):
@@ -77,7 +77,7 @@ def depth(schema) -> int:
             ref = node.get("$ref")
             if isinstance(ref, str) and ref not in following:
                 if ref not in known:
-                    target = _target(schema, ref)
+                    target = pointer(schema, ref)
                     following.add(ref)
                     known[ref] = 0 if target is None else 1 + walk(target, level + 1)
                     following.discard(ref)

@@ -18,7 +18,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from serge.engine.generation.schema_limits import guidance_problem, schema_problem
+from serge.engine.generation.schema_limits import guidance_problem, pointer, schema_problem
 
 # Compact, conventional JSON: no free whitespace (a small model can pad with
 # newlines forever), separators as json.dumps writes them.
@@ -110,22 +110,6 @@ def bounded(schema):
     return out
 
 
-def _pointer(root: dict, ref: str):
-    """The schema a local `$ref` ("#", "#/$defs/x") points at; None for one that is not local or not there."""
-    if not isinstance(ref, str) or not ref.startswith("#"):
-        return None
-    node = root
-    for part in filter(None, ref[1:].split("/")):
-        part = part.replace("~1", "/").replace("~0", "~")
-        if isinstance(node, dict) and part in node:
-            node = node[part]
-        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
-            node = node[int(part)]
-        else:
-            return None
-    return node
-
-
 def _refs(schema, found: set[str]) -> set[str]:
     stack = [schema]
     while stack:
@@ -187,7 +171,7 @@ def endless(schema: dict) -> str | None:
     while changed:  # the least fixed point: a `$ref` has a finite instance once its target does
         changed = False
         for ref in refs - good:
-            target = _pointer(schema, ref)
+            target = pointer(schema, ref)
             if target is None or _finite(target, good):
                 good.add(ref)
                 changed = True
