@@ -65,4 +65,5 @@ def test_a_tool_schema_that_cannot_be_bounded_is_a_400_naming_tools(server, prob
 def test_schemas_with_a_way_out_still_generate(server, schema):
     answer = ask(server, **as_format(FINE[schema]))
     assert answer.status_code == 200, answer.text
-    assert ask(server, **as_tool(FINE[schema])).status_code == 200
+    called = ask(server, **{**as_tool(FINE[schema]), "max_tokens": 64})  # a forced call's wrapper needs more than 8
+    assert called.status_code == 200, called.text
