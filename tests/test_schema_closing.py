@@ -102,3 +102,15 @@ def test_on_responses_the_400_names_max_output_tokens(standin_server, closing_di
     assert short.status_code == 400, short.text
     error = short.json()["error"]
     assert error["param"] == "max_output_tokens" and f"max_output_tokens={closing_distance - 1}" in error["message"]
+
+
+def test_a_schema_the_closing_walk_cannot_end_is_not_refused(standin_server):
+    """The walk is greedy: for ^(a|aa)+b$ it writes a's for ever. Finding no end is no proof that none fits,
+    so such a request runs (the shortest valid reply, "ab", takes a few tokens) rather than being a 400."""
+    import httpx
+
+    schema = {"type": "string", "pattern": "^(a|aa)+b$"}
+    answer = httpx.post(f"{standin_server}/v1/chat/completions", timeout=120, json={
+        "model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 40,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "ab", "schema": schema}}})
+    assert answer.status_code == 200, answer.text

@@ -33,6 +33,8 @@ from serge.engine.generation.tools import Tools, plan_reply
 
 log = logging.getLogger(__name__)
 
+FITS_SLACK = 256  # tokens past max_tokens the closing walk may take to find the least that fits
+
 
 @dataclass(frozen=True)
 class LoadOptions:
@@ -127,8 +129,10 @@ class LocalModel:
         """InvalidRequest naming max_tokens when the shortest reply `grammar` allows takes more than `budget` tokens
         (a capped request, Anthropic's or Ollama's, is cut as before instead)."""
         vocabulary = self.scheduler.vocabulary
-        least = vocabulary.matcher(grammar, param).distance(vocabulary.closers(), budget)
-        if least > budget:
+        least = vocabulary.matcher(grammar, param).distance(vocabulary.closers(), budget + FITS_SLACK)
+        if budget < least <= budget + FITS_SLACK:  # the walk found an end, past the budget
+            # (a walk that finds none within the slack proves nothing: it is greedy, and a pattern such as
+            # ^(a|aa)+b$ sends it round for ever; such a request runs, steered as best it can be)
             raise InvalidRequest(f"max_tokens={budget} is fewer than the {least} tokens the shortest reply this "
                                  f"{'tool call' if param == 'tools' else 'schema'} allows takes; ask for at least "
                                  f"{least}", "max_tokens")
