@@ -20,7 +20,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from bench import report, serge_rows
+from bench import long_prompt, report, serge_rows
 from bench.systems import (
     ALL_SYSTEMS,
     BENCH_DIR,
@@ -82,6 +82,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                          "(e.g. bench/.peers/models/real-size) instead of the bundled model")
     ap.add_argument("--quick", action="store_true",
                     help="smoke run: 8 new tokens, concurrency 1,2, 2 chat turns, 1 single rep")
+    ap.add_argument("--long-prompt", type=int, default=7920,
+                    help="prompt tokens of the cold long conversation each system answers with one token (0: skip)")
+    ap.add_argument("--long-prompt-rounds", type=int, default=2, help="rounds of the long-prompt row")
     serge_rows.add_arguments(ap)
     args = ap.parse_args(argv)
     if args.quick:
@@ -90,6 +93,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.concurrency = "1,2"
         args.single_reps = 1
         args.chat_turns = min(args.chat_turns, 2)
+        args.long_prompt = min(args.long_prompt, 600)
+        args.long_prompt_rounds = 1
     args.out_dir = args.out_dir or (BENCH_DIR / "results" / ("scratch" if args.quick else ""))
     args.model_name = "smollm2-135m-instruct"
     args.serge_models_dir = default_installed_dir().parent
@@ -224,6 +229,13 @@ def run_server_system(args, cfg: Config, name: str, entry: dict[str, Any]) -> No
                 lv["stopped_here"] = f"{timeouts} timeouts" if timeouts else "every request failed"
                 log(f"{name}: {lv['stopped_here']} at {c} streams; skipping higher levels")
                 break
+        if args.long_prompt:
+            entry["long_prompt"] = row = long_prompt.row(srv.base_url, system.body, args.long_prompt,
+                                                         args.long_prompt_rounds)
+            log(f"{name}: a cold {row['prompt_tokens']}-token conversation answered in "
+                + (" / ".join(f"{x:.1f}" for x in row["seconds"]) or "-") + " s"
+                + (f" ({row['errors'][0]})" if row["errors"] else ""))
+            alive(srv, "the long prompt")
         entry["info"]["rss_mb_end"] = srv.rss_mb()
         if name == "serge":
             entry.update(serge_rows.run(srv.base_url, args, log))
@@ -261,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
             "model_dir": str(cfg.model_dir), "dtype": "float32", "gguf": str(args.gguf) if args.gguf else None,
             "threads": args.threads,
             "max_tokens": args.max_tokens, "concurrency": levels_for(args), "single_reps": args.single_reps,
-            "rounds": args.rounds, "level_timeout": args.level_timeout, "chat_turns": args.chat_turns, "chat_max_tokens": args.chat_max_tokens,
+            "rounds": args.rounds, "long_prompt": args.long_prompt, "level_timeout": args.level_timeout, "chat_turns": args.chat_turns, "chat_max_tokens": args.chat_max_tokens,
             "prompt_tokens": count_prompt_tokens(cfg.model_dir),
             "cpus": os.cpu_count(), "loadavg_start": [round(x, 2) for x in os.getloadavg()],
             "python": sys.version.split()[0], "log_dir": str(log_dir),

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from bench import serge_rows
+from bench import long_prompt, serge_rows
 
 
 def _f(v: Any, fmt: str = "{:.1f}", none: str = "-") -> str:
@@ -56,10 +56,16 @@ def targets(run: dict) -> list[dict[str, Any]]:
         ("8 streams: serge / transformers serve --cb", ratio(s8, get("tf-serve-cb", 8, "agg_tok_s")), ">", 1.0),
         ("10-turn chat: TTFT turn 10 / turn 1",
          ((run["systems"].get("serge") or {}).get("chat") or {}).get("ttft_last_over_first"), "<=", 1.5),
+        ("as started, single stream: serge (make run) / llama-server",
+         ratio(single_tok_s(run, "serge-default"), single_tok_s(run, "llama-server-default")), ">=", 1.0),
+        ("as started, 8 streams: serge (make run) / llama-server",
+         ratio(get("serge-default", 8, "agg_tok_s"), get("llama-server-default", 8, "agg_tok_s")), ">=", 1.0),
         ("llama.cpp, single stream: serge / llama-server",
-         ratio(single_tok_s(run, "serge-llama"), single_tok_s(run, "llama-server")), ">=", 0.9),
+         ratio(single_tok_s(run, "serge-llama"), single_tok_s(run, "llama-server")), ">=", 1.0),
         ("llama.cpp, 8 streams: serge / llama-server --parallel 8",
-         ratio(get("serge-llama", 8, "agg_tok_s"), get("llama-server", 8, "agg_tok_s")), ">=", 0.9),
+         ratio(get("serge-llama", 8, "agg_tok_s"), get("llama-server", 8, "agg_tok_s")), ">=", 1.0),
+        ("llama.cpp, 16 streams: serge / llama-server --parallel 8",
+         ratio(get("serge-llama", 16, "agg_tok_s"), get("llama-server", 16, "agg_tok_s")), ">=", 1.0),
         ("llama.cpp, 8 streams: serge / llama-cpp-python server",
          ratio(get("serge-llama", 8, "agg_tok_s"), get("llamacpp", 8, "agg_tok_s")), ">=", 2.0),
         ("llama.cpp, 10-turn chat: TTFT turn 10 / turn 1",
@@ -116,11 +122,13 @@ def markdown(run: dict) -> str:
                   "| system | after warm-up | at the end |", "|---|---:|---:|"]
         lines += [f"| {label} | {_f(a, '{:.0f}')} | {_f(b, '{:.0f}')} |" for label, a, b in mem]
     # targets
-    if "serge" in run["systems"] or "serge-llama" in run["systems"]:
+    if any(name.startswith("serge") for name in run["systems"]):
         lines += ["", "Serge's targets:", "", "| target | value | goal | met |", "|---|---:|---|---|"]
         for t in run.get("targets") or targets(run):
             met = "n/a" if t["met"] is None else ("yes" if t["met"] else "**no**")
             lines.append(f"| {t['target']} | {_f(t['value'], '{:.2f}')} | {t['goal']} | {met} |")
+    if rows := long_prompt.markdown(run["systems"]):
+        lines += ["", rows.rstrip("\n")]
     if rows := serge_rows.markdown(run):
         lines += ["", rows.rstrip("\n")]
     notes = [f"- {n}: {s['notes']}" for n, s in run["systems"].items() if s.get("notes")]

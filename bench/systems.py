@@ -258,10 +258,12 @@ class Serge(System):
     `compute_threads`: the engine's threads when not the run's `--threads` (the process may
     still use every core: its HTTP and sampling threads run beside them)."""
 
-    def __init__(self, name: str, label: str, cfg: Config, engine: str, compute_threads: int | None = None) -> None:
+    def __init__(self, name: str, label: str, cfg: Config, engine: str, compute_threads: int | None = None,
+                 as_started: bool = False) -> None:
         super().__init__(name, label, cfg)
         self.engine = engine
         self.compute_threads = compute_threads
+        self.as_started = as_started  # as `make run` starts it: no setting but where the model is
 
     def _exe(self) -> Path:
         exe = Path(os.environ.get("SERGE_BENCH_SERGE", DEV_VENV / "bin" / "serge"))
@@ -313,6 +315,10 @@ class Serge(System):
         env.update(SERGE_MODELS_MEMORY_MB=str(int(ram_mb * 0.85)))
         env.update(SERGE_MODELS_DIR=str(models_dir), SERGE_TORCH_THREADS=str(threads),
                    SERGE_DEVICE="cpu", SERGE_DTYPE="float32", SERGE_DEFAULT_MODEL=self.cfg.model_name, SERGE_ENGINE=self.engine)
+        if self.as_started:
+            env = {k: v for k, v in os.environ.items() if not k.startswith("SERGE_") and "NUM_THREADS" not in k}
+            env.update(SERGE_MODELS_DIR=str(models_dir), SERGE_DEFAULT_MODEL=self.cfg.model_name)
+            self.info["compute_threads"] = "default"
         self.info["data_dir"] = str(data_dir)
         self.info["models_dir"] = str(models_dir)
         cmd = [str(self._exe()), "serve", "--host", "127.0.0.1", "--port", str(port), "--data-dir", str(data_dir)]
@@ -405,9 +411,10 @@ class LlamaServer(System):
     """llama.cpp's own `llama-server` (built from source by install_peers.sh), with parallel
     slots and its native continuous batching: the CPU bar."""
 
-    def __init__(self, name: str, label: str, cfg: Config, parallel: int) -> None:
+    def __init__(self, name: str, label: str, cfg: Config, parallel: int, as_started: bool = False) -> None:
         super().__init__(name, label, cfg)
         self.parallel = parallel
+        self.as_started = as_started  # as its users start it: no thread flags, 64K tokens of context
 
     def _exe(self) -> Path:
         exe = PEERS / "llama-server" / "bin" / "llama-server"
@@ -428,13 +435,17 @@ class LlamaServer(System):
         port = free_port()
         t = str(self.cfg.threads)
         cmd = [str(self._exe()), "-m", str(self.cfg.gguf), "--alias", self.cfg.model_name, "--host", "127.0.0.1",
-               "--port", str(port), "-t", t, "-tb", t, "--parallel", str(self.parallel),
-               "-c", str(self.cfg.slot_window * self.parallel), "--no-webui"]
+               "--port", str(port), "--parallel", str(self.parallel), "-c", str(self.cfg.slot_window * self.parallel),
+               "--no-webui"]
+        env = {k: v for k, v in os.environ.items() if "NUM_THREADS" not in k}
+        if not self.as_started:
+            cmd += ["-t", t, "-tb", t]
+            env = thread_env(self.cfg.threads)
         self.info["ctx_per_slot"] = self.cfg.slot_window
         if _has_amx():  # as Serge's LlamaForward: llama.cpp's AMX repacked kernels crash on Q4_1 there
             cmd.append("--no-repack")
             self.info["repack"] = False
-        return self._server(cmd, thread_env(self.cfg.threads), "/health", port)
+        return self._server(cmd, env, "/health", port)
 
     def body(self, messages, max_tokens, ignore_eos):
         return _ignore_eos_body(self.cfg.model_name, messages, max_tokens, ignore_eos)
@@ -480,9 +491,11 @@ class Vllm(System):
         return _ignore_eos_body(self.cfg.model_name, messages, max_tokens, ignore_eos)
 
 
-ALL_SYSTEMS = ["serge-llama", "serge-llama-1t", "llama-server", "serge", "generate", "tf-serve", "tf-serve-cb", "llamacpp", "vllm",
+ALL_SYSTEMS = ["serge-default", "llama-server-default", "serge-llama", "serge-llama-1t", "llama-server", "serge", "generate", "tf-serve", "tf-serve-cb", "llamacpp", "vllm",
                "vllm-1t"]
 LABELS = {
+    "serge-default": "serge serve as `make run` starts it (no settings)",
+    "llama-server-default": "llama-server --parallel 8 -c 65536, no thread flags",
     "serge-llama": "serge serve, llama.cpp engine (GGUF)",
     "serge-llama-1t": "serge serve, llama.cpp engine, 1 compute thread",
     "llama-server": "llama-server --parallel 8 (GGUF)",
@@ -497,6 +510,10 @@ LABELS = {
 
 
 def make_system(name: str, cfg: Config) -> System:
+    if name == "serge-default":
+        return Serge(name, LABELS[name], cfg, engine="auto", as_started=True)
+    if name == "llama-server-default":
+        return LlamaServer(name, LABELS[name], cfg, parallel=8, as_started=True)
     if name == "serge":
         return Serge(name, LABELS[name], cfg, engine="transformers")
     if name == "serge-llama":

@@ -115,10 +115,11 @@ class Settings(BaseSettings):
         "MAX_RUNNING (8 on llama.cpp) slices of the context window, within half of what the models' memory budget "
         "leaves beside the weights.",
     )
-    llama_kv_type: Literal["q8_0-keys", "q8_0", "f16"] = Field(
-        "q8_0-keys", description="How llama.cpp stores keys and values: q8_0-keys (keys in 8 bits, values in 16) "
-        "takes 0.77x the memory of f16 at its speed; q8_0 (both in 8 bits, through llama.cpp's flash attention) "
-        "0.53x, with a chat's next turn ~1.3x slower on a CPU.",
+    llama_kv_type: Literal["auto", "f16", "q8_0-keys", "q8_0"] = Field(
+        "auto", description="How llama.cpp stores keys and values: auto takes f16 (llama.cpp's default, with its flash "
+        "attention, the fastest on a CPU) where every reply's whole window fits the KV memory, else q8_0-keys; "
+        "q8_0-keys (keys in 8 bits, values in 16) takes 0.77x the memory of f16; q8_0 (both in 8 bits) 0.53x, with a "
+        "chat's next turn ~1.3x slower on a CPU.",
     )
     gpu_layers: int | None = Field(
         None, ge=-1, description="Layers of a GGUF model llama.cpp puts on the GPU (llama.cpp's n_gpu_layers: the "

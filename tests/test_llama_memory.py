@@ -11,7 +11,7 @@ import torch
 from serge.engine.llamacpp import memory as llama_memory
 from serge.engine.devices import DevicePlan
 from serge.engine.generation.scheduler import SchedulerLimits
-from serge.engine.llamacpp.memory import KV_TYPES, kv_layout, kv_type, planned_layout
+from serge.engine.llamacpp.memory import KV_TYPES, choose_kv, kv_layout, kv_type, planned_layout
 from serge.engine.llamacpp.options import LlamaOptions
 from serge.engine.metrics import EngineMetrics
 from serge.engine.models.facts import ModelFacts
@@ -28,6 +28,10 @@ def _options(**changes) -> LlamaOptions:
     return LlamaOptions(**{**vars(base), **changes})
 
 
+TIGHT = WEIGHTS + 2 * 3 * 8192 * 17_640  # room for 3 whole windows in q8_0-keys
+TIGHT_AUTO = WEIGHTS + 2 * 8 * 8192 * 20_000  # 8 whole windows in q8_0-keys (17,640 a token), not in f16 (23,040)
+
+
 @pytest.mark.parametrize("name, f16, expected", [
     ("f16", BUNDLED_F16, 23_040),
     ("q8_0-keys", BUNDLED_F16, 17_640),  # keys: 34 bytes per 32 values (32 int8 and an f16 scale); values f16
@@ -41,15 +45,29 @@ def test_bytes_per_token_are_those_of_the_kv_type(name, f16, expected):
     assert kv_type(name).bytes_per_token(f16) == expected
 
 
-def test_only_quantized_values_run_through_flash_attention():
-    """llama.cpp needs its flash attention for a quantized V; on a CPU it made a next turn slower, so only then."""
-    kinds = {name: (kv.type_k, kv.type_v, kv.flash_attention) for name in KV_TYPES for kv in [kv_type(name)]}
-    assert kinds == {"q8_0-keys": (8, 1, False), "q8_0": (8, 8, True), "f16": (1, 1, False)}
-    with pytest.raises(ValueError, match="use q8_0-keys, q8_0, f16"):
+def test_f16_and_quantized_values_run_through_flash_attention_and_8_bit_keys_by_matrix_products():
+    """f16 as llama.cpp runs it by default (its flash attention: the fastest measured on a CPU); a quantized V needs
+    it; 8-bit keys with f16 values were faster without it at long contexts."""
+    kinds = {name: (kv.type_k, kv.type_v, kv.flash_attention) for name in KV_TYPES if name != "auto"
+             for kv in [kv_type(name)]}
+    assert kinds == {"q8_0-keys": (8, 1, False), "q8_0": (8, 8, True), "f16": (1, 1, True)}
+    with pytest.raises(ValueError, match="use f16, q8_0-keys, q8_0"):
         kv_type("q4_0")
 
 
-TIGHT = WEIGHTS + 2 * 3 * 8192 * 17_640  # room for 3 whole windows in q8_0-keys
+@pytest.mark.parametrize("case, changes, expected", [
+    ("room for every slice in f16: llama.cpp's default", {}, "f16"),
+    ("a budget that f16 would cut to fewer slices: 8-bit keys", {"memory_bytes": TIGHT_AUTO}, "q8_0-keys"),
+    ("SERGE_LLAMA_KV_CACHE_MB too small for f16's windows", {"kv_cache_mb": 16}, "q8_0-keys"),
+    ("a type named in the settings is taken as it is", {"kv_type": "q8_0", }, "q8_0"),
+    ("even f16 where it does not fit", {"kv_type": "f16", "memory_bytes": TIGHT_AUTO}, "f16"),
+])
+def test_auto_takes_f16_where_every_whole_window_fits_else_8_bit_keys(case, changes, expected):
+    options = _options(**{"kv_type": "auto", **changes})
+    kv, why = choose_kv(options, BUNDLED_F16, 8192, WEIGHTS)
+    assert kv.name == expected, case
+    assert why
+
 
 
 @pytest.mark.parametrize("case, kv, changes, trained, expected", [
@@ -82,7 +100,8 @@ def test_the_estimate_counts_the_bytes_of_the_layout_the_loader_makes(kv):
                        layers=30)
     options = _options(kv_type=kv)
     slices, cells, per_token = planned_layout(facts, options)
-    assert (slices, cells, per_token) == (8, 8192, kv_type(kv).bytes_per_token(BUNDLED_F16))
+    made = choose_kv(options, BUNDLED_F16, 8192, WEIGHTS)[0]  # auto's choice: f16 in this budget
+    assert (slices, cells, per_token) == (8, 8192, made.bytes_per_token(BUNDLED_F16))
     kv_bytes = 8 * 8192 * per_token
     parked = min(kv_bytes, SchedulerLimits().prefix_cache_mb * MB)
     assert llama_memory.estimate(facts, options) == WEIGHTS + kv_bytes + parked
@@ -99,7 +118,7 @@ def test_a_vision_models_projector_is_counted_with_its_weights_on_the_host_or_th
 
 
 def test_serge_llama_kv_type_reaches_the_setting_and_only_known_types_do(monkeypatch):
-    assert Settings().llama_kv_type == "q8_0-keys" == KV_TYPES[0]
+    assert Settings().llama_kv_type == "auto" == KV_TYPES[0]
     monkeypatch.setenv("SERGE_LLAMA_KV_TYPE", "f16")
     assert Settings().llama_kv_type == "f16"
     monkeypatch.setenv("SERGE_LLAMA_KV_TYPE", "q4_0")

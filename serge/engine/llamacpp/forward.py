@@ -43,7 +43,7 @@ from serge.engine.generation.sampling import SamplingParams
 from serge.engine.generation.scheduler import Scheduler
 from serge.engine.generation.threads import ladder
 from serge.engine.llamacpp.batch import LlamaBatch
-from serge.engine.llamacpp.memory import KvType, footprint, kv_layout, kv_type, placement
+from serge.engine.llamacpp.memory import KvType, choose_kv, footprint, kv_layout, kv_type, placement
 from serge.engine.llamacpp.offload import plan_offload
 from serge.engine.llamacpp.vision import LlamaVision, load_vision
 from serge.engine.llamacpp.options import LlamaOptions
@@ -121,8 +121,8 @@ class LlamaForward:
         heads = lc.llama_model_n_head(self._model)
         head_dim = lc.llama_model_n_embd(self._model) // max(1, heads)
         kv_heads = lc.llama_model_n_head_kv(self._model)
-        self.kv = kv
-        self.bytes_per_token = kv.bytes_per_token(2 * self.n_layer * kv_heads * head_dim * 2)
+        self.kv = kv  # may change until `prepare` makes the context
+        self.f16_bytes_per_token = 2 * self.n_layer * kv_heads * head_dim * 2
         self.slices = 1  # `size` sets these before `prepare`
         self.cells = 0  # per slice
         self.max_batch = max_batch
@@ -131,6 +131,10 @@ class LlamaForward:
         self._batch = None
         self._free_ids: list[int] = []
         self.vision: LlamaVision | None = None  # a model with an mmproj: its images' chunks go through it
+
+    @property
+    def bytes_per_token(self) -> int:
+        return self.kv.bytes_per_token(self.f16_bytes_per_token)
 
     @property
     def weights_bytes(self) -> int:
@@ -277,7 +281,9 @@ def load_llamacpp(installed: InstalledModel, options: LlamaOptions) -> LocalMode
     tokenizer = load_tokenizer(installed)
     check_chat_template(installed.name, tokenizer)
     forward = LlamaForward(str(installed.gguf_path), options.threads, max_batch=options.limits.prefill_chunk,
-                           gpu_layers=planned.n_gpu_layers, kv=kv_type(options.kv_type))
+                           gpu_layers=planned.n_gpu_layers)
+    forward.kv, kv_why = choose_kv(options, forward.f16_bytes_per_token, forward.n_ctx_train or 2048,
+                                   forward.weights_bytes)
     forward.size(*kv_layout(options, forward.bytes_per_token, forward.n_ctx_train or 2048, forward.weights_bytes))
     forward.vision = load_vision(installed, forward._model, options.threads, planned.n_gpu_layers > 0, tokenizer)
     kv_bytes = forward.kv_bytes
@@ -294,10 +300,11 @@ def load_llamacpp(installed: InstalledModel, options: LlamaOptions) -> LocalMode
                           options.metrics, prefix_cache_bytes=kv_bytes,  # parked in host memory
                           adapt_threads=options.adapt_threads)
     seconds = time.monotonic() - started
-    log.info("Loaded %s in %.1f s on %s (%d replies at once, %d tokens each; KV cache %d x %d cells of %s, %.0f MB; "
-             "%.0f MB on the GPU, %.0f MB in host memory)", installed.name, seconds, offload.describe(), forward.slices,
-             forward.cells, forward.slices, forward.cells, forward.kv.name, kv_bytes / 2**20, memory.gpu_bytes / 2**20,
-             memory.host_bytes / 2**20)
+    log.info("Loaded %s in %.1f s on %s (%d replies at once, %d tokens each; KV cache %d x %d cells of %s%s, %.0f MB: "
+             "%s; %.0f MB on the GPU, %.0f MB in host memory)", installed.name, seconds, offload.describe(),
+             forward.slices, forward.cells, forward.slices, forward.cells, forward.kv.name,
+             " with flash attention" if forward.kv.flash_attention else "", kv_bytes / 2**20, kv_why,
+             memory.gpu_bytes / 2**20, memory.host_bytes / 2**20)
     return LocalModel(
         name=installed.name,
         engine="llama.cpp",

@@ -15,7 +15,7 @@ from serge.engine.local import LoadOptions
 class LlamaOptions(LoadOptions):
     kv_cache_mb: int | None = None  # SERGE_LLAMA_KV_CACHE_MB: llama.cpp's fixed KV cache, over its own sizing
     gpu_layers: int | None = None  # SERGE_GPU_LAYERS: llama.cpp's n_gpu_layers, over its own choice
-    kv_type: str = "q8_0-keys"  # SERGE_LLAMA_KV_TYPE: how llama.cpp stores keys and values (llamacpp.memory.kv_type)
+    kv_type: str = "auto"  # SERGE_LLAMA_KV_TYPE: how llama.cpp stores keys and values (llamacpp.memory.choose_kv)
 
     @classmethod
     def over(cls, options: LoadOptions, **own) -> LlamaOptions:
