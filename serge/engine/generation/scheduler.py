@@ -45,6 +45,7 @@ from serge.engine.generation.passes import Batch, Step, failure_message
 from serge.engine.generation.sampling import SamplingParams
 from serge.engine.generation.schemas import InvalidRequest
 from serge.engine.generation.sequence import ReplyReader, Sequence
+from serge.engine.generation.shared_prefix import SharedPrefixes
 from serge.engine.generation.stream import FinishReason, GenerationError, Stream
 from serge.engine.generation.thinking import Thinking
 from serge.engine.generation.threads import Threads
@@ -81,6 +82,7 @@ class Scheduler:
         self._chunk = limits.prefill_chunk
         budget = limits.prefix_cache_mb * 2**20
         self._prefixes = PrefixCache(budget if prefix_cache_bytes is None else min(budget, prefix_cache_bytes))
+        self._shared = SharedPrefixes()  # starting replies that wait for a running one's prompt prefix; the worker's
         self.metrics = metrics if metrics is not None else EngineMetrics()
         self._m = self.metrics.model(name)
         self._lock = threading.Condition()
@@ -198,6 +200,8 @@ class Scheduler:
         for seq in admitted:
             if seq in self._running:  # not a choice that its choice 0's failed start has ended
                 self._start(seq)
+        if len(self._shared):
+            self._hand_over()
         try:
             self._step()
         except Exception as exc:  # a bug, not a bad request: fail what runs, keep serving
@@ -229,8 +233,12 @@ class Scheduler:
             self._m.queue_wait.observe(seq.started - seq.stream.created)
             self._m.prompt_tokens.inc(len(seq.prompt))
         try:
-            hit = (self._prefixes.find(seq.context()) if self._prefixes.budget_bytes and seq.images is None
-                   else None)
+            cache = bool(self._prefixes.budget_bytes) and seq.images is None
+            follower = self._shared.leader_for(seq, self._running, self._prefixes.reusable(seq.context()) if cache else 0)
+            if follower is not None:  # a running reply prefills (or holds) more of this prompt: wait, then copy
+                self._shared.follow(follower)
+                return
+            hit = self._prefixes.find(seq.context()) if cache else None
             if hit is None:
                 seq.kv = self.forward.new_kv()
                 return
@@ -245,6 +253,32 @@ class Scheduler:
         self._m.reused_tokens.inc(hit.length)
         if hit.logits is not None:
             self._share(seq)
+
+    def _hand_over(self) -> None:
+        """Before a step: each follower whose leader now holds their shared prefix takes a copy of it (and
+        prefills only the rest); one whose leader left or was made to wait starts again on its own."""
+        ready, orphans = self._shared.due(self._running)
+        for seq in orphans:
+            self._start(seq)
+        handed: dict[Sequence, list[int]] = {}
+        for f in ready:
+            try:
+                f.seq.kv = f.leader.kv.copy(f.length)
+            except Exception:
+                log.exception("could not copy a shared prompt prefix: the reply prefills it itself")
+                try:
+                    f.seq.kv = self.forward.new_kv()
+                except Exception as exc:
+                    self._leave(f.seq, FinishReason.ERROR, failure_message(exc))
+                continue
+            f.seq.prefilled = f.length
+            if not f.seq.resumed:
+                f.seq.cached = f.length
+            self._m.shared_tokens.inc(f.length)
+            handed.setdefault(f.leader, []).append(f.length)
+        for lengths in handed.values():
+            log.info("shared prompt prefix: %d tokens prefilled once, copied for %d other replies", max(lengths),
+                     len(lengths))
 
     def _share(self, seq: Sequence) -> None:
         """Choice 0's prompt is in: each other choice takes a copy of its KV and its next-token logits, so the
