@@ -122,7 +122,7 @@ def table(rows: dict[str, dict[str, Any]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from bench.systems import Config, Unavailable, default_model_dir, installed_gguf, make_system
+    from bench.systems import Config, Unavailable, default_installed_dir, default_model_dir, installed_gguf, make_system
 
     ap = argparse.ArgumentParser(prog="python -m bench.agents", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -138,7 +138,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     cfg = Config(model_dir=args.model_dir.resolve(), threads=args.threads, max_tokens=args.max_tokens, gguf=args.gguf,
-                 log_dir=Path(tempfile.mkdtemp(prefix=f"serge-bench-agents-{stamp}-")))
+                 log_dir=Path(tempfile.mkdtemp(prefix=f"serge-bench-agents-{stamp}-")),
+                 serge_models_dir=default_installed_dir().parent)
     rows: dict[str, dict[str, Any]] = {}
     for name in [s for s in args.systems.split(",") if s]:
         system = make_system(name, cfg)
@@ -146,6 +147,7 @@ def main(argv: list[str] | None = None) -> int:
             system.check()
         except Unavailable as exc:
             rows[name] = {"unavailable": str(exc)}
+            print(f"[agents] {name}: unavailable: {exc}", flush=True)
             continue
         print(f"[agents {time.strftime('%H:%M:%S')}] {name}: {args.agents} agents, {args.turns} more turns each",
               flush=True)

@@ -7,7 +7,10 @@ and batched) is tests/test_shared_prefix_real.py's.
 
 from __future__ import annotations
 
+import logging
 import time
+
+import pytest
 
 from serge.engine import FinishReason, Message, SamplingParams, SchedulerLimits
 from serge.engine.generation.prompts import build_prompt
@@ -29,6 +32,10 @@ class CountingForward(StandInForward):
     def prefill(self, kv, tokens):
         self.prefilled.append(list(tokens))
         return super().prefill(kv, tokens)
+
+    def run(self, kvs, chunks):
+        self.prefilled += [list(chunk) for chunk in chunks if len(chunk) > 1]  # not the decodes' one token
+        return super().run(kvs, chunks)
 
 
 def _model(name: str, forward: StandInForward, **limits):
@@ -60,8 +67,10 @@ def _system_runs(forward: CountingForward, system: list[int]) -> int:
     return sum(1 for chunk in forward.prefilled if chunk[:16] == head)
 
 
-def test_many_replies_sharing_a_long_prompt_prefix_run_it_through_the_model_once():
-    forward = CountingForward(reply_tokens=None, step_s=0.002)
+@pytest.mark.parametrize("joins", [0, 256], ids=["passes-apart", "joined-passes"])
+def test_many_replies_sharing_a_long_prompt_prefix_run_it_through_the_model_once(joins, caplog):
+    caplog.set_level(logging.INFO, "serge.engine.generation.shared_prefix")
+    forward = CountingForward(reply_tokens=None, step_s=0.002, joins=joins)
     model = _model("shared", forward)
     try:
         prompts = _prompts(model, 6)
@@ -80,6 +89,8 @@ def test_many_replies_sharing_a_long_prompt_prefix_run_it_through_the_model_once
     assert all(r.finish_reason is FinishReason.LENGTH for r in records)
     assert [r.cached_tokens for r in records] == [0] + [shared] * 5
     assert forward.room.used == 0  # every KV, the copies too, given back
+    said = [r.args for r in caplog.records if r.getMessage().startswith("shared prompt prefix: ")]
+    assert {tokens for tokens, _ in said} == {shared} and sum(n for _, n in said) == 5  # a line per hand-over
     assert texts == [_alone(p) for p in prompts]  # each its own KV: its own reply, as alone
     assert len(set(texts)) == len(texts)
 

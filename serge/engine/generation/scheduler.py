@@ -11,7 +11,8 @@ readers' wake-ups to one per event loop a pass), on as many threads as the machi
 A sequence that finishes, stops, fails or is cancelled leaves the batch in the same step; its
 KV goes to the prefix cache, from which the chat's next turn takes what it shares. A request
 for n choices runs its prompt once: choice 0 prefills it and the others start from a copy of
-that KV (`KV.copy`) and the same logits.
+that KV (`KV.copy`) and the same logits; replies whose prompts start alike (agents' shared
+system prompt) prefill the shared part once, the others copying it (`shared_prefix`).
 
 It runs any forward (`forward.Forward`: transformers' `BatchForward`, llama.cpp's
 `LlamaForward`, a stand-in in tests), so sampling, stop strings, prefix reuse, admission,
@@ -82,9 +83,9 @@ class Scheduler:
         self._chunk = limits.prefill_chunk
         budget = limits.prefix_cache_mb * 2**20
         self._prefixes = PrefixCache(budget if prefix_cache_bytes is None else min(budget, prefix_cache_bytes))
-        self._shared = SharedPrefixes()  # starting replies that wait for a running one's prompt prefix; the worker's
         self.metrics = metrics if metrics is not None else EngineMetrics()
         self._m = self.metrics.model(name)
+        self._shared = SharedPrefixes(forward, self._m)  # replies waiting for a running one's prompt prefix
         self._lock = threading.Condition()
         self._waiting = Waiting(limits.queue_timeout_s)  # under _lock
         self._active = 0  # sequences admitted and not finished; under _lock
@@ -200,8 +201,8 @@ class Scheduler:
         for seq in admitted:
             if seq in self._running:  # not a choice that its choice 0's failed start has ended
                 self._start(seq)
-        if len(self._shared):
-            self._hand_over()
+        if len(self._shared):  # before the pass: a follower whose leader holds its part copies it and runs the rest
+            self._shared.hand_over(self._running, self._start, self._leave)
         try:
             self._step()
         except Exception as exc:  # a bug, not a bad request: fail what runs, keep serving
@@ -253,32 +254,6 @@ class Scheduler:
         self._m.reused_tokens.inc(hit.length)
         if hit.logits is not None:
             self._share(seq)
-
-    def _hand_over(self) -> None:
-        """Before a step: each follower whose leader now holds their shared prefix takes a copy of it (and
-        prefills only the rest); one whose leader left or was made to wait starts again on its own."""
-        ready, orphans = self._shared.due(self._running)
-        for seq in orphans:
-            self._start(seq)
-        handed: dict[Sequence, list[int]] = {}
-        for f in ready:
-            try:
-                f.seq.kv = f.leader.kv.copy(f.length)
-            except Exception:
-                log.exception("could not copy a shared prompt prefix: the reply prefills it itself")
-                try:
-                    f.seq.kv = self.forward.new_kv()
-                except Exception as exc:
-                    self._leave(f.seq, FinishReason.ERROR, failure_message(exc))
-                continue
-            f.seq.prefilled = f.length
-            if not f.seq.resumed:
-                f.seq.cached = f.length
-            self._m.shared_tokens.inc(f.length)
-            handed.setdefault(f.leader, []).append(f.length)
-        for lengths in handed.values():
-            log.info("shared prompt prefix: %d tokens prefilled once, copied for %d other replies", max(lengths),
-                     len(lengths))
 
     def _share(self, seq: Sequence) -> None:
         """Choice 0's prompt is in: each other choice takes a copy of its KV and its next-token logits, so the

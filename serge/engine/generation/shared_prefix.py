@@ -8,17 +8,25 @@ and prefills only the rest. A leader that leaves, or is made to wait, before it 
 lets its followers go: they start again as any sequence does (own prefill, the prefix cache, or another
 leader), so none waits on a reply that will not come.
 
-`SharedPrefixes` keeps who follows whom and says when; the scheduler does the starting, the copying and
-the leaving (`scheduler.Scheduler._start` / `_hand_over`). It knows nothing of forwards or streams.
+`SharedPrefixes` keeps who follows whom and hands the copies over before each step; the scheduler decides
+who follows (`scheduler.Scheduler._start`) and lends its verbs to start and end a reply. It knows nothing
+of the queue, streams or passes.
 Images are never shared: their placeholder ids are the same for any picture.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 
+from serge.engine.generation.forward import Forward
 from serge.engine.generation.sequence import Sequence
+from serge.engine.generation.stream import FinishReason
+from serge.engine.metrics import ModelMetrics
+
+log = logging.getLogger(__name__)
 
 # Fewest tokens worth following for (beyond what the prefix cache gives): a copy of a llama.cpp slice goes
 # through host memory (`LlamaKV.copy`), which costs about what a prefill of a few tokens does, and waiting for
@@ -40,7 +48,9 @@ def shared_length(a: list[int], b: list[int]) -> int:
 class SharedPrefixes:
     """Who follows whom (the scheduler's worker thread's alone)."""
 
-    def __init__(self) -> None:
+    def __init__(self, forward: Forward, metrics: ModelMetrics) -> None:
+        self._forward = forward
+        self._m = metrics
         self._following: list[Follower] = []
 
     def __len__(self) -> int:
@@ -82,3 +92,31 @@ class SharedPrefixes:
                 kept.append(f)
         self._following = kept
         return ready, orphans
+
+    def hand_over(self, running: list[Sequence], start: Callable[[Sequence], None],
+                  leave: Callable[..., None]) -> None:
+        """Before a step: each follower whose leader now holds its shared prefix takes a copy of it (and so
+        prefills only the rest); one whose leader left or was made to wait starts again (`start`). A copy that
+        fails leaves that reply to prefill it all itself, or, with no room for that either, ends it (`leave`)."""
+        ready, orphans = self.due(running)
+        for seq in orphans:
+            start(seq)
+        handed: dict[Sequence, list[int]] = {}
+        for f in ready:
+            try:
+                f.seq.kv = f.leader.kv.copy(f.length)
+            except Exception:
+                log.exception("could not copy a shared prompt prefix: the reply prefills it itself")
+                try:
+                    f.seq.kv = self._forward.new_kv()
+                except Exception as exc:
+                    leave(f.seq, FinishReason.ERROR, f"{type(exc).__name__}: {exc}")
+                continue
+            f.seq.prefilled = f.length
+            if not f.seq.resumed:
+                f.seq.cached = f.length  # its record's cached tokens: not run for it
+            self._m.shared_tokens.inc(f.length)
+            handed.setdefault(f.leader, []).append(f.length)
+        for lengths in handed.values():
+            log.info("shared prompt prefix: %d tokens prefilled once, copied for %d other replies", max(lengths),
+                     len(lengths))
