@@ -118,5 +118,4 @@ class SharedPrefixes:
             self._m.shared_tokens.inc(f.length)
             handed.setdefault(f.leader, []).append(f.length)
         for lengths in handed.values():
-            log.info("shared prompt prefix: %d tokens prefilled once, copied for %d other replies", max(lengths),
-                     len(lengths))
+            log.info("shared prompt prefix: %d tokens prefilled once for %d replies", max(lengths), 1 + len(lengths))
