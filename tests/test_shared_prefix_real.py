@@ -4,6 +4,8 @@ behind. (The mechanics, on the stand-in: tests/test_shared_prefix.py.)"""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from serge.engine import ChatRequest, FinishReason, Message, SamplingParams
@@ -55,3 +57,25 @@ def test_replies_sharing_a_long_system_prompt_are_the_text_each_gets_alone_and_i
     assert together == alone
     if loaded.engine == "llama.cpp":
         assert len(forward._free_ids) == forward.slices, "a copy's slice was not given back"
+
+
+def test_replies_following_a_cancelled_leader_finish_and_every_llama_slice_comes_back(engines):
+    engine = engines("llama.cpp")
+    scheduler = engine.model(MODEL).scheduler
+    forward = scheduler.forward
+    scheduler.forget_prefixes()
+    streams = [engine.chat(MODEL, _request(task)) for task in TASKS[:3]]
+    deadline = time.monotonic() + 120
+    while len(scheduler._shared) < 2 and time.monotonic() < deadline:
+        time.sleep(0.002)  # until the others wait for the first's system prompt, ~600 tokens: 3 chunks to go
+    following = len(scheduler._shared)
+    streams[0].cancel()
+    deadline = time.monotonic() + 300
+    while not all(s.done for s in streams) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert following == 2, "the others were not following the first when it was cancelled: the test proves nothing"
+    assert all(s.done for s in streams), "a reply was left waiting for a leader that left"
+    assert streams[0].record.finish_reason is FinishReason.CANCELLED
+    assert [(s.record.finish_reason, s.record.completion_tokens) for s in streams[1:]] == [(FinishReason.LENGTH, 16)] * 2
+    assert len(scheduler._shared) == 0
+    assert len(forward._free_ids) == forward.slices, "a slice was not given back"
