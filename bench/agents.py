@@ -8,7 +8,7 @@ ignored, temperature 0. It prints a table (first-turn wait p50 / max, later turn
 and writes the JSON to bench/results/agents-<stamp>.json. A wait is a request's time to its first token.
 
 What it shows: a server that prefills the shared system prompt once (Serge's `generation/shared_prefix.py`)
-against one that prefills it per conversation. It measures nothing else (no mixed traffic; see bench/README.md).
+against one that prefills it per conversation; bench/README.md says how to read it.
 """
 
 from __future__ import annotations
