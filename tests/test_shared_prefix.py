@@ -150,3 +150,20 @@ def test_a_later_agent_finds_the_shared_prefix_in_the_prefix_cache():
     finally:
         model.close()
     assert ran == len(prompts[3]) - _shared(prompts)
+
+
+def test_the_prefix_cache_tells_how_much_it_would_give_without_copying():
+    model = _model("told", StandInForward(reply_tokens=None))
+    try:
+        prompts = _prompts(model, 3)
+        cache = model.scheduler._prefixes
+        kv = model.scheduler.forward.new_kv()
+        kv.feed(prompts[0])
+        cache.store(prompts[0], kv, len(prompts[0]), None)
+        for prompt in prompts + [prompts[0] + [65, 66], prompts[0][:10]]:
+            hit = cache.find(prompt)
+            assert cache.reusable(prompt) == (hit.length if hit is not None else 0)
+            if hit is not None:
+                hit.kv.release()
+    finally:
+        model.close()
