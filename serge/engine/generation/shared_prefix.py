@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 # own. A copy of a llama.cpp slice goes through host memory (`LlamaKV.copy`): for 2,000 cells of the bundled
 # model, a park ~130 ms (once for every copy taken between two passes) and a restore ~15 ms, measured on this
 # 2-core machine under load, where a prefill ran at 50-60 ms a token (~2.5 ms idle: llama-server's ten first
-# turns, 20,000 tokens in 49.9 s). So a lone follower of 64 tokens breaks about even, and more gain.
+# turns, 20,000 tokens in 49.9 s). So a lone follower of 64 tokens breaks about even; more followers gain more.
 MIN_SHARED = 64
 
 
