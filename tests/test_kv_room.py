@@ -25,6 +25,11 @@ def _replies(capacity: int | None, prompts: list[list[int]], settings=SETTINGS):
         model.close()
 
 
+def _prompt(tokenizer, question: str) -> list[int]:
+    """A prompt that shares too little with the others to follow them (`shared_prefix`): each holds its own KV."""
+    return build_prompt(tokenizer, [Message("system", question), Message("user", question)], 8192, 32).ids
+
+
 def _preempted(metrics) -> float:
     return metrics.registry.get_sample_value("serge_preempted_total", {"model": "room"}) or 0.0
 
@@ -32,7 +37,7 @@ def _preempted(metrics) -> float:
 @pytest.mark.parametrize("spare", [30, -60], ids=["full-while-decoding", "full-while-prefilling"])
 def test_the_youngest_reply_waits_for_room_then_finishes_with_the_text_it_had_alone(spare):
     tokenizer = shared_tokenizer()
-    prompts = [build_prompt(tokenizer, [Message("user", q)], 8192, 32).ids for q in QUESTIONS]
+    prompts = [_prompt(tokenizer, q) for q in QUESTIONS]
     alone = [_replies(None, [ids], [params])[0][0] for ids, params in zip(prompts, SETTINGS)]
     capacity = sum(len(ids) for ids in prompts) + spare  # every prompt fits, or the last does not
     texts, reasons, metrics = _replies(capacity, prompts)
@@ -45,8 +50,7 @@ def test_choices_made_to_wait_for_room_finish_with_the_texts_they_had_alone():
     """The youngest may be a choice whose prompt came from choice 0's KV, or choice 0 with choices still
     waiting for its prompt: each waits, runs its own tokens again, and finishes as it would have."""
     tokenizer = shared_tokenizer()
-    prompt = build_prompt(tokenizer, [Message("user", QUESTIONS[1])], 8192, 32).ids
-    other = build_prompt(tokenizer, [Message("user", QUESTIONS[0])], 8192, 32).ids
+    prompt, other = _prompt(tokenizer, QUESTIONS[1]), _prompt(tokenizer, QUESTIONS[0])
     params = SamplingParams(temperature=0.9, seed=3, max_new_tokens=64).resolved(1000)
 
     def run(capacity):

@@ -105,3 +105,20 @@ def test_running_out_of_blocks_raises_and_changes_nothing():
     assert pool.free_blocks == 1 and shared.blocks == a.blocks[:2]
     _feed(b, 0, 5)  # what does fit still runs
     assert _marks(b) == list(range(8))
+
+
+def test_a_reply_copying_the_shared_prefix_of_a_longer_running_one_and_the_leader_never_write_over_each_other():
+    """A follower (`generation/shared_prefix.py`) copies the first cells of a leader that has gone further."""
+    pool = _pool(12)
+    leader = pool.new_kv()
+    _feed(leader, 0, 14)  # blocks: full, full, full, half
+    follower = leader.copy(10)  # into the third block, which the leader filled past 10
+    assert follower.length == 10 and follower.blocks == leader.blocks[:3]
+    _feed(follower, 100, 3)
+    assert _marks(follower) == list(range(10)) + [110.0, 111.0, 112.0]
+    _feed(leader, 200, 2)
+    assert _marks(leader) == list(range(14)) + [214.0, 215.0]
+    assert follower.blocks[:2] == leader.blocks[:2] and follower.blocks[2] != leader.blocks[2]
+    leader.release()
+    follower.release()
+    assert pool.free_blocks == 11

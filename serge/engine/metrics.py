@@ -31,6 +31,7 @@ class ModelSnapshot:
     generated_tokens: int
     mean_ttft_s: float | None  # submit to first token, queue included
     mean_inter_token_s: float | None
+    shared_tokens: int = 0  # prompt tokens copied from another running reply's KV (`shared_prefix`)
 
 
 class ModelMetrics:
@@ -43,6 +44,7 @@ class ModelMetrics:
         self.prompt_tokens = metrics.prompt_tokens.labels(name)
         self.prefilled_tokens = metrics.prefilled_tokens.labels(name)
         self.reused_tokens = metrics.reused_tokens.labels(name)
+        self.shared_tokens = metrics.shared_tokens.labels(name)
         self.generated_tokens = metrics.generated_tokens.labels(name)
         self.ttft = metrics.ttft.labels(name)
         self.inter_token = metrics.inter_token.labels(name)
@@ -69,6 +71,10 @@ class EngineMetrics:
         )
         self.reused_tokens = Counter(
             "serge_prefix_cache_tokens", "Prompt tokens found in the prefix cache, not run again.", ["model"], registry=r
+        )
+        self.shared_tokens = Counter(
+            "serge_shared_prefix_tokens", "Prompt tokens copied from another running reply's KV, not run again.",
+            ["model"], registry=r,
         )
         self.generated_tokens = Counter("serge_generated_tokens", "Tokens generated.", ["model"], registry=r)
         self.ttft = Histogram(
@@ -133,6 +139,7 @@ class EngineMetrics:
                 generated_tokens=int(get(m, "serge_generated_tokens_total")),
                 mean_ttft_s=mean(m, "serge_time_to_first_token_seconds"),
                 mean_inter_token_s=mean(m, "serge_inter_token_latency_seconds"),
+                shared_tokens=int(get(m, "serge_shared_prefix_tokens_total")),
             )
             for m in sorted(models)
         }

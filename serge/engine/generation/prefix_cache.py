@@ -55,12 +55,7 @@ class PrefixCache:
 
     def find(self, prompt: list[int]) -> PrefixHit | None:
         """The longest stored prefix of `prompt`, copied, or None."""
-        best, best_length = None, 0
-        for key, entry in self._entries.items():
-            length = _common_prefix(entry.ids, prompt)
-            exact = length == len(prompt) == entry.prompt_length and entry.prompt_logits is not None
-            if length > best_length or (exact and length == best_length):
-                best, best_length = key, length
+        best, best_length = self._best(prompt)
         if best is None:
             return None
         entry = self._entries[best]
@@ -71,6 +66,25 @@ class PrefixCache:
         if usable <= 0:
             return None
         return PrefixHit(entry.kv.copy(usable), usable, None)
+
+    def reusable(self, prompt: list[int]) -> int:
+        """Positions `find` would give for `prompt`, without copying anything."""
+        best, best_length = self._best(prompt)
+        if best is None:
+            return 0
+        entry = self._entries[best]
+        if entry.prompt_logits is not None and best_length >= len(prompt) == entry.prompt_length:
+            return len(prompt)
+        return max(0, min(best_length, len(prompt) - 1))
+
+    def _best(self, prompt: list[int]) -> tuple[int | None, int]:
+        best, best_length = None, 0
+        for key, entry in self._entries.items():
+            length = _common_prefix(entry.ids, prompt)
+            exact = length == len(prompt) == entry.prompt_length and entry.prompt_logits is not None
+            if length > best_length or (exact and length == best_length):
+                best, best_length = key, length
+        return best, best_length
 
     def store(self, ids: list[int], kv: KV, prompt_length: int, prompt_logits: torch.Tensor | None) -> None:
         """Keep a finished sequence's KV (taken over, not copied), dropping what it makes redundant."""

@@ -11,7 +11,8 @@ readers' wake-ups to one per event loop a pass), on as many threads as the machi
 A sequence that finishes, stops, fails or is cancelled leaves the batch in the same step; its
 KV goes to the prefix cache, from which the chat's next turn takes what it shares. A request
 for n choices runs its prompt once: choice 0 prefills it and the others start from a copy of
-that KV (`KV.copy`) and the same logits.
+that KV (`KV.copy`) and the same logits; replies whose prompts start alike (agents' shared
+system prompt) prefill the shared part once, the others copying it (`shared_prefix`).
 
 It runs any forward (`forward.Forward`: transformers' `BatchForward`, llama.cpp's
 `LlamaForward`, a stand-in in tests), so sampling, stop strings, prefix reuse, admission,
@@ -45,6 +46,7 @@ from serge.engine.generation.passes import Batch, Step, failure_message
 from serge.engine.generation.sampling import SamplingParams
 from serge.engine.generation.schemas import InvalidRequest
 from serge.engine.generation.sequence import ReplyReader, Sequence
+from serge.engine.generation.shared_prefix import SharedPrefixes
 from serge.engine.generation.stream import FinishReason, GenerationError, Stream
 from serge.engine.generation.thinking import Thinking
 from serge.engine.generation.threads import Threads
@@ -83,6 +85,7 @@ class Scheduler:
         self._prefixes = PrefixCache(budget if prefix_cache_bytes is None else min(budget, prefix_cache_bytes))
         self.metrics = metrics if metrics is not None else EngineMetrics()
         self._m = self.metrics.model(name)
+        self._shared = SharedPrefixes(forward, self._m)  # replies waiting for a running one's prompt prefix
         self._lock = threading.Condition()
         self._waiting = Waiting(limits.queue_timeout_s)  # under _lock
         self._active = 0  # sequences admitted and not finished; under _lock
@@ -198,6 +201,8 @@ class Scheduler:
         for seq in admitted:
             if seq in self._running:  # not a choice that its choice 0's failed start has ended
                 self._start(seq)
+        if len(self._shared):  # before the pass: a follower whose leader holds its part copies it and runs the rest
+            self._shared.hand_over(self._running, self._start, self._leave)
         try:
             self._step()
         except Exception as exc:  # a bug, not a bad request: fail what runs, keep serving
@@ -229,8 +234,12 @@ class Scheduler:
             self._m.queue_wait.observe(seq.started - seq.stream.created)
             self._m.prompt_tokens.inc(len(seq.prompt))
         try:
-            hit = (self._prefixes.find(seq.context()) if self._prefixes.budget_bytes and seq.images is None
-                   else None)
+            cache = bool(self._prefixes.budget_bytes) and seq.images is None
+            follower = self._shared.leader_for(seq, self._running, self._prefixes.reusable(seq.context()) if cache else 0)
+            if follower is not None:  # a running reply prefills (or holds) more of this prompt: wait, then copy
+                self._shared.follow(follower)
+                return
+            hit = self._prefixes.find(seq.context()) if cache else None
             if hit is None:
                 seq.kv = self.forward.new_kv()
                 return
