@@ -193,7 +193,8 @@ def load_options(engine: Engine, llama: dict | None = None, **limits) -> LlamaOp
     """What `engine` loads models with, with other scheduler limits (and other llama.cpp options: `llama`)."""
     s = engine.settings
     limits = SchedulerLimits.from_settings(s).__class__(**{**vars(SchedulerLimits.from_settings(s)), **limits})
-    own = {"kv_cache_mb": s.llama_kv_cache_mb, "gpu_layers": s.gpu_layers, "kv_type": s.llama_kv_type, **(llama or {})}
+    own = {"kv_cache_mb": s.llama_kv_cache_mb, "gpu_layers": s.gpu_layers, "kv_type": s.llama_kv_type,
+           "requantize": s.llama_requantize, **(llama or {})}
     return LlamaOptions(engine.plan, s.torch_threads, s.context_window, limits, engine.metrics,
                         memory_bytes=engine._budget().memory_bytes, **own)
 

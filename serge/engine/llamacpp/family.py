@@ -10,11 +10,15 @@ from __future__ import annotations
 
 from serge.engine.embeddings import EmbeddingModel
 from serge.engine.info import sees_images
-from serge.engine.llamacpp import memory
+import logging
+
+from serge.engine.llamacpp import memory, requantize
 from serge.engine.llamacpp.features import llama_cpp_offloads, llama_cpp_sees_images
 from serge.engine.llamacpp.options import LlamaOptions
 from serge.engine.local import LocalModel, trained_window
 from serge.engine.models.library import InstalledModel
+
+log = logging.getLogger(__name__)
 
 
 class LlamaCppFamily:
@@ -28,11 +32,13 @@ class LlamaCppFamily:
             from serge.engine.llamacpp.embeddings import estimate
 
             return estimate(installed.facts)
-        return memory.estimate(installed.facts, self.options, self._projector_bytes(installed))
+        served = self._served(installed)
+        return memory.estimate(served.facts, self.options, self._projector_bytes(installed))
 
     def placement(self, installed: InstalledModel) -> tuple[str, int]:
         if installed.facts.kind == "chat":
-            planned = memory.placement(installed.facts, self.options, self._projector_bytes(installed))
+            served = self._served(installed)
+            planned = memory.placement(served.facts, self.options, self._projector_bytes(installed))
             return planned.offload.describe(), planned.gpu_bytes
         plan = self.options.plan  # an embedding model: all its layers on the GPU, where this build has one
         on_gpu = plan.device_type != "cpu" and llama_cpp_offloads()
@@ -40,7 +46,7 @@ class LlamaCppFamily:
 
     def window(self, installed: InstalledModel) -> int | None:
         if installed.facts.kind == "chat":
-            return memory.planned_layout(installed.facts, self.options)[1]
+            return memory.planned_layout(self._served(installed).facts, self.options)[1]
         return trained_window(installed, self.options.context_cap)
 
     def sees_images(self, installed: InstalledModel) -> bool:
@@ -53,7 +59,17 @@ class LlamaCppFamily:
             return load_llama_embedder(installed, self.options)
         from serge.engine.llamacpp.forward import load_llamacpp
 
-        return load_llamacpp(installed, self.options)
+        served, why = requantize.served(installed, self.options.requantize, self._on_gpu())
+        if why:
+            log.info("%s: %s", installed.name, why)
+        return load_llamacpp(served, self.options)
+
+    def _on_gpu(self) -> bool:
+        """Whether llama.cpp would put layers on a GPU, whose kernels run every layout: then no copy is made."""
+        return self.options.plan.device_type != "cpu" and self.options.gpu_layers != 0 and llama_cpp_offloads()
+
+    def _served(self, installed: InstalledModel) -> InstalledModel:
+        return requantize.planned(installed, self.options.requantize, self._on_gpu())
 
     @staticmethod
     def _projector_bytes(installed: InstalledModel) -> int:
