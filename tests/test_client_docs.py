@@ -70,5 +70,5 @@ def test_each_python_block_of_the_clients_doc_runs_against_a_real_server(server,
 def test_the_doc_has_a_block_for_each_python_client():
     headings = {heading for heading, _ in BLOCKS}
     assert {"openai", "anthropic", "ollama", "litellm", "instructor", "pydantic-ai", "The OpenAI Agents SDK",
-            "LangChain"} <= headings
+            "LangChain", "LlamaIndex"} <= headings
     assert sum(1 for heading, _ in BLOCKS if heading == "litellm") == 2  # openai/ and ollama_chat/
