@@ -3,8 +3,8 @@ at Serge are the lines users copy, so each one is a test.
 
 Only the address and the model change: the blocks name the default address and the bundled model; here they run
 against a stand-in server on a free port, whose model is `standin`. Each block must leave a `reply` that holds the
-model's answer. instructor is the one client not installed beside the rest (it pins an `openai` older than the one
-the suite uses), so its block is the one left out, by name.
+model's answer. instructor is the one client not installed beside the rest (it pins a `jiter` older than the suite's
+`openai` needs), so its block is the one left out, by name.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ settings, engine = stand_in("settings", "engine")
 server = server_of_its_own()
 
 DOC = Path(__file__).parent.parent / "docs" / "clients.md"
-LEFT_OUT = {"instructor": "pins an openai older than the suite's"}
+LEFT_OUT = {"instructor": "pins a jiter older than the suite's openai needs"}
 
 
 def blocks() -> list[tuple[str, str]]:
