@@ -1,6 +1,7 @@
 """Simon Willison's `llm` and its `llm-ollama` plugin against a real Serge server, through llm's own command line:
 docs/clients.md's lines as written (its yaml in a fresh LLM_USER_PATH, `llm keys set`, `llm -m serge`, the
-`OLLAMA_HOST=... llm` lines), then what llm users reach for: a streamed answer, `llm -c`, `--schema`, `llm embed`.
+`OLLAMA_HOST=... llm` lines), then what llm users reach for: a streamed answer, `llm -c`, `--schema`, `-T`,
+`llm embed`.
 
 Only the address and the model change: the doc names the default address and the bundled models; the chat lines
 run against the stand-in's server (its model `standin`), `llm embed` against a server over the real embedding
@@ -132,6 +133,16 @@ def test_schema_gives_json_held_to_the_schema(llm, model):
                               env={"OLLAMA_HOST": llm.url}))
     assert set(city) == {"name", "population"} and isinstance(city["name"], str)
     assert isinstance(city["population"], int)
+
+
+def test_llms_own_tools_are_offered_and_the_ask_is_answered(llm):
+    """`-T` (the yaml's `supports_tools: true`) sends llm's tools, whose schemas have no properties at all; the
+    stand-in does not call one unasked, and the bundled 135M model does not either, so the promise here is that
+    llm's offer is taken and answered, not refused."""
+    answer = llm.run("-m", "serge", "-T", "llm_version", "-T", "llm_time", "What time is it?")
+    assert answer.strip()
+    [logged] = llm.logged(1)
+    assert {tool["name"] for tool in logged["tools"]} == {"llm_version", "llm_time"}
 
 
 @pytest.fixture(scope="module")
