@@ -5,15 +5,15 @@ with the bundled embedding model sorting first by name, every such chat got a 40
 server here is the stand-in (the default, a chat model) over the real models dir (the
 bundled chat and embedding models, listed but never loaded), asked through each official
 client and the page. Open WebUI itself is not installed (it is far too heavy for the dev
-extra): `test_open_webuis_first_chat_works_with_its_defaults` sends the requests it sends
-for a first chat over an OpenAI connection (its model list, then a streamed chat with the
-first model and no other settings), as seen from the server.
+extra): `test_open_webuis_first_chat_works_with_its_defaults` replays the requests a real
+Open WebUI sent Serge for a first chat over an OpenAI connection, recorded into tests/data/.
 """
 
 from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import anthropic
 import httpx
@@ -60,22 +60,34 @@ def test_serges_own_list_and_the_pages_picker_put_the_default_first(server):
     assert ["selected" in attributes for attributes, _ in options] == [True, False, False]
 
 
-OPEN_WEBUI = {"Authorization": "Bearer sk-open-webui", "Content-Type": "application/json",
-              "User-Agent": "Python/3.11 aiohttp/3.11.11", "Accept": "*/*"}
+OPEN_WEBUI = json.loads((Path(__file__).parent / "data" / "open_webui_first_chat.json").read_text())
 
 
 def test_open_webuis_first_chat_works_with_its_defaults(server):
-    models = httpx.get(f"{server}/v1/models", headers=OPEN_WEBUI)
+    """The requests Serge received from a real Open WebUI (0.12.4, from PyPI) whose OpenAI connection pointed at it,
+    for the first message of a new chat (tests/data/open_webui_first_chat.json, recorded from a server like this
+    one): its model list; the title it asks for at once; the streamed reply, with the first model listed and no
+    other settings; then the follow-ups and tags it asks for. Each is replayed as sent (its headers, its body)
+    and must be answered."""
+    [listing, *asks] = OPEN_WEBUI["requests"]
+    models = httpx.request(listing["method"], f"{server}{listing['path']}", headers=listing["headers"])
+    assert models.status_code == 200, models.text
     first = models.json()["data"][0]["id"]
-    body = {"stream": True, "model": first,
-            "messages": [{"role": "system", "content": "You are a helpful assistant."},
-                         {"role": "user", "content": "Hello!"}]}
-    with httpx.stream("POST", f"{server}/v1/chat/completions", headers=OPEN_WEBUI, content=json.dumps(body),
-                      timeout=60) as reply:
-        assert reply.status_code == 200, reply.read()
-        data = [line[6:] for line in reply.iter_lines() if line.startswith("data: ")]
-    assert data[-1] == "[DONE]"
-    text = "".join(json.loads(d)["choices"][0]["delta"].get("content") or "" for d in data[:-1]
-                   if json.loads(d)["choices"])
-    assert text.strip()
+    assert {ask["body"]["model"] for ask in asks} == {first}  # what it asked with is the first model listed
+    streamed = [ask for ask in asks if ask["body"].get("stream")]
+    assert len(streamed) == 1 and set(streamed[0]["body"]) == {"stream", "model", "messages"}
+    for ask in asks:
+        url, body = f"{server}{ask['path']}", json.dumps(ask["body"])
+        if ask["body"].get("stream"):
+            with httpx.stream(ask["method"], url, headers=ask["headers"], content=body, timeout=60) as reply:
+                assert reply.status_code == 200, reply.read()
+                data = [line[6:] for line in reply.iter_lines() if line.startswith("data: ")]
+            assert data[-1] == "[DONE]"
+            text = "".join(json.loads(d)["choices"][0]["delta"].get("content") or "" for d in data[:-1]
+                           if json.loads(d)["choices"])
+        else:
+            reply = httpx.request(ask["method"], url, headers=ask["headers"], content=body, timeout=60)
+            assert reply.status_code == 200, reply.text
+            text = reply.json()["choices"][0]["message"]["content"]
+        assert text.strip()
 
