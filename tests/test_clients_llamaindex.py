@@ -122,14 +122,14 @@ def test_a_tool_the_model_chooses_is_called_and_its_result_taken(real_url):
 
     llm = ollama_llm(real_url, REAL)
     tool = FunctionTool.from_defaults(get_weather)
-    history = shown_a_call()
-    reply = llm.chat_with_tools([tool], chat_history=history, user_msg="What is the weather in Paris?")
+    asked = [*shown_a_call(), user("What is the weather in Paris?")]
+    reply = llm.chat_with_tools([tool], chat_history=list(asked))  # a list of its own: LlamaIndex appends to it
     [call] = llm.get_tool_calls_from_response(reply)
     assert call.tool_name == "get_weather" and call.tool_kwargs == {"city": "Paris"}
     result = tool.call(**call.tool_kwargs)
-    history += [reply.message, ChatMessage(role="tool", content=str(result))]
-    answer = llm.chat(history)
-    assert answer.message.content.strip() and not llm.get_tool_calls_from_response(answer, error_on_no_tool_call=False)
+    answer = llm.chat([*asked, reply.message, ChatMessage(role="tool", content=str(result))])
+    assert not llm.get_tool_calls_from_response(answer, error_on_no_tool_call=False)
+    assert "sunny" in answer.message.content.lower(), answer.message.content  # it answered from the result
 
 
 def cosine(a: list[float], b: list[float]) -> float:
