@@ -29,6 +29,7 @@ server = stand_in("server")
 DOC = Path(__file__).parent.parent / "docs" / "clients.md"
 LLM = Path(sys.executable).parent / "llm"
 DOC_ADDRESS, DOC_MODEL, EMBEDDER = "http://127.0.0.1:8008", "smollm2-135m-instruct", "all-minilm-l6-v2"
+NOWHERE = "http://127.0.0.1:9"  # the discard port: nothing listens
 
 
 def section() -> str:
@@ -52,6 +53,8 @@ class Llm:
         self.folder, self.url, self.model = folder, url, model
         self.env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "OLLAMA_", "LLM_"))}
         self.env["LLM_USER_PATH"] = str(folder)
+        # llm-ollama lists the models of OLLAMA_HOST (else localhost:11434) in every llm process: never another's
+        self.env["OLLAMA_HOST"] = url
 
     def at_test_address(self, text: str) -> str:
         return text.replace(DOC_ADDRESS, self.url).replace(DOC_MODEL, self.model)
@@ -63,9 +66,10 @@ class Llm:
         return done.stdout
 
     def line(self, line: str, stdin: str = "") -> str:
-        """One of the doc's lines: `NAME=value` words before `llm` are its environment, as in a shell."""
+        """One of the doc's lines: `NAME=value` words before `llm` are its environment, as in a shell; without
+        OLLAMA_HOST there, llm-ollama finds no server, so a line works only by what it says."""
         words = shlex.split(self.at_test_address(line))
-        env = dict(word.split("=", 1) for word in words[:words.index("llm")])
+        env = {"OLLAMA_HOST": NOWHERE, **dict(word.split("=", 1) for word in words[:words.index("llm")])}
         return self.run(*words[words.index("llm") + 1:], env=env, stdin=stdin)
 
     def logged(self, count: int) -> list[dict]:
@@ -96,7 +100,7 @@ def test_the_docs_llm_line_answers(llm):
 
 
 def test_the_docs_llm_ollama_line_answers(llm):
-    [line] = [line for line in doc_lines() if line.startswith("OLLAMA_HOST") and " llm -m " in line]
+    [line] = [line for line in doc_lines() if " -m ollama/" in line and " embed " not in line]
     assert llm.line(line).strip()
     [answer] = llm.logged(1)
     assert answer["model"].startswith(f"ollama/{NAME}") and answer["response"].strip()
@@ -106,9 +110,8 @@ def test_the_docs_llm_ollama_line_answers(llm):
 def test_a_streamed_answer_is_the_whole_answer_and_llm_logs_its_tokens(llm, model):
     """llm streams unless told not to; both ways give one answer, and the token counts Serge sent are logged."""
     ask = ["-m", model, "-o", "temperature", "0", "Tell me about Paris."]
-    env = {"OLLAMA_HOST": llm.url}
-    streamed = llm.run(*ask, env=env)
-    whole = llm.run(*ask, "--no-stream", env=env)
+    streamed = llm.run(*ask)
+    whole = llm.run(*ask, "--no-stream")
     assert streamed.strip() and streamed == whole
     for answer in llm.logged(2):
         assert answer["input_tokens"] > 0 and answer["output_tokens"] > 0, answer
@@ -129,8 +132,7 @@ def test_llm_c_sends_the_conversation_so_far(llm):
 @pytest.mark.parametrize("model", ["serge", f"ollama/{NAME}"])
 def test_schema_gives_json_held_to_the_schema(llm, model):
     """llm's concise schema: `name, population int` (the yaml's `supports_schema: true` lets llm send it)."""
-    city = json.loads(llm.run("-m", model, "--schema", "name, population int", "Describe Paris.",
-                              env={"OLLAMA_HOST": llm.url}))
+    city = json.loads(llm.run("-m", model, "--schema", "name, population int", "Describe Paris."))
     assert set(city) == {"name", "population"} and isinstance(city["name"], str)
     assert isinstance(city["population"], int)
 
