@@ -129,6 +129,16 @@ def test_llm_c_sends_the_conversation_so_far(llm):
     assert first["conversation_id"] == second["conversation_id"] != third["conversation_id"]
 
 
+def test_llm_chat_holds_a_conversation_of_several_turns(llm):
+    """`llm chat` reads a turn a line until `quit`; each turn is sent with the ones before it."""
+    llm.run("chat", "-m", "serge", "-o", "temperature", "0", stdin="What is the capital of France?\nAnd of Italy?\nquit\n")
+    first, second = llm.logged(2)
+    assert first["conversation_id"] == second["conversation_id"]
+    assert [first["prompt"], second["prompt"]] == ["What is the capital of France?", "And of Italy?"]
+    assert first["response"].strip() and second["response"].strip()
+    assert second["input_tokens"] > first["input_tokens"] + first["output_tokens"]  # the first turn came along
+
+
 @pytest.mark.parametrize("model", ["serge", f"ollama/{NAME}"])
 def test_schema_gives_json_held_to_the_schema(llm, model):
     """llm's concise schema: `name, population int` (the yaml's `supports_schema: true` lets llm send it)."""
