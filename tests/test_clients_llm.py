@@ -131,7 +131,8 @@ def test_llm_c_sends_the_conversation_so_far(llm):
 
 def test_llm_chat_holds_a_conversation_of_several_turns(llm):
     """`llm chat` reads a turn a line until `quit`; each turn is sent with the ones before it."""
-    llm.run("chat", "-m", "serge", "-o", "temperature", "0", stdin="What is the capital of France?\nAnd of Italy?\nquit\n")
+    llm.run("chat", "-m", "serge", "-o", "temperature", "0",
+            stdin="What is the capital of France?\nAnd of Italy?\nquit\n")
     first, second = llm.logged(2)
     assert first["conversation_id"] == second["conversation_id"]
     assert [first["prompt"], second["prompt"]] == ["What is the capital of France?", "And of Italy?"]
