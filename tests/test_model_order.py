@@ -5,15 +5,16 @@ with the bundled embedding model sorting first by name, every such chat got a 40
 server here is the stand-in (the default, a chat model) over the real models dir (the
 bundled chat and embedding models, listed but never loaded), asked through each official
 client and the page. Open WebUI itself is not installed (it is far too heavy for the dev
-extra): `test_open_webuis_first_chat_works_with_its_defaults` sends the requests it sends
-for a first chat over an OpenAI connection (its model list, then a streamed chat with the
-first model and no other settings), as seen from the server.
+extra): `test_open_webuis_first_chat_works_with_its_defaults` replays the requests a real
+Open WebUI sent Serge for a first chat over its OpenAI and its Ollama connection, recorded
+into tests/data/.
 """
 
 from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import anthropic
 import httpx
@@ -60,22 +61,47 @@ def test_serges_own_list_and_the_pages_picker_put_the_default_first(server):
     assert ["selected" in attributes for attributes, _ in options] == [True, False, False]
 
 
-OPEN_WEBUI = {"Authorization": "Bearer sk-open-webui", "Content-Type": "application/json",
-              "User-Agent": "Python/3.11 aiohttp/3.11.11", "Accept": "*/*"}
+OPEN_WEBUI = json.loads((Path(__file__).parent / "data" / "open_webui_first_chat.json").read_text())
 
 
-def test_open_webuis_first_chat_works_with_its_defaults(server):
-    models = httpx.get(f"{server}/v1/models", headers=OPEN_WEBUI)
-    first = models.json()["data"][0]["id"]
-    body = {"stream": True, "model": first,
-            "messages": [{"role": "system", "content": "You are a helpful assistant."},
-                         {"role": "user", "content": "Hello!"}]}
-    with httpx.stream("POST", f"{server}/v1/chat/completions", headers=OPEN_WEBUI, content=json.dumps(body),
-                      timeout=60) as reply:
+def answer_text(ask: dict, server: str) -> str:
+    """Send one recorded request as it came (its headers, its body) and give the text of the answer, streamed
+    (OpenAI's events, Ollama's lines) or whole."""
+    url, body, ollama_route = f"{server}{ask['path']}", json.dumps(ask["body"]), ask["path"].startswith("/api/")
+    if not ask["body"].get("stream", ollama_route):  # Ollama streams unless told not to
+        reply = httpx.request(ask["method"], url, headers=ask["headers"], content=body, timeout=60)
+        assert reply.status_code == 200, reply.text
+        return reply.json()["message"]["content"] if ollama_route else reply.json()["choices"][0]["message"]["content"]
+    with httpx.stream(ask["method"], url, headers=ask["headers"], content=body, timeout=60) as reply:
         assert reply.status_code == 200, reply.read()
-        data = [line[6:] for line in reply.iter_lines() if line.startswith("data: ")]
+        lines = [line for line in reply.iter_lines() if line]
+    if ollama_route:
+        pieces = [json.loads(line) for line in lines]
+        assert pieces[-1]["done"] is True
+        return "".join(piece["message"]["content"] for piece in pieces)
+    data = [line[6:] for line in lines if line.startswith("data: ")]
     assert data[-1] == "[DONE]"
-    text = "".join(json.loads(d)["choices"][0]["delta"].get("content") or "" for d in data[:-1]
+    return "".join(json.loads(d)["choices"][0]["delta"].get("content") or "" for d in data[:-1]
                    if json.loads(d)["choices"])
-    assert text.strip()
+
+
+@pytest.mark.parametrize("connection", ["openai", "ollama"])
+def test_open_webuis_first_chat_works_with_its_defaults(server, connection):
+    """The requests Serge received from a real Open WebUI (0.12.4, from PyPI) over each of its connections, for
+    the first message of a new chat (tests/data/open_webui_first_chat.json, recorded from a server like this one):
+    its model list; the title it asks for at once; the streamed reply, with the first model listed and no other
+    settings; then the follow-ups and tags it asks for. Each is replayed as sent and must be answered."""
+    requests = OPEN_WEBUI[connection]
+    listings = [r for r in requests if r["method"] == "GET"]
+    asks = [r for r in requests if r["method"] == "POST"]
+    for listing in listings:
+        listed = httpx.request(listing["method"], f"{server}{listing['path']}", headers=listing["headers"])
+        assert listed.status_code == 200, listed.text
+        if listing["path"] in ("/v1/models", "/api/tags"):
+            first = listed.json()["data"][0]["id"] if connection == "openai" else listed.json()["models"][0]["model"]
+    assert {ask["body"]["model"] for ask in asks} == {first}  # what it asked with is the first model listed
+    streamed = [ask for ask in asks if ask["body"].get("stream")]
+    assert len(streamed) == 1 and set(streamed[0]["body"]) == {"stream", "model", "messages"}
+    for ask in asks:
+        assert answer_text(ask, server).strip(), ask["body"]["messages"][-1]["content"][:40]
 
