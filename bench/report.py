@@ -60,6 +60,8 @@ def targets(run: dict) -> list[dict[str, Any]]:
          ratio(single_tok_s(run, "serge-default"), single_tok_s(run, "llama-server-default")), ">=", 1.0),
         ("as started, 8 streams: serge (make run) / llama-server",
          ratio(get("serge-default", 8, "agg_tok_s"), get("llama-server-default", 8, "agg_tok_s")), ">=", 1.0),
+        ("as started, on the same file, 8 streams: serge (make run) / llama-server",
+         ratio(get("serge-default", 8, "agg_tok_s"), get("llama-server-served", 8, "agg_tok_s")), ">=", 1.0),
         ("llama.cpp, single stream: serge / llama-server",
          ratio(single_tok_s(run, "serge-llama"), single_tok_s(run, "llama-server")), ">=", 1.0),
         ("llama.cpp, 8 streams: serge / llama-server --parallel 8",

@@ -314,7 +314,8 @@ class Serge(System):
         ram_mb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2**20
         env.update(SERGE_MODELS_MEMORY_MB=str(int(ram_mb * 0.85)))
         env.update(SERGE_MODELS_DIR=str(models_dir), SERGE_TORCH_THREADS=str(threads),
-                   SERGE_DEVICE="cpu", SERGE_DTYPE="float32", SERGE_DEFAULT_MODEL=self.cfg.model_name, SERGE_ENGINE=self.engine)
+                   SERGE_DEVICE="cpu", SERGE_DTYPE="float32", SERGE_DEFAULT_MODEL=self.cfg.model_name, SERGE_ENGINE=self.engine,
+                   SERGE_LLAMA_REQUANTIZE="off")  # the very file llama-server runs (`--gguf`)
         if self.as_started:
             env = {k: v for k, v in os.environ.items() if not k.startswith("SERGE_") and "NUM_THREADS" not in k}
             env.update(SERGE_MODELS_DIR=str(models_dir), SERGE_DEFAULT_MODEL=self.cfg.model_name)
@@ -411,10 +412,20 @@ class LlamaServer(System):
     """llama.cpp's own `llama-server` (built from source by install_peers.sh), with parallel
     slots and its native continuous batching: the CPU bar."""
 
-    def __init__(self, name: str, label: str, cfg: Config, parallel: int, as_started: bool = False) -> None:
+    def __init__(self, name: str, label: str, cfg: Config, parallel: int, as_started: bool = False,
+                 served_copy: bool = False) -> None:
         super().__init__(name, label, cfg)
         self.parallel = parallel
         self.as_started = as_started  # as its users start it: no thread flags, 64K tokens of context
+        self.served_copy = served_copy  # on the re-quantized copy `serge-default` serves, not on `--gguf`
+
+    def _gguf(self) -> Path:
+        if not self.served_copy:
+            return self.cfg.gguf
+        copy = self.cfg.gguf.with_name(f"{self.cfg.gguf.stem}.serge-Q8_0.gguf")  # serge.engine.llamacpp.requantize's
+        if not copy.exists():
+            raise Unavailable(f"{copy.name} is not made yet: run serge-default before it")
+        return copy
 
     def _exe(self) -> Path:
         exe = PEERS / "llama-server" / "bin" / "llama-server"
@@ -428,13 +439,13 @@ class LlamaServer(System):
             raise Unavailable(f"no GGUF model file ({self.cfg.gguf}); pass --gguf")
         out = subprocess.run([str(exe), "--version"], capture_output=True, text=True, timeout=60)
         self.info["version"] = (out.stdout + out.stderr).strip().splitlines()[-1:] or None
-        self.info["gguf"] = str(self.cfg.gguf)
+        self.info["gguf"] = str(self._gguf())
         self.info["parallel"] = self.parallel
 
     def server(self) -> Server:
         port = free_port()
         t = str(self.cfg.threads)
-        cmd = [str(self._exe()), "-m", str(self.cfg.gguf), "--alias", self.cfg.model_name, "--host", "127.0.0.1",
+        cmd = [str(self._exe()), "-m", str(self._gguf()), "--alias", self.cfg.model_name, "--host", "127.0.0.1",
                "--port", str(port), "--parallel", str(self.parallel), "-c", str(self.cfg.slot_window * self.parallel),
                "--no-webui"]
         env = {k: v for k, v in os.environ.items() if "NUM_THREADS" not in k}
@@ -491,11 +502,12 @@ class Vllm(System):
         return _ignore_eos_body(self.cfg.model_name, messages, max_tokens, ignore_eos)
 
 
-ALL_SYSTEMS = ["serge-default", "llama-server-default", "serge-llama", "serge-llama-1t", "llama-server", "serge", "generate", "tf-serve", "tf-serve-cb", "llamacpp", "vllm",
+ALL_SYSTEMS = ["serge-default", "llama-server-default", "llama-server-served", "serge-llama", "serge-llama-1t", "llama-server", "serge", "generate", "tf-serve", "tf-serve-cb", "llamacpp", "vllm",
                "vllm-1t"]
 LABELS = {
     "serge-default": "serge serve as `make run` starts it (no settings)",
     "llama-server-default": "llama-server --parallel 8 -c 65536, no thread flags",
+    "llama-server-served": "llama-server as started, on the Q8_0 copy `make run` serves",
     "serge-llama": "serge serve, llama.cpp engine (GGUF)",
     "serge-llama-1t": "serge serve, llama.cpp engine, 1 compute thread",
     "llama-server": "llama-server --parallel 8 (GGUF)",
@@ -514,6 +526,8 @@ def make_system(name: str, cfg: Config) -> System:
         return Serge(name, LABELS[name], cfg, engine="auto", as_started=True)
     if name == "llama-server-default":
         return LlamaServer(name, LABELS[name], cfg, parallel=8, as_started=True)
+    if name == "llama-server-served":
+        return LlamaServer(name, LABELS[name], cfg, parallel=8, as_started=True, served_copy=True)
     if name == "serge":
         return Serge(name, LABELS[name], cfg, engine="transformers")
     if name == "serge-llama":
