@@ -14,7 +14,7 @@ def test_responses_with_openai_library():
     server.start()
     client = OpenAI(api_key="dummy", base_url=f"http://{server.server_host}:{server.server_port}/v1")
     res = client.responses.create(
-        model="gpt-4.1",
+        model=CHAT_MODEL,
         input=[
             {"role": "system", "content": "Book"},
             {"role": "user", "content": "What is the best book"},
@@ -25,14 +25,14 @@ def test_responses_with_openai_library():
     assert res.id.startswith("resp_")
     assert res.output[0].id is not None
     assert res.output[0].id.startswith("msg_")
-    assert match_regex("(Suddenly)+", res.output_text)
+    assert match_regex(ANY_TEXT, res.output_text)  # serge: tinyllama's text was (Suddenly)+
 
 def test_responses_stream_with_openai_library():
     global server
     server.start()
     client = OpenAI(api_key="dummy", base_url=f"http://{server.server_host}:{server.server_port}/v1")
     stream = client.responses.create(
-        model="gpt-4.1",
+        model=CHAT_MODEL,
         input=[
             {"role": "system", "content": "Book"},
             {"role": "user", "content": "What is the best book"},
@@ -70,7 +70,7 @@ def test_responses_stream_with_openai_library():
             assert r.response.output[0].id is not None
             assert r.response.output[0].id.startswith("msg_")
             assert gathered_text == r.response.output_text
-            assert match_regex("(Suddenly)+", r.response.output_text)
+            assert match_regex(ANY_TEXT, r.response.output_text)  # serge: tinyllama's text was (Suddenly)+
 
 
 def test_responses_stream_with_llama_telemetry():

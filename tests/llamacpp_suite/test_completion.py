@@ -98,14 +98,14 @@ def test_completion_with_openai_library():
     server.start()
     client = OpenAI(api_key="dummy", base_url=f"http://{server.server_host}:{server.server_port}/v1")
     res = client.completions.create(
-        model="davinci-002",
+        model=CHAT_MODEL,
         prompt="I believe the meaning of life is",
         max_tokens=8,
     )
-    assert res.system_fingerprint is not None and res.system_fingerprint.startswith("b")
+    assert res.system_fingerprint is not None and res.system_fingerprint.startswith(FINGERPRINT)
     assert res.choices[0].finish_reason == "length"
     assert res.choices[0].text is not None
-    assert match_regex("(going|bed)+", res.choices[0].text)
+    assert match_regex(ANY_TEXT, res.choices[0].text)  # serge: tinyllama's text was (going|bed)+
 
 
 def test_completion_stream_with_openai_library():
@@ -113,7 +113,7 @@ def test_completion_stream_with_openai_library():
     server.start()
     client = OpenAI(api_key="dummy", base_url=f"http://{server.server_host}:{server.server_port}/v1")
     res = client.completions.create(
-        model="davinci-002",
+        model=CHAT_MODEL,
         prompt="I believe the meaning of life is",
         max_tokens=8,
         stream=True,
@@ -124,7 +124,7 @@ def test_completion_stream_with_openai_library():
         if choice.finish_reason is None:
             assert choice.text is not None
             output_text += choice.text
-    assert match_regex("(going|bed)+", output_text)
+    assert match_regex(ANY_TEXT, output_text)  # serge: tinyllama's text was (going|bed)+
 
 
 # Test case from https://github.com/ggml-org/llama.cpp/issues/13780
@@ -136,7 +136,7 @@ def test_completion_stream_with_openai_library_stops():
     server.start()
     client = OpenAI(api_key="dummy", base_url=f"http://{server.server_host}:{server.server_port}/v1")
     res = client.completions.create(
-        model="davinci-002",
+        model=CHAT_MODEL,
         prompt="System: You are helpful assistant.\nAssistant:\nHey! How could I help?\nUser:\nTell me a joke.\nAssistant:\n",
         stop=["User:\n", "Assistant:\n"],
         max_tokens=200,
@@ -148,7 +148,9 @@ def test_completion_stream_with_openai_library_stops():
         if choice.finish_reason is None:
             assert choice.text is not None
             output_text += choice.text
-    assert match_regex("Sure, here's one for[\\s\\S]*|Sure! Here's one for you[\\s\\S]*", output_text), f'Unexpected output: {output_text}'
+    # serge: Phi-3.5's answer ("Sure, here's one for you...") was expected; the case (llama.cpp's issue 13780) is that
+    # a stop string never reaches a stream, so that is what is checked of SmolLM2's answer
+    assert output_text and "User:" not in output_text and "Assistant:" not in output_text, f'Unexpected output: {output_text}'
 
 
 @pytest.mark.parametrize("n_slots", [1, 2])
