@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from conftest import own_server
 
-sys.path.insert(0, str(Path(__file__).parent))  # the test files import llama.cpp's `utils` as a top-level module
+sys.path.append(str(Path(__file__).parent))  # the test files import llama.cpp's `utils` as a top-level module
 from utils import SergeServers, server_instances  # noqa: E402
 
 from serge.cli import main as serge_main
