@@ -6,6 +6,10 @@ import random
 from openai import OpenAI
 from utils import *
 
+# serge: llama.cpp's file (MIT, see LICENSE), run against Serge; changed where a `serge:` comment says why, and
+# where it named a model ("test", "gpt-4.1", "davinci-002", "text-embedding-3-small"), which now names one
+# Serge serves (CHAT_MODEL, EMBEDDING_MODEL: see utils.py)
+
 server = ServerPreset.tinyllama2()
 
 JSON_MULTIMODAL_KEY = "multimodal_data"

@@ -4,6 +4,10 @@ import pytest
 from openai import OpenAI
 from utils import *
 
+# serge: llama.cpp's file (MIT, see LICENSE), run against Serge; changed where a `serge:` comment says why, and
+# where it named a model ("test", "gpt-4.1", "davinci-002", "text-embedding-3-small"), which now names one
+# Serge serves (CHAT_MODEL, EMBEDDING_MODEL: see utils.py)
+
 server = ServerPreset.bert_bge_small()
 
 EPSILON = 1e-3
