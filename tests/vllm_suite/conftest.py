@@ -1,7 +1,7 @@
 """vLLM's OpenAI-server tests against Serge: one real Serge server for the folder, and what was not brought over.
 
-The cases here are those of vLLM's tests/entrypoints/openai (test_chat.py, test_chat_echo.py, test_completion.py,
-test_basic.py, test_embedding.py; vLLM is Apache-2.0, Copyright contributors to the vLLM project) that test the HTTP
+The cases here are those of vLLM's tests/entrypoints/openai (test_chat.py, test_chat_echo.py,
+test_chat_logit_bias_validation.py, test_completion.py, test_basic.py, test_embedding.py; vLLM is Apache-2.0, Copyright contributors to the vLLM project) that test the HTTP
 API with the `openai` client. vLLM's files import vLLM's internals and start vLLM, so each case is written again here,
 in Serge's test style, checking what vLLM's checks, against one Serge server started once per session (per xdist
 worker) over the session's real engine: SmolLM2-135M-Instruct on llama.cpp, all-MiniLM-L6-v2 for embeddings.
