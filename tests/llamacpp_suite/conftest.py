@@ -6,7 +6,11 @@ see LICENSE), changed only where a comment marked `serge:` says why. They reach 
 engine (the bundled SmolLM2-135M on llama.cpp; all-MiniLM-L6-v2 for embeddings), and, for the cases that set an
 API key, at a second server with an account. Every case that tests a route or a behaviour of llama-server's own,
 or a flag Serge cannot be restarted with, is in LEFT_OUT with its reason: that list is the one place a case is
-deselected. Everything here needs the real model (`real_model`).
+deselected. Everything here needs the real model (`real_model`). The suite's other files are not copied: each tests
+only llama-server's own routes or flags (test_ctx_shift, test_infill, test_kv_keep_only_active, test_lora,
+test_mcp_servers, test_metrics' own metric names, test_proxy, test_rerank, test_router, test_sleep, test_slot_save,
+test_speculative, test_stream's /v1/stream resume, test_template's /apply-template, test_tokenize, test_ignore_eos's
+/completion, test_tools_builtin, test_compat_gcp) or needs a vision model from the HF hub (test_vision_api).
 """
 
 from __future__ import annotations
