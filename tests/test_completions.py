@@ -69,6 +69,16 @@ def test_a_streamed_completion_adds_up_to_the_whole_one(real_client):
     assert chunks[-1].choices[0].finish_reason in ("length", "stop")
 
 
+def test_token_ids_are_a_prompt_as_they_are_and_top_logprobs_hold_the_sampled_token(client):
+    ids = [5, 6, 7, 8]
+    reply = client.completions.create(model=MODEL, prompt=[ids, [9, 10]], max_tokens=3, temperature=0, logprobs=0)
+    assert [c.index for c in reply.choices] == [0, 1] and reply.choices[0].text
+    alone = client.completions.create(model=MODEL, prompt=ids, max_tokens=3, temperature=0)
+    assert alone.usage.prompt_tokens == len(ids) and alone.choices[0].text == reply.choices[0].text
+    logprobs = reply.choices[0].logprobs  # OpenAI's: up to logprobs + 1 per token, the sampled one among them
+    assert [list(top) for top in logprobs.top_logprobs] == [[token] for token in logprobs.tokens]
+
+
 @pytest.mark.parametrize("body, param, words", [
     ({"prompt": PROMPT, "suffix": " is a city."}, "suffix", "fill-in-the-middle"),
     ({"prompt": []}, "prompt", "1 to"),
@@ -76,6 +86,10 @@ def test_a_streamed_completion_adds_up_to_the_whole_one(real_client):
     ({"prompt": PROMPT, "n": 9}, "n", "less than or equal to 8"),
     ({"prompt": PROMPT, "logprobs": 9}, "logprobs", ""),
     ({"prompt": PROMPT, "best_of": 2}, "best_of", "does not support"),
+    ({"prompt": [[]]}, "prompt", "0 token ids"),
+    ({"prompt": [1, 10 ** 9]}, "prompt", "this model's"),
+    ({"prompt": [1, 2], "suffix": " is a city."}, "suffix", "text prompt"),
+    ({"prompt": [1, 2], "echo": True}, "echo", "as text"),
 ])
 def test_bad_input_is_a_400_naming_the_field(server, body, param, words, model=MODEL):
     reply = httpx.post(f"{server}/v1/completions", json={"model": model, **body}, timeout=60)

@@ -44,7 +44,7 @@ class ChatBackend(Protocol):
 
     def count_tokens(self, messages: Sequence[Message], tools: Tools | None = None) -> int: ...
 
-    def complete(self, prompt: str, params: SamplingParams | None = None, suffix: str | None = None,
+    def complete(self, prompt: str | list[int], params: SamplingParams | None = None, suffix: str | None = None,
                  n: int = 1, party: str = "") -> Stream: ...
 
 

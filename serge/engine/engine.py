@@ -202,10 +202,11 @@ class Engine:
         request = replace(request, party=party_of(request.party))  # slots are shared fairly between parties
         return self._reply(model, request.party, lambda backend: backend.submit(request))
 
-    def complete(self, model: str | None, prompt: str, params: SamplingParams | None = None,
+    def complete(self, model: str | None, prompt: str | list[int], params: SamplingParams | None = None,
                  suffix: str | None = None, n: int = 1, party: str | None = None) -> Stream:
-        """Continue raw text (no chat template), in `n` choices as `chat` gives them; `suffix`: fill in the
-        middle, for models with FIM tokens. `party`: who asks (None: `party.current()`), as in `chat`."""
+        """Continue raw text (no chat template), or the model's token ids as they are, in `n` choices as `chat`
+        gives them; `suffix`: fill in the middle, for models with FIM tokens. `party`: who asks (None:
+        `party.current()`), as in `chat`."""
         party = party_of(party)
         return self._reply(model, party, lambda backend: backend.complete(prompt, params, suffix, n, party=party))
 

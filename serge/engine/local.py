@@ -162,12 +162,20 @@ class LocalModel:
         plan = plan_reply(self.tool_format, placed(messages, self._mid_system), tools, None)
         return count_tokens(self.tokenizer, plan.messages, plan.template_tools)
 
-    def complete(self, prompt: str, params: SamplingParams | None = None, suffix: str | None = None,
+    def complete(self, prompt: str | list[int], params: SamplingParams | None = None, suffix: str | None = None,
                  n: int = 1, party: str = "") -> Stream:
-        """Continue raw text, no chat template (`n` choices, one prefill); with `suffix`, fill in the middle
-        where the model has FIM tokens."""
+        """Continue raw text, no chat template (`n` choices, one prefill), or a list of this model's token ids
+        as they are; with `suffix`, fill in the middle where the model has FIM tokens."""
         params = self._checked(params)
-        if suffix is not None:
+        if isinstance(prompt, list):
+            if suffix is not None:
+                raise InvalidRequest("suffix fills the gap after a text prompt; send the prompt as text, or leave "
+                                     "suffix out", "suffix")
+            if not prompt or not all(0 <= t < len(self.tokenizer) for t in prompt):
+                raise InvalidRequest(f"prompt's token ids must be 1 or more of this model's (0 to "
+                                     f"{len(self.tokenizer) - 1})", "prompt")
+            ids = list(prompt)
+        elif suffix is not None:
             if self._fim is None:
                 raise InvalidRequest("this model has no fill-in-the-middle tokens, so it cannot take a suffix; "
                                      "leave suffix out or use a code model that has them (<fim_prefix>, ...)",

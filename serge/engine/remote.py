@@ -65,7 +65,7 @@ class RemoteBackend:
         raise InvalidRequest(f"{self.name!r} is served by a remote server, which counts its own tokens; Serge cannot "
                              f"count them for it", "model")
 
-    def complete(self, prompt: str, params: SamplingParams | None = None, suffix: str | None = None,
+    def complete(self, prompt: str | list[int], params: SamplingParams | None = None, suffix: str | None = None,
                  n: int = 1, party: str = "") -> Stream:
         raise InvalidRequest(f"{self.name!r} is served by a remote server; send raw completions to it directly",
                              "model")

@@ -3,7 +3,8 @@
 Editor autocomplete plugins speak it, with `suffix` for fill-in-the-middle where the
 model has FIM tokens (else a 400). HTTP only: the request is checked here, the
 engine's `complete` does the work, and the answer is OpenAI's `text_completion`
-shape, whole or as server-sent events ending with `data: [DONE]`. A list of
+shape, whole or as server-sent events ending with `data: [DONE]`. A prompt is a
+text or a list of the model's token ids, as OpenAI takes them; a list of
 prompts gives `n` choices each, in order (prompt i's are indices i*n to i*n+n-1);
 a prompt's n choices share its prefill. Stop strings: up to `MAX_STOP_STRINGS`,
 more than OpenAI's 4, since autocomplete plugins send more (Continue, 10 to 20).
@@ -31,11 +32,14 @@ router = APIRouter(prefix="/v1", tags=["OpenAI-compatible"])
 
 MAX_PROMPTS = 16
 MAX_PROMPT_CHARS = 100_000
+MAX_PROMPT_IDS = 32_768
 
 
 class CompletionRequest(StrictRequest):
     model: str | None = Field(None, description="An installed chat model; the server's default when left out.")
-    prompt: str | list[str] = Field(description="Text to continue, or a list of texts (one choice each).")
+    prompt: str | list[str] | list[int] | list[list[int]] = Field(
+        description="Text to continue, a list of the model's token ids, or a list of either (each prompt its own "
+                    "choices); a text is tokenized as the model's tokenizer does, ids are taken as they are.")
     suffix: str | None = Field(None, max_length=MAX_PROMPT_CHARS,
                                description="Text after the gap: fill in the middle (models with FIM tokens only).")
     max_tokens: int | None = Field(16, ge=1, description="Longest continuation, in tokens (OpenAI's default: 16).")
@@ -55,14 +59,22 @@ class CompletionRequest(StrictRequest):
                                                         "prefill; with seed, choice i uses seed + i.")
     user: str | None = Field(None, description="Accepted for compatibility; no effect.")
 
-    def prompts(self) -> list[str]:
-        prompts = [self.prompt] if isinstance(self.prompt, str) else self.prompt
+    def prompts(self) -> list[str] | list[list[int]]:
+        prompts = self.prompt
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
         if not prompts or len(prompts) > MAX_PROMPTS:
-            raise ApiError(400, f"prompt needs 1 to {MAX_PROMPTS} texts", code="invalid_value", param="prompt")
-        for i, text in enumerate(prompts):
-            if len(text) > MAX_PROMPT_CHARS:
-                raise ApiError(400, f"prompt[{i}] is {len(text)} characters; the limit is {MAX_PROMPT_CHARS}",
+            raise ApiError(400, f"prompt needs 1 to {MAX_PROMPTS} prompts", code="invalid_value", param="prompt")
+        for i, prompt in enumerate(prompts):
+            if isinstance(prompt, str) and len(prompt) > MAX_PROMPT_CHARS:
+                raise ApiError(400, f"prompt[{i}] is {len(prompt)} characters; the limit is {MAX_PROMPT_CHARS}",
                                code="invalid_value", param="prompt")
+            if isinstance(prompt, list) and not 0 < len(prompt) <= MAX_PROMPT_IDS:
+                raise ApiError(400, f"prompt[{i}] has {len(prompt)} token ids; send 1 to {MAX_PROMPT_IDS}",
+                               code="invalid_value", param="prompt")
+            if isinstance(prompt, list) and self.echo:
+                raise ApiError(400, "echo repeats a text prompt; send the prompt as text, or leave echo out",
+                               code="invalid_value", param="echo")
         return prompts
 
     def sampling(self) -> SamplingParams:
@@ -79,13 +91,15 @@ def _finish(record: GenerationRecord) -> str:
 
 
 def _logprobs(tokens: list[TokenLogprob], offset: int) -> dict:
-    """The legacy shape: parallel lists, and each token's place in the text."""
+    """The legacy shape: parallel lists, and each token's place in the text. As OpenAI's, a token's
+    `top_logprobs` holds the sampled token too, so there are up to `logprobs` + 1 (one for `logprobs: 0`)."""
     offsets, at = [], offset
     for t in tokens:
         offsets.append(at)
         at += len(t.token)
     return {"tokens": [t.token for t in tokens], "token_logprobs": [t.logprob for t in tokens],
-            "top_logprobs": [{a.token: a.logprob for a in t.top} for t in tokens], "text_offset": offsets}
+            "top_logprobs": [{**{a.token: a.logprob for a in t.top}, t.token: t.logprob} for t in tokens],
+            "text_offset": offsets}
 
 
 @router.post("/completions", responses=TEXT_COMPLETION, summary="Continue a text (the legacy completions API; suffix: fill in the middle)")

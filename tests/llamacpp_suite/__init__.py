@@ -1,0 +1,1 @@
+"""llama.cpp's server suite run against Serge (see conftest.py)."""

@@ -1,0 +1,1 @@
+"""vLLM's OpenAI-server test cases, rewritten against a real Serge (see conftest.py)."""
