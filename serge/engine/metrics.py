@@ -43,6 +43,7 @@ class ModelMetrics:
         self.prompt_tokens = metrics.prompt_tokens.labels(name)
         self.prefilled_tokens = metrics.prefilled_tokens.labels(name)
         self.reused_tokens = metrics.reused_tokens.labels(name)
+        self.warmed_tokens = metrics.warmed_tokens.labels(name)
         self.generated_tokens = metrics.generated_tokens.labels(name)
         self.ttft = metrics.ttft.labels(name)
         self.inter_token = metrics.inter_token.labels(name)
@@ -69,6 +70,10 @@ class EngineMetrics:
         )
         self.reused_tokens = Counter(
             "serge_prefix_cache_tokens", "Prompt tokens found in the prefix cache, not run again.", ["model"], registry=r
+        )
+        self.warmed_tokens = Counter(
+            "serge_warmed_tokens", "Prompt tokens prefilled into the prefix cache ahead of a reply (a chat being read), "
+            "not counted in serge_prefilled_tokens.", ["model"], registry=r
         )
         self.generated_tokens = Counter("serge_generated_tokens", "Tokens generated.", ["model"], registry=r)
         self.ttft = Histogram(
