@@ -128,7 +128,7 @@ def test_only_the_newest_few_warms_wait_one_per_party():
     model = _model("warm-bounded", step_s=0.001, chunk=256)
     try:
         running = model.scheduler.submit(_story(model), LONG.resolved(1000))
-        prompts = [_raw(model, f"{i}: " + "the weather in town " * 10) for i in range(MOST_WARMS + 3)]
+        prompts = [_raw(model, f"{i}: " + "the weather in town " * (5 + i)) for i in range(MOST_WARMS + 3)]
         for i, prompt in enumerate(prompts):
             assert model.scheduler.warm(prompt, party=f"user{i}")
         replaced = _raw(model, "z: " + "the weather in town " * 12)
