@@ -34,7 +34,9 @@ from serge.engine.generation.tools import Tools, plan_reply
 log = logging.getLogger(__name__)
 
 FITS_SLACK = 256  # tokens past max_tokens the closing walk may take to find the least that fits
-PROBES = ("x", "y")  # stand-ins for a chat's next message, where a warm finds the prompt's start (`warm`)
+# Stand-ins for a chat's next message, where a warm finds the prompt's start (`next_prompt`): a letter and a
+# newline, which a tokenizer may join with the whitespace the template puts before the message ("\n\n\n").
+PROBES = ("x", "\n")
 
 
 @dataclass(frozen=True)
@@ -131,20 +133,24 @@ class LocalModel:
                                   plan.template_tools, request.trim, request.cap, request.keep_cut)
 
     def warm(self, request: ChatRequest) -> bool:
-        """Queue the prompt a reply to `request.messages` and one more user message would start with (tools
-        and a response format aside), as `submit` would cut it with `keep_cut`, to be prefilled while the model
-        is idle (`Scheduler.warm`); False when nothing was queued: images (a vision prompt is never cached), no
-        prefix cache. Raises as `submit` does for a conversation it would refuse."""
+        """Queue `next_prompt(request)` to be prefilled while the model is idle (`Scheduler.warm`); False when
+        nothing was queued: images (a vision prompt is never cached), no prefix cache."""
+        ids = self.next_prompt(request)
+        return ids is not None and self.scheduler.warm(ids, request.party or "")
+
+    def next_prompt(self, request: ChatRequest) -> list[int] | None:
+        """The prompt a reply to `request.messages` and one more user message will start with, as `submit`
+        cuts it with `keep_cut` (tools and a response format aside); None with images. Raises as `submit` does
+        for a conversation it would refuse."""
         if not request.messages or any(m.images for m in request.messages):
-            return False
+            return None
         params = self._checked(request.params)
         request = replace(request, tools=None, response_format=None, keep_cut=True, trim=True, n=1)
         # Two next messages that differ from their first character: the prompt both start with is the one
-        # any next message's starts with (up to a token the template's markup and that text may share).
+        # any next message's starts with (up to the tokens the template's markup and that text may share).
         a, b = (self._prompt(replace(request, messages=[*request.messages, Message("user", probe)]), params,
                              None)[1].ids for probe in PROBES)
-        start = a[: next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))]
-        return self.scheduler.warm(start, request.party or "")
+        return a[: next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))]
 
     def _fits(self, grammar: str, param: str, budget: int) -> None:
         """InvalidRequest naming max_tokens when the shortest reply `grammar` allows takes more than `budget` tokens
