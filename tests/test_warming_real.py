@@ -33,10 +33,10 @@ def long_chat(n_messages: int) -> list[Message]:
     return out
 
 
-@pytest.fixture(scope="module")
-def llama(real_settings):
-    """The bundled model on llama.cpp in a window of `WINDOW` tokens."""
-    own = Settings(data_dir=real_settings.data_dir, models_dir=real_settings.models_path, engine="llama.cpp",
+@pytest.fixture(scope="module", params=("llama.cpp", "transformers"))
+def windowed(real_settings, request):
+    """The bundled model on each local engine in turn, in a window of `WINDOW` tokens."""
+    own = Settings(data_dir=real_settings.data_dir, models_dir=real_settings.models_path, engine=request.param,
                    context_window=WINDOW)
     with Engine(own) as engine:
         engine.model(MODEL)
@@ -74,8 +74,8 @@ def test_a_thousand_message_chats_warmed_prompt_is_where_its_send_starts(engine)
     assert model.tokenizer.decode(send.ids).count(huge.strip()) == 1 and send.dropped_messages > min(cuts)
 
 
-def test_a_warmed_long_chat_prefills_only_its_new_message_and_replies_as_a_cold_one(llama):
-    engine = llama
+def test_a_warmed_long_chat_prefills_only_its_new_message_and_replies_as_a_cold_one(windowed):
+    engine = windowed
     model = engine.model(MODEL)
     history = long_chat(1000)
     send = ChatRequest([*history, Message("user", "Where were we?")], GREEDY, keep_cut=True)
