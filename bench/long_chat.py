@@ -118,7 +118,7 @@ def markdown(prompt_rows: dict[str, Any] | None, ttft: dict[str, Any] | None,
 
 
 def main(argv: list[str] | None = None) -> int:
-    from bench.systems import Config, default_model_dir, make_system
+    from bench.systems import Config, default_installed_dir, default_model_dir, make_system
 
     ap = argparse.ArgumentParser(prog="python -m bench.long_chat", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -141,7 +141,8 @@ def main(argv: list[str] | None = None) -> int:
             running = contextlib.nullcontext(args.base_url)
         else:
             cfg = Config(model_dir=args.model_dir.resolve(), threads=args.threads, max_tokens=8, gguf=None,
-                         log_dir=Path(tempfile.mkdtemp(prefix="serge-bench-long-")))
+                         log_dir=Path(tempfile.mkdtemp(prefix="serge-bench-long-")),
+                         serge_models_dir=default_installed_dir().parent)  # where Serge finds it installed
             running = _base_url(make_system("serge", cfg))
         with running as base_url:
             ttft = ttft_row(base_url, args.messages)  # cold first: nothing of it is in the prefix cache
