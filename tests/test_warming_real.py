@@ -103,3 +103,13 @@ def test_a_warmed_long_chat_prefills_only_its_new_message_and_replies_as_a_cold_
     assert engine.warm(MODEL, ChatRequest(history, GREEDY))  # opened again: the cache holds it all, nothing runs
     time.sleep(0.5)
     assert _value(engine, "serge_warmed_tokens_total") - before == len(warmed)
+
+
+def test_a_warm_never_loads_a_model_nor_reaches_a_remote_one(real_settings, tmp_path):
+    own = Settings(data_dir=tmp_path, models_dir=real_settings.models_path,
+                   remote_models={"far": {"url": "http://127.0.0.1:9/v1"}})  # nothing listens there
+    with Engine(own) as engine:
+        chat = ChatRequest(long_chat(6), GREEDY)
+        assert not engine.warm(MODEL, chat)
+        assert engine.status().loaded == [] and not engine.ready, "a warm loaded the model"
+        assert not engine.warm("far", chat)
