@@ -126,3 +126,19 @@ def test_another_users_chat_is_neither_shown_nor_warmed(server, engine):
         assert http.get("/api/chats/not-a-chat-of-theirs").status_code == 404
         time.sleep(0.5)
         assert _settled(engine) == before
+
+
+def test_a_chat_shown_in_the_page_is_warmed_and_again_after_each_reply(server, engine):
+    with httpx.Client(base_url=server, timeout=120) as http:
+        chat_id = _import_chat(http, 300)
+        before = _settled(engine)
+        assert http.get(f"/c/{chat_id}").status_code == 200  # the page opens the chat
+        wait_for(lambda: _settled(engine) - before > 4000, what="the warm of the chat opened")
+        for question in ("Where were we?", "And after that?"):
+            prefilled = _value(engine, "serge_prefilled_tokens_total")
+            _, done = send(http, f"/api/chats/{chat_id}/messages", {"content": question})
+            new = _value(engine, "serge_prefilled_tokens_total") - prefilled
+            assert new < 64, f"the send of {question!r} prefilled {new} tokens: more than its new message"
+            warmed = _settled(engine)
+            assert http.get(f"/c/{chat_id}/conversation").status_code == 200  # the page shows the reply
+            wait_for(lambda: _settled(engine) > warmed, what="the warm after the reply")

@@ -1,6 +1,7 @@
 """Warming a chat being read: its next reply's prompt prefilled while its user reads and types.
 
-When the page opens a chat (or a file is attached to one), `ChatWarming.later` asks, on a thread of its
+When the page shows a chat (opened, or shown again after a reply), or a file is attached to one,
+`ChatWarming.later` asks, on a thread of its
 own, for the prompt the chat's next reply will start with to be prefilled into the model's prefix cache
 (`ChatService.warm` builds the conversation as the reply will; `Engine.warm` queues it below every reply),
 so the send prefills only the new message. The caller never waits and never sees a failure: one is
