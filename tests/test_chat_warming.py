@@ -53,7 +53,8 @@ def _import_chat(http: httpx.Client, n_messages: int) -> str:
         parent = f"m{i}"
     made = http.post("/api/chats/import", json={
         "format": "serge.chat", "version": 1, "messages": messages,
-        "chat": {"title": "long", "settings": {"max_new_tokens": 8, "temperature": 0}}})
+        "chat": {"title": "long", "system_prompt": f"You are chat {time.time_ns()}.",  # no other chat's prefix
+                 "settings": {"max_new_tokens": 8, "temperature": 0}}})
     assert made.status_code == 201, made.text
     return made.json()["id"]
 
