@@ -143,3 +143,13 @@ def test_a_chat_shown_in_the_page_is_warmed_and_again_after_each_reply(server, e
             warmed = _settled(engine)
             assert http.get(f"/c/{chat_id}/conversation").status_code == 200  # the page shows the reply
             wait_for(lambda: _settled(engine) > warmed, what="the warm after the reply")
+
+
+def test_a_file_attached_to_a_chat_warms_it(server, engine):
+    with httpx.Client(base_url=server, timeout=120) as http:
+        chat_id = _import_chat(http, 40)
+        before = _settled(engine)
+        uploaded = http.post(f"/api/chats/{chat_id}/files",
+                             files={"file": ("notes.txt", b"The quarry closed in 1950.\n", "text/plain")})
+        assert uploaded.status_code == 201, uploaded.text
+        wait_for(lambda: _settled(engine) > before, what="the warm after the file")
