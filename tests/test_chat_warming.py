@@ -61,8 +61,8 @@ def _import_chat(http: httpx.Client, n_messages: int) -> str:
 
 def _settled(engine) -> float:
     """The warmed tokens once no warm has run for a while."""
-    last = -1.0
-    while (now := _value(engine, "serge_warmed_tokens_total")) != last:
+    last, deadline = -1.0, time.monotonic() + 120
+    while (now := _value(engine, "serge_warmed_tokens_total")) != last and time.monotonic() < deadline:
         last = now
         time.sleep(0.3)
     return now

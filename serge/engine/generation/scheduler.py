@@ -24,6 +24,9 @@ The slots are shared fairly between parties (who asked, opaque: `submit`'s `part
 free slots to the party holding the fewest (`admission.Waiting`), and a party over its share gives
 its youngest replies back, as a reply waits for KV room, when another waits under its (`_give_way`).
 
+While no reply runs or waits, the worker prefills warms (`warm`, `warming.Warming`: a chat's next
+prompt, into the prefix cache), a chunk a turn, and stops one the moment a reply comes.
+
 Every sequence ends with `stream.finish()`, on every path.
 """
 

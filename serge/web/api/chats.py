@@ -159,7 +159,8 @@ def import_chat(body: ChatExport, request: Request):
     return chat_out(service(request).import_chat(owner(request), body))
 
 
-@router.get("/{chat_id}", summary="A chat with the messages of the branch on screen")
+@router.get("/{chat_id}", summary="A chat with the messages of the branch on screen; its next reply's prompt is "
+                                   "prefilled behind the answer (SERGE_WARM_CHATS, docs/chats.md)")
 def get_chat(chat_id: str, request: Request):
     chats = service(request)
     chat = chats.get(owner(request), chat_id)
