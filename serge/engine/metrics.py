@@ -43,7 +43,6 @@ class ModelMetrics:
         self.prompt_tokens = metrics.prompt_tokens.labels(name)
         self.prefilled_tokens = metrics.prefilled_tokens.labels(name)
         self.reused_tokens = metrics.reused_tokens.labels(name)
-        self.warmed_tokens = metrics.warmed_tokens.labels(name)
         self.generated_tokens = metrics.generated_tokens.labels(name)
         self.ttft = metrics.ttft.labels(name)
         self.inter_token = metrics.inter_token.labels(name)
@@ -53,6 +52,7 @@ class ModelMetrics:
         self.prefix_cache_bytes = metrics.prefix_cache_bytes.labels(name)
         self.preempted = metrics.preempted.labels(name)
         self.threads = metrics.threads.labels(name)
+        self.warmed_tokens = metrics.warmed_tokens.labels(name)
 
     def finished(self, reason: str) -> None:
         self._finished.labels(self._name, reason).inc()
@@ -70,10 +70,6 @@ class EngineMetrics:
         )
         self.reused_tokens = Counter(
             "serge_prefix_cache_tokens", "Prompt tokens found in the prefix cache, not run again.", ["model"], registry=r
-        )
-        self.warmed_tokens = Counter(
-            "serge_warmed_tokens", "Prompt tokens prefilled into the prefix cache ahead of a reply (a chat being read), "
-            "not counted in serge_prefilled_tokens.", ["model"], registry=r
         )
         self.generated_tokens = Counter("serge_generated_tokens", "Tokens generated.", ["model"], registry=r)
         self.ttft = Histogram(
@@ -101,6 +97,10 @@ class EngineMetrics:
         self.threads = Gauge(
             "serge_worker_threads", "Threads the model's passes run on now: fewer while the machine is busy.", ["model"],
             registry=r,
+        )
+        self.warmed_tokens = Counter(
+            "serge_warmed_tokens", "Prompt tokens prefilled into the prefix cache ahead of a reply (a chat being read), "
+            "not counted in serge_prefilled_tokens.", ["model"], registry=r
         )
 
     def model(self, name: str) -> ModelMetrics:
