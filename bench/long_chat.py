@@ -5,6 +5,9 @@ conversations (tokenizer only, no server) and, with `--ttft`, starts Serge (as t
 main bench does), imports a 1,000-message chat through the chat API, sends one
 message and reads the stream until the first text arrives. `ttft_row()` is the same
 measurement against a Serge that is already running; `python -m bench` calls it.
+`--open-first SECONDS` also opens a second such chat as the page does (its GET warms
+it: docs/chats.md), waits SECONDS as its user would, then sends: both first tokens, cold
+and warmed. `--base-url` measures a Serge already running, `--messages` a shorter chat.
 
 Every message is about 60 tokens, so a 1,000-message chat is several times the
 bundled model's window (8,192 tokens; 4,096 on llama.cpp by default) and most of it
@@ -14,6 +17,7 @@ has to be left out.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import time
 from pathlib import Path
@@ -56,18 +60,25 @@ def prompt_build_seconds(model_dir: Path, sizes: tuple[int, ...] = (600, 1200), 
     return rows
 
 
-def ttft_row(base_url: str, n_messages: int = 1000, max_tokens: int = 8, timeout: float = 600.0) -> dict[str, Any]:
-    """Import an `n_messages` chat, send one more message; seconds to the first text, and what the reply says."""
+def ttft_row(base_url: str, n_messages: int = 1000, max_tokens: int = 8, timeout: float = 600.0,
+             open_first: float | None = None) -> dict[str, Any]:
+    """Import an `n_messages` chat, send one more message; seconds to the first text, and what the reply says.
+    `open_first`: GET the chat first, as the page does when it is opened, and send that many seconds later.
+    Each call's chat has a system prompt of its own, so no call finds another's in the prefix cache."""
     messages, parent = [], None
     for i, m in enumerate(conversation(n_messages)):
         messages.append({"id": f"m{i}", "parent_id": parent, **m})
         parent = f"m{i}"
-    export = {"format": "serge.chat", "version": 1, "chat": {"title": f"{n_messages} messages",
-              "settings": {"max_new_tokens": max_tokens, "temperature": 0}}, "messages": messages}
+    export = {"format": "serge.chat", "version": 1, "chat": {
+        "title": f"{n_messages} messages", "system_prompt": f"You are a helpful assistant (run {time.time_ns()}).",
+        "settings": {"max_new_tokens": max_tokens, "temperature": 0}}, "messages": messages}
     with httpx.Client(base_url=base_url, timeout=timeout) as http:
         made = http.post("/api/chats/import", json=export)
         made.raise_for_status()
         chat_id = made.json()["id"]
+        if open_first is not None:  # the page opens the chat; its user reads and types
+            http.get(f"/api/chats/{chat_id}").raise_for_status()
+            time.sleep(open_first)
         start = time.perf_counter()
         first = started = None
         done: dict[str, Any] = {}
@@ -86,45 +97,66 @@ def ttft_row(base_url: str, n_messages: int = 1000, max_tokens: int = 8, timeout
                     elif kind == "done":
                         done = data["message"]
         http.delete(f"/api/chats/{chat_id}")
-    return {"messages": n_messages, "ttft_s": first, "prompt_tokens": done.get("prompt_tokens"),
+    return {"messages": n_messages, "open_first_s": open_first, "ttft_s": first,
+            "prompt_tokens": done.get("prompt_tokens"),
             "dropped_messages": done.get("dropped_messages", (started or {}).get("dropped_messages")),
             "status": done.get("status")}
 
 
-def markdown(prompt_rows: dict[str, Any] | None, ttft: dict[str, Any] | None) -> str:
+def markdown(prompt_rows: dict[str, Any] | None, ttft: dict[str, Any] | None,
+             warmed: dict[str, Any] | None = None) -> str:
     lines = ["Long chats:", "", "| measurement | value |", "|---|---:|"]
     for n, row in (prompt_rows or {}).items():
         lines.append(f"| build the prompt of a {n}-message chat | {row['seconds'] * 1e3:.0f} ms "
                      f"({row['prompt_tokens']} tokens, {row['dropped_messages']} messages left out) |")
-    if ttft:
-        value = "failed" if ttft.get("ttft_s") is None else f"{ttft['ttft_s']:.2f} s"
-        lines.append(f"| first token of a {ttft['messages']}-message chat (chat API) | {value} "
-                     f"({ttft.get('prompt_tokens')} prompt tokens, {ttft.get('dropped_messages')} left out) |")
+    for row in (r for r in (ttft, warmed) if r):
+        value = "failed" if row.get("ttft_s") is None else f"{row['ttft_s']:.2f} s"
+        how = "" if row.get("open_first_s") is None else f", opened {row['open_first_s']:g} s before"
+        lines.append(f"| first token of a {row['messages']}-message chat (chat API{how}) | {value} "
+                     f"({row.get('prompt_tokens')} prompt tokens, {row.get('dropped_messages')} left out) |")
     return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
-    from bench.systems import Config, default_model_dir, make_system
+    from bench.systems import Config, default_installed_dir, default_model_dir, make_system
 
     ap = argparse.ArgumentParser(prog="python -m bench.long_chat", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model-dir", type=Path, default=default_model_dir())
     ap.add_argument("--ttft", action="store_true", help="also start Serge and time a 1,000-message chat's first token")
+    ap.add_argument("--open-first", type=float, metavar="SECONDS",
+                    help="also time a second chat opened (GET, as the page does) SECONDS before its send; implies --ttft")
+    ap.add_argument("--messages", type=int, default=1000, help="messages in the chat sent to (default 1000)")
+    ap.add_argument("--base-url", help="time a Serge already running there instead of starting one")
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args(argv)
+    if args.open_first is not None and args.open_first < 0:
+        ap.error("--open-first takes seconds, 0 or more")
     rows = prompt_build_seconds(args.model_dir)
-    ttft = None
-    if args.ttft:
+    ttft = warmed = None
+    if args.ttft or args.open_first is not None or args.base_url:
         import tempfile
 
-        cfg = Config(model_dir=args.model_dir.resolve(), threads=args.threads, max_tokens=8, gguf=None,
-                     log_dir=Path(tempfile.mkdtemp(prefix="serge-bench-long-")))
-        system = make_system("serge", cfg)
-        with system.running() as srv:
-            ttft = ttft_row(srv.base_url)
-    print(markdown(rows, ttft))
-    print(json.dumps({"prompt_build": rows, "ttft": ttft}, indent=1))
+        if args.base_url:
+            running = contextlib.nullcontext(args.base_url)
+        else:
+            cfg = Config(model_dir=args.model_dir.resolve(), threads=args.threads, max_tokens=8, gguf=None,
+                         log_dir=Path(tempfile.mkdtemp(prefix="serge-bench-long-")),
+                         serge_models_dir=default_installed_dir().parent)  # where Serge finds it installed
+            running = _base_url(make_system("serge", cfg))
+        with running as base_url:
+            ttft = ttft_row(base_url, args.messages)  # cold first: nothing of it is in the prefix cache
+            if args.open_first is not None:
+                warmed = ttft_row(base_url, args.messages, open_first=args.open_first)
+    print(markdown(rows, ttft, warmed))
+    print(json.dumps({"prompt_build": rows, "ttft": ttft, "ttft_opened_first": warmed}, indent=1))
     return 0
+
+
+@contextlib.contextmanager
+def _base_url(system):
+    with system.running() as srv:
+        yield srv.base_url
 
 
 if __name__ == "__main__":

@@ -173,6 +173,12 @@ class Settings(BaseSettings):
     prefix_cache_mb: int = Field(
         512, ge=0, description="Memory per model for finished conversations' KV, reused by their next turn; 0 turns it off."
     )
+    warm_chats: bool = Field(
+        True, description="A chat opened in the page (or given a file) has its next reply's prompt prefilled into the "
+        "prefix cache while its user reads and types, below every running reply, so the send prefills only the new "
+        "message; a long chat's history is then cut to leave an eighth of the window for that message. Never loads a "
+        "model (docs/chats.md)."
+    )
     prefill_chunk: int = Field(
         256, ge=16, description="Prompt tokens a prompt runs per step, and per step beside decoding replies (times the prompts "
         "waiting per decoding reply, or per waiting prompt where chunks join the decodes' pass, up to 8): a long prompt stalls "

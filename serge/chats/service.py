@@ -27,8 +27,10 @@ from serge.chats.tools import ToolLoop
 from serge.chats.chat_tools import ChatTools, knowledge_search
 from serge.chats.running import SharedReplies
 from serge.chats.transfer import ChatExport, export_json
+from serge.chats.warming import LOAD_WAIT_S, ChatWarming
 from serge.documents import MAX_FILES_PER_MESSAGE
 from serge.engine import ChatRequest, Engine, Message, ModelNotFound, SamplingParams
+from serge.engine.party import current as current_party
 from serge.store import (ChatRecord, ChatStore, DatabaseUnavailable, DocumentNotFound, DocumentRecord, MessageRecord,
                          NewMessage)
 
@@ -42,13 +44,15 @@ class ChatBusy(RuntimeError):
 class ChatService:
     def __init__(self, store: ChatStore, engine: Engine, documents: ChatDocuments | None = None,
                  knowledge: Knowledge | None = None, tools: ChatTools | None = None,
-                 shared: SharedReplies | None = None, presets: Presets | None = None) -> None:
+                 shared: SharedReplies | None = None, presets: Presets | None = None, warm: bool = False) -> None:
         self.store = store
         self.engine = engine
         self.documents = documents  # None: this service takes no files
         self.knowledge = knowledge  # None: nor collections
         self.tools = tools  # None: replies call no tools
         self.presets = presets  # None: a chat's model is a model's name only
+        # A chat opened is warmed, and its replies cut their history to stay a prefix of the next (`warm`)
+        self.warming = ChatWarming(self.warm) if warm else None
         self._active: dict[str, Reply | None] = {}  # None: reserved while the reply starts
         self._lock = threading.Lock()
         # None: this process alone writes the database (SQLite); else the service owns it from here on
@@ -70,6 +74,8 @@ class ChatService:
             reply.cancel()
         for reply in replies:
             reply.wait(30)
+        if self.warming is not None:
+            self.warming.close()
         if self.shared is not None:
             self.shared.close()
 
@@ -158,7 +164,9 @@ class ChatService:
     def attach(self, owner: str, chat_id: str, name: str, data: bytes) -> DocumentRecord:
         """Keep a file for the chat, to be attached to a message by its id; FileRefused says why not."""
         self.store.get_chat(owner, chat_id)
-        return self._documents().attach(owner, chat_id, name, data)
+        document = self._documents().attach(owner, chat_id, name, data)
+        self.warm_later(owner, chat_id)  # the user is writing the message it goes with
+        return document
 
     def image(self, owner: str, chat_id: str, document_id: str) -> tuple[DocumentRecord, bytes]:
         """An image attached in the owner's chat, with its bytes (for the page's thumbnail); a file that is not
@@ -221,6 +229,26 @@ class ChatService:
             )
         except ValueError as exc:
             raise InvalidChatInput(str(exc), "messages") from None
+
+    # --- warming a chat being read -------------------------------------------------
+    def warm_later(self, owner: str, chat_id: str) -> None:
+        """In the background, `warm` the owner's chat (which the caller has read): never waits, never raises."""
+        if self.warming is not None:
+            self.warming.later(owner, chat_id, current_party())
+
+    def warm(self, owner: str, chat_id: str, party: str = "") -> bool:
+        """Have the prompt the chat's next reply will start with prefilled into its model's prefix cache, below
+        every reply (`Engine.warm`), so the send prefills only the new message; never loads a model. False
+        when nothing was queued: an empty chat, one answering now, one with tools (its prompt is the tool
+        loop's), images, a model neither loaded nor loading, a remote one."""
+        chat = self.store.get_chat(owner, chat_id)
+        if not chat.messages or chat_id in self._active:
+            return False
+        history, _, _ = self._conversation(owner, chat, chat.messages[-1])
+        model, settings, preset = self._model_for(owner, chat, history)
+        if chat.tools or (preset is not None and preset.tools):
+            return False
+        return self.engine.warm(model, ChatRequest(history, SamplingParams(**settings), party=party), LOAD_WAIT_S)
 
     # --- replies ------------------------------------------------------------------
     def _refuse_if_busy(self, chat_id: str, here_only: bool = False) -> None:
@@ -346,20 +374,26 @@ class ChatService:
             places.append(i)
         return history, places, attached
 
+    def _model_for(self, owner: str, chat: ChatRecord, history: list[Message]):
+        """(model, settings, preset) of the chat's replies: a preset's model, its system prompt put first in
+        `history` under the chat's own, the chat's settings over its."""
+        model, settings = chat.model or self.engine.default_model, chat.settings
+        preset = self.presets.find(owner, chat.model) if self.presets is not None else None
+        if preset is not None:
+            model = self.presets.base_model(preset)
+            if preset.system_prompt and not chat.system_prompt:
+                history.insert(0, Message("system", preset.system_prompt))  # outside `places`, as the chat's is
+            settings = self.presets.sampling(preset, SamplingParams(**chat.settings)).model_dump(
+                mode="json", exclude_none=True)
+        return model, settings, preset
+
     def _start(self, owner: str, chat_id: str, question: MessageRecord, user: MessageRecord | None,
                chat: ChatRecord | None = None, caller=None) -> Reply:
         """Start the reply to `question`; `chat`: the chat as read already, its branch on screen ending at or
         past the question (None: read it now); `caller`: the account asking, whose tools the chat may use."""
         chat = chat or self.store.get_chat(owner, chat_id)
         history, places, attached = self._conversation(owner, chat, question)
-        model, settings = chat.model or self.engine.default_model, chat.settings
-        preset = self.presets.find(owner, chat.model) if self.presets is not None else None
-        if preset is not None:  # its model, its system prompt under the chat's own, the chat's settings over its
-            model = self.presets.base_model(preset)
-            if preset.system_prompt and not chat.system_prompt:
-                history.insert(0, Message("system", preset.system_prompt))  # outside `places`, as the chat's is
-            settings = self.presets.sampling(preset, SamplingParams(**chat.settings)).model_dump(
-                mode="json", exclude_none=True)
+        model, settings, preset = self._model_for(owner, chat, history)
         sources, collections = None, {}
         named = [*chat.knowledge, *(question.knowledge or [])]
         if named and self.knowledge is not None:  # the chat's collections and the question's, searched with the files
@@ -389,7 +423,8 @@ class ChatService:
                 search = knowledge_search(self.documents, owner, [*attached, *collections])
                 stream = self.tools.loop(owner, chat, model, history, caller, search, settings)
             else:
-                stream = self.engine.chat(model, ChatRequest(history, SamplingParams(**settings)))
+                stream = self.engine.chat(model, ChatRequest(history, SamplingParams(**settings),
+                                                             keep_cut=self.warming is not None))
         except Exception as exc:
             self.store.finish_message(owner, placeholder.id, finish_reason="error", complete=False, error=str(exc))
             raise

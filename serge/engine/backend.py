@@ -47,6 +47,10 @@ class ChatBackend(Protocol):
     def complete(self, prompt: str | list[int], params: SamplingParams | None = None, suffix: str | None = None,
                  n: int = 1, party: str = "") -> Stream: ...
 
+    def warm(self, request: ChatRequest) -> bool:
+        """Prefill, while idle, the prompt a reply to `request.messages` and one more user message starts with,
+        for the reply to take from the prefix cache; False when nothing was queued (a remote model: never)."""
+
 
 class EmbeddingBackend(Protocol):
     """What the engine asks of an embedding model: one vector per text."""

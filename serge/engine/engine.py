@@ -202,6 +202,25 @@ class Engine:
         request = replace(request, party=party_of(request.party))  # slots are shared fairly between parties
         return self._reply(model, request.party, lambda backend: backend.submit(request))
 
+    def warm(self, model: str | None, request: ChatRequest, wait_s: float = 0.0) -> bool:
+        """Prefill the prompt a reply to `request.messages` and one more user message will start with into the
+        model's prefix cache, while it has no reply to run or queue (`LocalModel.warm`): a chat being read,
+        whose reply then prefills only the new message, when it is sent with `keep_cut` and the same settings.
+        Only on a model loaded already, or loading now and loaded within `wait_s`: a warm never loads one. False
+        when nothing was queued (not loaded, a remote model, images, no prefix cache); ModelNotFound."""
+        name = self.check_model(model)
+        request = replace(request, party=party_of(request.party))
+        if (fixed := self._fixed.get(name)) is not None:
+            return fixed.kind == "chat" and fixed.warm(request)
+        held = self._registry.hold_loaded(name, wait_s)
+        if held is None:
+            return False
+        backend, let_go = held
+        try:
+            return backend.kind == "chat" and backend.warm(request)
+        finally:
+            let_go()
+
     def complete(self, model: str | None, prompt: str | list[int], params: SamplingParams | None = None,
                  suffix: str | None = None, n: int = 1, party: str | None = None) -> Stream:
         """Continue raw text (no chat template), or the model's token ids as they are, in `n` choices as `chat`

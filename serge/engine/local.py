@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from serge.engine.models.library import InstalledModel
 from serge.engine.devices import DevicePlan
@@ -34,6 +34,9 @@ from serge.engine.generation.tools import Tools, plan_reply
 log = logging.getLogger(__name__)
 
 FITS_SLACK = 256  # tokens past max_tokens the closing walk may take to find the least that fits
+# Stand-ins for a chat's next message, where a warm finds the prompt's start (`next_prompt`): a letter and a
+# newline, which a tokenizer may join with the whitespace the template puts before the message ("\n\n\n").
+PROBES = ("x", "\n")
 
 
 @dataclass(frozen=True)
@@ -106,11 +109,7 @@ class LocalModel:
         trimmed)."""
         params, tools = self._checked(request.params), request.tools
         rule = request.response_format.rule() if request.response_format is not None else None
-        plan = plan_reply(self.tool_format, placed(request.messages, self._mid_system), tools, rule)
-        tokenizer = (TemplateOptions(self.tokenizer, enable_thinking=False) if request.think is False
-                     else self.tokenizer)
-        prompt = build_prompt(tokenizer, plan.messages, self.context_window, params.max_new_tokens,
-                              plan.template_tools, request.trim, request.cap)
+        plan, prompt = self._prompt(request, params, rule)
         ids, pixels, room = self._with_images(prompt, plan.messages)
         room = room if request.window is None else max(1, min(room, request.window - len(ids)))
         thinking = None
@@ -124,6 +123,34 @@ class LocalModel:
                                        n=request.n, images=pixels, party=request.party or "")
         stream.dropped_messages, stream.prompt_tokens = prompt.dropped_messages, len(ids)
         return stream
+
+    def _prompt(self, request: ChatRequest, params: SamplingParams, rule):
+        """The reply's plan (tools, grammar) and its prompt, cut to the window."""
+        plan = plan_reply(self.tool_format, placed(request.messages, self._mid_system), request.tools, rule)
+        tokenizer = (TemplateOptions(self.tokenizer, enable_thinking=False) if request.think is False
+                     else self.tokenizer)
+        return plan, build_prompt(tokenizer, plan.messages, self.context_window, params.max_new_tokens,
+                                  plan.template_tools, request.trim, request.cap, request.keep_cut)
+
+    def warm(self, request: ChatRequest) -> bool:
+        """Queue `next_prompt(request)` to be prefilled while the model is idle (`Scheduler.warm`); False when
+        nothing was queued: images (a vision prompt is never cached), no prefix cache."""
+        ids = self.next_prompt(request)
+        return ids is not None and self.scheduler.warm(ids, request.party or "")
+
+    def next_prompt(self, request: ChatRequest) -> list[int] | None:
+        """The prompt a reply to `request.messages` and one more user message will start with, as `submit`
+        cuts it with `keep_cut` (tools and a response format aside); None with images. Raises as `submit` does
+        for a conversation it would refuse."""
+        if not request.messages or any(m.images for m in request.messages):
+            return None
+        params = self._checked(request.params)
+        request = replace(request, tools=None, response_format=None, keep_cut=True, trim=True, n=1)
+        # Two next messages that differ from their first character: the prompt both start with is the one
+        # any next message's starts with (up to the tokens the template's markup and that text may share).
+        a, b = (self._prompt(replace(request, messages=[*request.messages, Message("user", probe)]), params,
+                             None)[1].ids for probe in PROBES)
+        return a[: next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))]
 
     def _fits(self, grammar: str, param: str, budget: int) -> None:
         """InvalidRequest naming max_tokens when the shortest reply `grammar` allows takes more than `budget` tokens

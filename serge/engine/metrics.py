@@ -54,6 +54,7 @@ class ModelMetrics:
         self.prefix_cache_bytes = metrics.prefix_cache_bytes.labels(name)
         self.preempted = metrics.preempted.labels(name)
         self.threads = metrics.threads.labels(name)
+        self.warmed_tokens = metrics.warmed_tokens.labels(name)
 
     def finished(self, reason: str) -> None:
         self._finished.labels(self._name, reason).inc()
@@ -102,6 +103,10 @@ class EngineMetrics:
         self.threads = Gauge(
             "serge_worker_threads", "Threads the model's passes run on now: fewer while the machine is busy.", ["model"],
             registry=r,
+        )
+        self.warmed_tokens = Counter(
+            "serge_warmed_tokens", "Prompt tokens prefilled into the prefix cache ahead of a reply (a chat being read), "
+            "not counted in serge_prefilled_tokens.", ["model"], registry=r
         )
 
     def model(self, name: str) -> ModelMetrics:

@@ -171,7 +171,20 @@ class ModelRegistry:
     def hold(self, name: str, user: str | None = None) -> tuple[LoadedModel, Callable[[], None]]:
         """The loaded model, and the function that ends this lease (once; later calls do nothing): for a lease
         that outlives a call, such as a reply's until it has finished."""
-        entry = self._take(name, user)
+        return self._lease(self._take(name, user))
+
+    def hold_loaded(self, name: str, wait_s: float = 0.0) -> tuple[LoadedModel, Callable[[], None]] | None:
+        """As `hold`, but only a model loaded already, or loading now and loaded within `wait_s`: None
+        otherwise; it never loads one (a chat being warmed ahead of its reply: `Engine.warm`), and counts no
+        user as using it."""
+        with self._guard:
+            lock = self._locks.get(name) if name in self.loading else None
+        if lock is not None and lock.acquire(timeout=wait_s):  # the load holds it until the model is in
+            lock.release()
+        entry = self._leased(name, None)
+        return self._lease(entry) if entry is not None else None
+
+    def _lease(self, entry: _Loaded) -> tuple[LoadedModel, Callable[[], None]]:
         ended = threading.Event()
 
         def let_go() -> None:

@@ -70,6 +70,10 @@ class RemoteBackend:
         raise InvalidRequest(f"{self.name!r} is served by a remote server; send raw completions to it directly",
                              "model")
 
+    def warm(self, request: ChatRequest) -> bool:
+        """Nothing: the server's own cache is its own."""
+        return False
+
     def submit(self, request: ChatRequest) -> Stream:
         """`trim`, `think`, `cap` and `window` are the remote server's business: it applies its own window
         and template. One choice only: its usage does not say which choice spent what."""

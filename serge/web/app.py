@@ -98,7 +98,7 @@ def build_app(settings: Settings, engine: Engine) -> FastAPI:
         app.state.presets = Presets(PresetStore(database), engine, app.state.knowledge, documents)
         app.state.chats = ChatService(chat_store, engine, documents, app.state.knowledge,
                                       ChatTools(app.state.tools, chat_store, engine, steps=settings.tool_steps), shared,
-                                      app.state.presets)
+                                      app.state.presets, warm=settings.warm_chats)
         if shared is not None:
             limits.share_streams(shared)
         app.state.chats.recover()  # replies cut off by a crash are shown as interrupted

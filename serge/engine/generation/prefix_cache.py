@@ -53,6 +53,10 @@ class PrefixCache:
     def __len__(self) -> int:
         return len(self._entries)
 
+    def held(self, prompt: list[int]) -> int:
+        """How many of `prompt`'s first tokens one entry holds, the most of any (nothing copied, nothing moved)."""
+        return max((_common_prefix(entry.ids, prompt) for entry in self._entries.values()), default=0)
+
     def find(self, prompt: list[int]) -> PrefixHit | None:
         """The longest stored prefix of `prompt`, copied, or None."""
         best, best_length = self._best(prompt)

@@ -46,6 +46,8 @@ Role = Literal["system", "user", "assistant", "tool"]
 
 # Room kept for the reply when a request names no max_new_tokens.
 DEFAULT_REPLY_ROOM = 512
+# `keep_cut`: the share of the window kept for the user's next message, so that adding it does not move the cut.
+HEADROOM_SHARE = 8  # a window over 8: 1,024 tokens (some 700 words) of an 8,192-token window
 _COUNT_BATCH = 32  # messages tokenised per call while looking for the cut, newest first
 
 
@@ -270,12 +272,17 @@ def build_prompt(
     tools: list[dict] | None = None,
     trim: bool = True,
     cap: bool = False,
+    keep_cut: bool = False,
 ) -> Prompt:
     """`tools` (OpenAI's function definitions) go to the template as they are; None: no tools.
     `trim=False`: a conversation that does not fit is refused (ContextTooLong with the counts), never cut.
     `cap`: `max_new_tokens` is a ceiling, never refused: the reply gets what the window leaves after the
     prompt (`Prompt.room`, which `SamplingParams.resolved` caps it to); trimming still keeps a quarter of
-    the window for it at most, and a prompt that leaves no room at all is refused."""
+    the window for it at most, and a prompt that leaves no room at all is refused.
+    `keep_cut`: where the turns before a last lone user message are cut, it depends on them alone while that
+    message fits in a window's `HEADROOM_SHARE`th (they are cut to fit the budget less that headroom): so the
+    prompt of the conversation before the message, rendered as it is here, is a prefix of this one (what a chat
+    being read is warmed with: `LocalModel.warm`). A longer message is cut for as before."""
     if not messages:
         raise ValueError("a conversation needs at least one message")
     if not cap and max_new_tokens is not None and max_new_tokens >= context_window:
@@ -300,6 +307,26 @@ def build_prompt(
         return Prompt(ids=ids, dropped_messages=0, room=context_window - len(ids))
     system = [messages[0]] if messages[0].role == "system" else []
     turns = _turns(messages[len(system) :])
+
+    if keep_cut and len(turns) > 1 and turns[-1] == [messages[-1]] and messages[-1].role == "user":
+        try:  # the turns before it, cut with the reply's room and a headroom for any next message held back
+            start, _ = _cut(tokenizer, system, [*turns[:-1], [Message("user", "")]], tools,
+                            budget - context_window // HEADROOM_SHARE, reserve, context_window)
+        except ContextTooLong:
+            pass  # its newest turns alone leave no headroom: cut for this message, as without keep_cut
+        else:
+            ids = _render(tokenizer, system + [m for turn in turns[start:] for m in turn], tools)
+            if len(ids) <= budget:
+                return Prompt(ids=ids, dropped_messages=sum(len(t) for t in turns[:start]),
+                              room=context_window - len(ids))
+    start, ids = _cut(tokenizer, system, turns, tools, budget, reserve, context_window)
+    return Prompt(ids=ids, dropped_messages=sum(len(t) for t in turns[:start]), room=context_window - len(ids))
+
+
+def _cut(tokenizer, system: list[Message], turns: list[list[Message]], tools: list[dict] | None, budget: int,
+         reserve: int, context_window: int) -> tuple[int, list[int]]:
+    """The oldest of `turns` kept so that the rendering fits `budget` (the newest always), and that rendering;
+    ContextTooLong when the newest alone does not fit."""
 
     def kept(start: int) -> list[Message]:
         return system + [m for turn in turns[start:] for m in turn]
@@ -336,4 +363,4 @@ def build_prompt(
         if len(longer) > budget:
             break
         start, ids = start - 1, longer
-    return Prompt(ids=ids, dropped_messages=sum(len(t) for t in turns[:start]), room=context_window - len(ids))
+    return start, ids

@@ -27,3 +27,4 @@ class ChatRequest:
     cap: bool = False  # max_new_tokens capped to what the window leaves after the prompt, never refused
     window: int | None = None  # the reply gets at most what this many tokens leave after the prompt (num_ctx)
     party: str | None = None  # who asks (opaque), for a fair share of the slots; None: `party.current()`'s
+    keep_cut: bool = False  # a long chat's cut depends on the turns before the last user message alone (`build_prompt`)

@@ -25,6 +25,9 @@ The slots are shared fairly between parties (who asked, opaque: `submit`'s `part
 free slots to the party holding the fewest (`admission.Waiting`), and a party over its share gives
 its youngest replies back, as a reply waits for KV room, when another waits under its (`_give_way`).
 
+While no reply runs or waits, the worker prefills warms (`warm`, `warming.Warming`: a chat's next
+prompt, into the prefix cache), a chunk a turn, and stops one the moment a reply comes.
+
 Every sequence ends with `stream.finish()`, on every path.
 """
 
@@ -51,6 +54,7 @@ from serge.engine.generation.stream import FinishReason, GenerationError, Stream
 from serge.engine.generation.thinking import Thinking
 from serge.engine.generation.threads import Threads
 from serge.engine.generation.wakeups import Wakeups
+from serge.engine.generation.warming import Warming
 from serge.engine.metrics import EngineMetrics
 
 log = logging.getLogger(__name__)
@@ -95,6 +99,7 @@ class Scheduler:
         self._running: list[Sequence] = []  # the worker's alone
         self._mean_duration = 10.0  # seconds per generation, for Retry-After
         self._wakeups = Wakeups()  # the readers' event loops, woken once each per step
+        self._warming = Warming(forward, self._prefixes, self._chunk, self._m)  # queued under _lock
         self._worker = threading.Thread(target=self._run, name=f"serge-worker-{name}", daemon=True)
         self._worker.start()
 
@@ -143,6 +148,19 @@ class Scheduler:
             self._lock.notify()
         return stream
 
+    def warm(self, prompt: list[int], party: str = "") -> bool:
+        """Prefill `prompt` into the prefix cache while no reply runs or waits, a chunk at a time, and stop
+        at the next chunk the moment one comes (`warming.Warming`); queued in place of `party`'s earlier
+        warm. False when there is no prefix cache to keep it in, or the model is closing."""
+        if not prompt or not self._prefixes.budget_bytes:
+            return False
+        with self._lock:
+            if self._closing:
+                return False
+            self._warming.add(prompt, party)
+            self._lock.notify()
+        return True
+
     @property
     def pending(self) -> int:
         """Sequences running or queued: the registry never unloads a model that has any."""
@@ -171,18 +189,26 @@ class Scheduler:
                           self._chunk, self._m, threads, self._wakeups)  # the worker's alone
         while True:
             with self._lock:
-                while not self._closing and not self._waiting and not self._running:
+                while not self._closing and not self._waiting and not self._running and not self._warming.pending:
                     self._lock.wait()
                 if self._closing:
                     break
                 if self._forget:
                     self._forget = False
+                    self._warming.drop()
                     self._prefixes.clear()
                     self._m.prefix_cache_bytes.set(0)
-                admitted, expired = self._admit()
+                idle = not self._waiting and not self._running
+                warming = idle and self._warming.next()
+                admitted, expired = self._admit() if not idle else ([], [])
+            if warming:  # nobody waits: a chunk of a warm, and back to look again
+                self._warming.step()
+                continue
+            self._warming.stop()  # a reply comes: before it looks in the prefix cache (`_start`)
             with self._wakeups.held():
                 self._turn(admitted, expired)
         with self._lock:
+            self._warming.clear()
             leftover = self._waiting.drain()
         for seq in leftover + list(self._running):
             seq.stream.cancel()
@@ -190,6 +216,7 @@ class Scheduler:
                 self._leave(seq, FinishReason.CANCELLED)
             else:
                 self._finish(seq, FinishReason.CANCELLED)
+        self._warming.drop()
         self._prefixes.clear()
         self.forward.close()  # on this thread, like every pass before it
 

@@ -159,9 +159,13 @@ def import_chat(body: ChatExport, request: Request):
     return chat_out(service(request).import_chat(owner(request), body))
 
 
-@router.get("/{chat_id}", summary="A chat with the messages of the branch on screen")
+@router.get("/{chat_id}", summary="A chat with the messages of the branch on screen; its next reply's prompt is "
+                                   "prefilled behind the answer (SERGE_WARM_CHATS, docs/chats.md)")
 def get_chat(chat_id: str, request: Request):
-    return chat_out(service(request).get(owner(request), chat_id))
+    chats = service(request)
+    chat = chats.get(owner(request), chat_id)
+    chats.warm_later(owner(request), chat_id)  # in the background: its reader is about to write
+    return chat_out(chat)
 
 
 @router.patch("/{chat_id}", summary="Rename a chat, or change its model, system prompt or settings")

@@ -191,12 +191,14 @@ def build_pages() -> APIRouter:
     def show_chat(chat_id: str, request: Request):
         if (chat := own_chat(request, chat_id)) is None:
             return page(request, None, 404, missing="This chat does not exist (it may have been deleted).")
+        chats(request).warm_later(current_user(request).id, chat_id)  # its reader is about to write
         return page(request, chat)
 
     @router.get("/c/{chat_id}/conversation", response_class=HTMLResponse)
     def conversation(chat_id: str, request: Request):
         if (chat := own_chat(request, chat_id)) is None:
             return HTMLResponse("", status_code=404)
+        chats(request).warm_later(current_user(request).id, chat_id)  # shown again after a reply: the next is near
         return templates.TemplateResponse(request, "_conversation.html", {
             "chat": chat, "messages": _view(render, chat), "images": image_ids(request, chat)})
 
