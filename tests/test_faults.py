@@ -86,7 +86,7 @@ def install_broken_model(models: Path) -> None:
     folder = models / folder_name(BROKEN)
     folder.mkdir()
     for file in good.folder.iterdir():
-        if file.is_file() and file not in (good.gguf_path, good.folder / MANIFEST):
+        if file.is_file() and file.suffix != ".gguf" and file != good.folder / MANIFEST:  # no copy made from it
             shutil.copyfile(file, folder / file.name)
     manifest = {**json.loads((good.folder / MANIFEST).read_text()), "name": BROKEN, "facts": good.facts.to_json()}
     (folder / MANIFEST).write_text(json.dumps(manifest))  # the facts as this library reads them, from the whole file
