@@ -59,7 +59,9 @@ def test_f16_and_quantized_values_run_through_flash_attention_and_8_bit_keys_by_
     ("room for every slice in f16: llama.cpp's default", {}, "f16"),
     ("a budget that f16 would cut to fewer slices: 8-bit keys", {"memory_bytes": TIGHT_AUTO}, "q8_0-keys"),
     ("SERGE_LLAMA_KV_CACHE_MB too small for f16's windows", {"kv_cache_mb": 16}, "q8_0-keys"),
-    ("a type named in the settings is taken as it is", {"kv_type": "q8_0", }, "q8_0"),
+    ("a type named in the settings is taken as it is", {"kv_type": "q8_0"}, "q8_0"),
+    ("on a GPU: 8-bit keys, more layers fit", {"plan": DevicePlan("cuda:0", torch.bfloat16)}, "q8_0-keys"),
+    ("a GPU told to hold no layer is a CPU", {"plan": DevicePlan("cuda:0", torch.bfloat16), "gpu_layers": 0}, "f16"),
     ("even f16 where it does not fit", {"kv_type": "f16", "memory_bytes": TIGHT_AUTO}, "f16"),
 ])
 def test_auto_takes_f16_where_every_whole_window_fits_else_8_bit_keys(case, changes, expected):

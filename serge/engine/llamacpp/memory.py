@@ -60,10 +60,12 @@ def choose_kv(options: LlamaOptions, f16_bytes_per_token: int, trained: int, wei
     """The KV cache's type, and why (the load's log line says it). `auto` takes `f16` where its slices are all
     whole windows within the KV memory, as llama-server does: on an AMD Zen 4 (2 cores, the bundled model) its
     flash attention decoded 8 streams 12-20% faster than 8-bit keys by matrix products, 4 streams at 1,024 tokens
-    of context 6% faster, and prefilled as fast (`bench/README.md`). Where f16 would cut slices or windows,
-    `q8_0-keys` fits 1.3x more."""
+    of context 6% faster, and prefilled as fast (`docs/engines.md`). Where f16 would cut slices or windows,
+    `q8_0-keys` fits 1.3x more; on a GPU, where the same bytes decide how many layers it holds, as well."""
     if options.kv_type != "auto":
         return kv_type(options.kv_type), "as SERGE_LLAMA_KV_TYPE says"
+    if options.plan.device_type != "cpu" and options.gpu_layers != 0:
+        return kv_type("q8_0-keys"), "on a GPU 8-bit keys let more layers and replies fit its memory (f16 measured on CPUs only)"
     full = _wanted(options, trained)
     f16 = kv_type("f16")
     if kv_layout(options, f16.bytes_per_token(f16_bytes_per_token), trained, weights_bytes) == full:
