@@ -25,7 +25,6 @@ import threading
 import time
 from pathlib import Path
 
-from serge.engine.models.facts import read_facts
 from serge.engine.models.library import InstalledModel
 
 log = logging.getLogger(__name__)
@@ -46,16 +45,20 @@ def target(installed: InstalledModel, setting: str, on_gpu: bool) -> Path | None
 
 
 def planned(installed: InstalledModel, setting: str, on_gpu: bool) -> InstalledModel:
-    """`installed` as it would be served: the copy's facts where it exists, its estimated size where not yet."""
+    """`installed` as it would be served: its facts with the copy's layout and size (the file's, where it exists:
+    a stat, where reading its facts again would parse its whole vocabulary at every model listing)."""
     copy = target(installed, setting, on_gpu)
     if copy is None:
         return installed
-    if copy.exists():
-        return dataclasses.replace(installed, path=copy, facts=read_facts(copy.parent, copy.name))
     layout = FASTER_ON_X86[installed.facts.quantization]
-    bigger = int(installed.facts.weights_bytes * _BITS[layout] / _BITS[installed.facts.quantization])
-    return dataclasses.replace(installed, facts=dataclasses.replace(installed.facts, weights_bytes=bigger,
-                                                                    quantization=layout))
+    if copy.exists():
+        size = copy.stat().st_size - (installed.gguf_path.stat().st_size - installed.facts.weights_bytes)
+        path = copy
+    else:
+        size = int(installed.facts.weights_bytes * _BITS[layout] / _BITS[installed.facts.quantization])
+        path = installed.path
+    return dataclasses.replace(installed, path=path,
+                               facts=dataclasses.replace(installed.facts, weights_bytes=size, quantization=layout))
 
 
 def served(installed: InstalledModel, setting: str, on_gpu: bool) -> tuple[InstalledModel, str | None]:
