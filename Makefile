@@ -28,6 +28,8 @@ bench: install-dev model
 	$(BIN)/python -m bench.embeddings
 	$(BIN)/python -m bench.knowledge
 	$(BIN)/python -m bench.agents
+	$(BIN)/python -m bench.long_chat --open-first 60
+	$(BIN)/python -m bench.quant_quality
 
 # 50 people on the chat API and /v1 for a few minutes; exits 1 when a reply is lost or
 # doubled, one is left streaming, or threads or memory do not come back (bench/README.md).

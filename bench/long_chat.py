@@ -129,6 +129,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--messages", type=int, default=1000, help="messages in the chat sent to (default 1000)")
     ap.add_argument("--base-url", help="time a Serge already running there instead of starting one")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--system", default="serge-default",
+                    help="the Serge to start (bench/systems.py's names; default: as `make run` starts it)")
     args = ap.parse_args(argv)
     if args.open_first is not None and args.open_first < 0:
         ap.error("--open-first takes seconds, 0 or more")
@@ -143,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
             cfg = Config(model_dir=args.model_dir.resolve(), threads=args.threads, max_tokens=8, gguf=None,
                          log_dir=Path(tempfile.mkdtemp(prefix="serge-bench-long-")),
                          serge_models_dir=default_installed_dir().parent)  # where Serge finds it installed
-            running = _base_url(make_system("serge", cfg))
+            running = _base_url(make_system(args.system, cfg))
         with running as base_url:
             ttft = ttft_row(base_url, args.messages)  # cold first: nothing of it is in the prefix cache
             if args.open_first is not None:
