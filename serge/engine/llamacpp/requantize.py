@@ -2,10 +2,9 @@
 
 On x86, llama.cpp has repacked GEMM kernels for Q4_0 and tinyBLAS ones for Q8_0, and neither for Q4_1, the
 bundled model's layout. Measured on an AMD EPYC (Zen 4, AVX-512; the bundled SmolLM2-135M, one thread, CPU
-time in-process): Q8_0 made from its Q4_1 prefilled 219 tokens in 0.68 s against 1.55-1.82 s, and decoded a
-step of 1 stream in 11.0 ms against 14.8-16.0 and of 8 streams in 58.7 against 77.1, while the perplexity over
-6,000 tokens of the docs moved from 23.372 to 23.386 (+0.06%; `python -m bench.quant_quality`). Every Q4_1
-value, `d * q + m` with q in 0..15, lands on Q8_0's grid of its block within 1/8 of its own step. Q4_0 would
+time in-process, two runs on a busy machine): Q8_0 made from its Q4_1 prefilled 219 tokens 2.2-2.7x as fast,
+and decoded a step of 1 stream 1.14-1.35x and of 8 streams 1.15-1.31x as fast, while the perplexity over
+6,000 tokens of the docs moved from 23.372 to 23.386 (+0.06%; `python -m bench.quant_quality`). Q4_0 would
 be faster still (~1.6x) but re-quantizes to 4 bits and cost +22% perplexity: not made.
 
 So where llama.cpp runs a model on an x86 CPU (no layer on a GPU, whose kernels have every layout) and
