@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from serge.engine import ChatRequest, FinishReason, Message, SamplingParams
+from serge.engine import ChatRequest, FinishReason, Message, ModelLibrary, SamplingParams
 from serge.engine.generation.prompts import build_prompt
 
 # One definition, run on the stand-in there and on each real engine here:
@@ -102,29 +102,48 @@ def test_a_rows_logits_have_the_same_bits_whatever_runs_beside_it(engine):
 
 
 def test_a_joined_pass_gives_each_prompt_chunk_and_decode_the_bits_of_a_pass_of_its_own(engine):
-    """Where the forward `joins`, decodes and prompt chunks share a pass: each row as it would be apart."""
+    """Where the forward `joins`, decodes and prompt chunks share a pass: each row as it would be apart
+    (llama.cpp's on the file it serves here: the Q8_0 copy on an x86 CPU)."""
     from serge.engine.hf.forward import BatchForward
+    from serge.engine.llamacpp import requantize
+    from serge.engine.llamacpp.forward import JOIN_CHUNKS, LlamaForward
 
     loaded = engine.model()
-    if loaded.engine != "transformers":
-        pytest.skip("llama.cpp's forward runs prompt chunks in passes of their own")
-    forward = BatchForward(loaded.model, max_rows=16, join_chunk=256)
-    forward.prepare()
-    assert forward.joins == 2048, "the linear layers should join 8 chunks' rows here (oneDNN, float32, 135M)"
-    prompts = [_prompt(engine, [Message("user", q)]) for q in QUESTIONS]
-    decoding = []
-    for ids in prompts[:3]:
-        kv = forward.new_kv()
-        forward.prefill(kv, ids)
-        decoding.append(kv)
-    chunks = [prompts[3], prompts[4][:1], prompts[5][:7]]  # a whole prompt, a one-token chunk, a first chunk
-    apart = [forward.decode([kv.copy(kv.length)], [42])[0] for kv in decoding]
-    apart += [forward.prefill(forward.new_kv(), ids) for ids in chunks]
-    together = forward.run([kv.copy(kv.length) for kv in decoding] + [forward.new_kv() for _ in chunks],
-                           [[42]] * len(decoding) + chunks)
-    assert [torch.equal(together[i], apart[i]) for i in range(len(apart))] == [True] * len(apart)
-    one = forward.run([forward.new_kv()], [prompts[6][:1]])  # a pass of one row is padded like the others
-    assert torch.equal(one[0], forward.prefill(forward.new_kv(), prompts[6][:1]))
+    if loaded.engine == "transformers":
+        forward = BatchForward(loaded.model, max_rows=16, join_chunk=256)
+        forward.prepare()
+        assert forward.joins == 2048, "the linear layers should join 8 chunks' rows here (oneDNN, float32, 135M)"
+    else:
+        installed = ModelLibrary(engine.settings.models_path).find(loaded.name)
+        served, _ = requantize.served(installed, engine.settings.llama_requantize, on_gpu=False)
+        forward = LlamaForward(str(served.gguf_path), threads=2, max_batch=256, joins=JOIN_CHUNKS * 256)
+        forward.size(16, 1024)
+        forward.prepare()
+    try:
+        prompts = [_prompt(engine, [Message("user", q)]) for q in QUESTIONS]
+        decoding = []
+        for ids in prompts[:3]:
+            kv = forward.new_kv()
+            forward.prefill(kv, ids)
+            decoding.append(kv)
+        chunks = [prompts[3], prompts[4][:1], prompts[5][:7]]  # a whole prompt, a one-token chunk, a first chunk
+        apart, spent = [], []
+        for kv in decoding:
+            copy = kv.copy(kv.length)
+            apart.append(forward.decode([copy], [42])[0].clone())
+            spent.append(copy)
+        for ids in chunks:
+            spent.append(forward.new_kv())
+            apart.append(forward.prefill(spent[-1], ids))
+        for kv in spent:
+            kv.release()
+        together = forward.run([kv.copy(kv.length) for kv in decoding] + [forward.new_kv() for _ in chunks],
+                               [[42]] * len(decoding) + chunks)
+        assert [torch.equal(together[i], apart[i]) for i in range(len(apart))] == [True] * len(apart)
+        one = forward.run([forward.new_kv()], [prompts[6][:1]])[0].clone()  # a pass of one row is padded like the others
+        assert torch.equal(one, forward.prefill(forward.new_kv(), prompts[6][:1]))
+    finally:
+        forward.close()
 
 
 def test_a_rows_logits_have_the_same_bits_at_every_thread_count_a_busy_machine_may_drop_to(engine, tmp_path_factory):

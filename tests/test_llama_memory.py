@@ -29,7 +29,6 @@ def _options(**changes) -> LlamaOptions:
 
 
 TIGHT = WEIGHTS + 2 * 3 * 8192 * 17_640  # room for 3 whole windows in q8_0-keys
-TIGHT_AUTO = WEIGHTS + 2 * 8 * 8192 * 20_000  # 8 whole windows in q8_0-keys (17,640 a token), not in f16 (23,040)
 
 
 @pytest.mark.parametrize("name, f16, expected", [
@@ -46,30 +45,17 @@ def test_bytes_per_token_are_those_of_the_kv_type(name, f16, expected):
 
 
 def test_f16_and_quantized_values_run_through_flash_attention_and_8_bit_keys_by_matrix_products():
-    """f16 as llama.cpp runs it by default (its flash attention: the fastest measured on a CPU); a quantized V needs
-    it; 8-bit keys with f16 values were faster without it at long contexts."""
-    kinds = {name: (kv.type_k, kv.type_v, kv.flash_attention) for name in KV_TYPES if name != "auto"
-             for kv in [kv_type(name)]}
+    """f16 as llama.cpp runs it by default (its flash attention); a quantized V needs it; 8-bit keys with f16
+    values prefilled long prompts faster without it."""
+    kinds = {name: (kv.type_k, kv.type_v, kv.flash_attention) for name in KV_TYPES for kv in [kv_type(name)]}
     assert kinds == {"q8_0-keys": (8, 1, False), "q8_0": (8, 8, True), "f16": (1, 1, True)}
-    with pytest.raises(ValueError, match="use f16, q8_0-keys, q8_0"):
+    with pytest.raises(ValueError, match="use q8_0-keys, f16, q8_0"):
         kv_type("q4_0")
 
 
-@pytest.mark.parametrize("case, changes, expected", [
-    ("room for every slice in f16: llama.cpp's default", {}, "f16"),
-    ("a budget that f16 would cut to fewer slices: 8-bit keys", {"memory_bytes": TIGHT_AUTO}, "q8_0-keys"),
-    ("SERGE_LLAMA_KV_CACHE_MB too small for f16's windows", {"kv_cache_mb": 16}, "q8_0-keys"),
-    ("a type named in the settings is taken as it is", {"kv_type": "q8_0"}, "q8_0"),
-    ("on a GPU: 8-bit keys, more layers fit", {"plan": DevicePlan("cuda:0", torch.bfloat16)}, "q8_0-keys"),
-    ("a GPU told to hold no layer is a CPU", {"plan": DevicePlan("cuda:0", torch.bfloat16), "gpu_layers": 0}, "f16"),
-    ("even f16 where it does not fit", {"kv_type": "f16", "memory_bytes": TIGHT_AUTO}, "f16"),
-])
-def test_auto_takes_f16_where_every_whole_window_fits_else_8_bit_keys(case, changes, expected):
-    options = _options(**{"kv_type": "auto", **changes})
-    kv, why = choose_kv(options, BUNDLED_F16, 8192, WEIGHTS)
-    assert kv.name == expected, case
-    assert why
-
+def test_the_load_says_why_its_kv_type_was_taken():
+    assert "prefilled" in choose_kv(_options())[1] and choose_kv(_options())[0].name == "q8_0-keys"
+    assert "SERGE_LLAMA_KV_TYPE" in choose_kv(_options(kv_type="f16"))[1]
 
 
 @pytest.mark.parametrize("case, kv, changes, trained, expected", [
@@ -102,8 +88,7 @@ def test_the_estimate_counts_the_bytes_of_the_layout_the_loader_makes(kv):
                        layers=30)
     options = _options(kv_type=kv)
     slices, cells, per_token = planned_layout(facts, options)
-    made = choose_kv(options, BUNDLED_F16, 8192, WEIGHTS)[0]  # auto's choice: f16 in this budget
-    assert (slices, cells, per_token) == (8, 8192, made.bytes_per_token(BUNDLED_F16))
+    assert (slices, cells, per_token) == (8, 8192, kv_type(kv).bytes_per_token(BUNDLED_F16))
     kv_bytes = 8 * 8192 * per_token
     parked = min(kv_bytes, SchedulerLimits().prefix_cache_mb * MB)
     assert llama_memory.estimate(facts, options) == WEIGHTS + kv_bytes + parked
@@ -120,7 +105,7 @@ def test_a_vision_models_projector_is_counted_with_its_weights_on_the_host_or_th
 
 
 def test_serge_llama_kv_type_reaches_the_setting_and_only_known_types_do(monkeypatch):
-    assert Settings().llama_kv_type == "auto" == KV_TYPES[0]
+    assert Settings().llama_kv_type == "q8_0-keys" == KV_TYPES[0]
     monkeypatch.setenv("SERGE_LLAMA_KV_TYPE", "f16")
     assert Settings().llama_kv_type == "f16"
     monkeypatch.setenv("SERGE_LLAMA_KV_TYPE", "q4_0")
