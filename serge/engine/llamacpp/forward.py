@@ -52,6 +52,10 @@ from serge.engine.local import LocalModel, check_chat_template, eos_ids, load_to
 log = logging.getLogger(__name__)
 
 JOIN_CHUNKS = 2  # prompt chunks a pass may hold beside the decodes: 512 tokens by default, llama-server's ubatch
+# Layouts whose prompt chunks join the decodes' pass. Measured on an AMD Zen 4 (2 cores, the bundled model, bench
+# runs of 8 / 16 streams): Q8_0 with joined passes 108-122 / 108-110 tok/s against 111 / 99 apart; Q4_1 62-64 /
+# 63-66 against 82 / 89 apart (llama-server ~70 in the same runs), so Q4_1 and the rest run their chunks apart.
+JOINS_FASTER = frozenset({"Q8_0"})
 
 
 class LlamaKV:
@@ -302,7 +306,9 @@ def load_llamacpp(installed: InstalledModel, options: LlamaOptions) -> LocalMode
     tokenizer = load_tokenizer(installed)
     check_chat_template(installed.name, tokenizer)
     forward = LlamaForward(str(installed.gguf_path), options.threads, max_batch=options.limits.prefill_chunk,
-                           gpu_layers=planned.n_gpu_layers, joins=JOIN_CHUNKS * options.limits.prefill_chunk)
+                           gpu_layers=planned.n_gpu_layers,
+                           joins=JOIN_CHUNKS * options.limits.prefill_chunk
+                           if installed.facts.quantization in JOINS_FASTER else 0)
     forward.kv, kv_why = choose_kv(options)
     forward.size(*kv_layout(options, forward.bytes_per_token, forward.n_ctx_train or 2048, forward.weights_bytes))
     forward.vision = load_vision(installed, forward._model, options.threads, planned.n_gpu_layers > 0, tokenizer)
@@ -321,9 +327,11 @@ def load_llamacpp(installed: InstalledModel, options: LlamaOptions) -> LocalMode
                           adapt_threads=options.adapt_threads)
     seconds = time.monotonic() - started
     log.info("Loaded %s in %.1f s on %s (%d replies at once, %d tokens each; KV cache %d x %d cells of %s%s, %.0f MB: "
-             "%s; %.0f MB on the GPU, %.0f MB in host memory)", installed.name, seconds, offload.describe(),
-             forward.slices, forward.cells, forward.slices, forward.cells, forward.kv.name,
+             "%s; prompt chunks %s; %.0f MB on the GPU, %.0f MB in host memory)", installed.name, seconds,
+             offload.describe(), forward.slices, forward.cells, forward.slices, forward.cells, forward.kv.name,
              " with flash attention" if forward.kv.flash_attention else "", kv_bytes / 2**20, kv_why,
+             f"join the decodes' pass ({installed.facts.quantization}: measured faster so)" if forward.joins
+             else f"run in passes of their own ({installed.facts.quantization} was measured slower joined)",
              memory.gpu_bytes / 2**20, memory.host_bytes / 2**20)
     return LocalModel(
         name=installed.name,
