@@ -41,7 +41,8 @@ def _timed(owner, name: str, totals: dict, key: str) -> None:
 
 
 def _prefill_marked(owner, totals: dict) -> None:
-    inner = owner._prefill
+    """Mark the prompt chunks' passes (`Step._run_apart`, wrapped on the class: the step is made on the worker)."""
+    inner = owner._run_apart
 
     def wrapper(*args, **kwargs):
         totals["prefilling"] = 1
@@ -52,7 +53,7 @@ def _prefill_marked(owner, totals: dict) -> None:
             totals["prefilling"] = 0
             totals["prefill"] += time.perf_counter() - start
 
-    owner._prefill = wrapper
+    owner._run_apart = wrapper
 
 
 class _Lib:
@@ -84,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from bench.workload import single_prompt_messages
     from serge.engine import Engine, SamplingParams
-    from serge.engine.generation import scheduler as scheduler_module
+    from serge.engine.generation import passes as passes_module
     from serge.engine.generation import sequence as sequence_module
     from serge.engine.generation import stream as stream_module
     from serge.engine.llamacpp.forward import LlamaForward
@@ -100,13 +101,9 @@ def main(argv: list[str] | None = None) -> int:
         forward._lc = _Lib(forward._lc, totals)
         _timed(forward, "_run", totals, "run")
         _timed(forward, "_logits", totals, "logits")
-        _timed(sched, "_step", totals, "step")
-        _prefill_marked(sched, totals)
-        try:  # where the step's code imports choose_all: the scheduler, or its passes
-            from serge.engine.generation import passes as step_module
-        except ImportError:
-            step_module = scheduler_module
-        _timed(step_module, "choose_all", totals, "sampling")
+        _timed(sched, "_turn", totals, "step")
+        _prefill_marked(passes_module.Step, totals)
+        _timed(passes_module, "choose_all", totals, "sampling")
         _timed(sequence_module.Sequence, "accept", totals, "accept")
         _timed(stream_module.Stream, "_notify", totals, "notify")
         tok = model.tokenizer

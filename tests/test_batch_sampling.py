@@ -74,3 +74,21 @@ def test_a_long_seeded_draw_goes_on_from_the_same_generator_batched_or_not():
         logits = torch.randn(2, VOCAB, generator=g)
         alone = choose_next(logits[0], params, None, one)[0]
         assert choose_rows(logits, [Sampler(params, VOCAB, generator=many), Sampler(other, VOCAB, generator=side)])[0][0] == alone
+
+
+def test_plain_greedy_rows_pick_the_first_of_equal_maxima_as_each_row_alone():
+    """The all-greedy step's argmax (numpy's, on the host) against `choose_next`'s (torch's), row by row:
+    ties, infinities, and a view of wider rows, as a forward's buffer may hand them over."""
+    wide = torch.randn(6, VOCAB + 7, generator=torch.Generator().manual_seed(5))
+    wide[1, [3, 40, 41]] = 9.0  # three equal maxima: the first wins
+    wide[2, [7, 300]] = float("inf")
+    wide[3, :] = float("-inf")
+    wide[3, 17] = -1e30
+    wide[4, :] = 0.0  # all equal: token 0
+    logits = wide[:, :VOCAB]  # not contiguous
+    params = SamplingParams(temperature=0).resolved(10)
+    samplers = [Sampler(params, VOCAB) for _ in range(len(logits))]
+    assert all(s.plain for s in samplers)
+    picked = [token for token, _ in choose_rows(logits, samplers)]
+    assert picked == [choose_next(row, params, None, None)[0] for row in logits]
+    assert picked[1:5] == [3, 7, 17, 0]

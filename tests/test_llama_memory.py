@@ -49,13 +49,13 @@ def test_f16_and_quantized_values_run_through_flash_attention_and_8_bit_keys_by_
     values prefilled long prompts faster without it."""
     kinds = {name: (kv.type_k, kv.type_v, kv.flash_attention) for name in KV_TYPES for kv in [kv_type(name)]}
     assert kinds == {"q8_0-keys": (8, 1, False), "q8_0": (8, 8, True), "f16": (1, 1, True)}
-    with pytest.raises(ValueError, match="use q8_0-keys, f16, q8_0"):
+    with pytest.raises(ValueError, match="use f16, q8_0-keys, q8_0"):
         kv_type("q4_0")
 
 
 def test_the_load_says_why_its_kv_type_was_taken():
-    assert "prefilled" in choose_kv(_options())[1] and choose_kv(_options())[0].name == "q8_0-keys"
-    assert "SERGE_LLAMA_KV_TYPE" in choose_kv(_options(kv_type="f16"))[1]
+    assert "decode step" in choose_kv(_options())[1] and choose_kv(_options())[0].name == "f16"
+    assert "SERGE_LLAMA_KV_TYPE" in choose_kv(_options(kv_type="q8_0-keys"))[1]
 
 
 @pytest.mark.parametrize("case, kv, changes, trained, expected", [
@@ -105,9 +105,9 @@ def test_a_vision_models_projector_is_counted_with_its_weights_on_the_host_or_th
 
 
 def test_serge_llama_kv_type_reaches_the_setting_and_only_known_types_do(monkeypatch):
-    assert Settings().llama_kv_type == "q8_0-keys" == KV_TYPES[0]
-    monkeypatch.setenv("SERGE_LLAMA_KV_TYPE", "f16")
-    assert Settings().llama_kv_type == "f16"
+    assert Settings().llama_kv_type == "f16" == KV_TYPES[0]
+    monkeypatch.setenv("SERGE_LLAMA_KV_TYPE", "q8_0-keys")
+    assert Settings().llama_kv_type == "q8_0-keys"
     monkeypatch.setenv("SERGE_LLAMA_KV_TYPE", "q4_0")
     with pytest.raises(ValueError, match="llama_kv_type"):
         Settings()

@@ -138,14 +138,14 @@ def test_the_loaded_kv_cache_has_the_layout_and_type_the_estimate_counted(llama,
     forward = llama.model(MODEL).scheduler.forward
     facts = ModelLibrary(llama.settings.models_path).find(MODEL).facts
     assert (forward.slices, forward.cells, forward.bytes_per_token) == planned_layout(facts, registry_for(llama).options)
-    assert (forward.slices, forward.cells, forward.kv.name, forward.kv.flash_attention) == (8, 8192, "q8_0-keys", False)
+    assert (forward.slices, forward.cells, forward.kv.name, forward.kv.flash_attention) == (8, 8192, "f16", True)
     assert (lc.llama_n_ctx(forward._ctx), lc.llama_n_seq_max(forward._ctx)) == (8 * 8192, 8)
-    assert abs(_bytes_per_parked_token(forward) - forward.bytes_per_token) <= 16, "17,640 bytes a token"
+    assert abs(_bytes_per_parked_token(forward) - forward.bytes_per_token) <= 16, "23,040 bytes a token in f16"
     health = next(m for m in httpx.get(f"{server}/api/health").json()["models_loaded"] if m["name"] == MODEL)
-    assert health["kv_cache"] == "8 x 8192 cells, q8_0-keys" and health["context_window"] == 8192
+    assert health["kv_cache"] == "8 x 8192 cells, f16" and health["context_window"] == 8192
 
 
-@pytest.mark.parametrize("kv, cells, per_token", [("f16", 728, 23_040), ("q8_0", 1370, 12_240)])
+@pytest.mark.parametrize("kv, cells, per_token", [("q8_0-keys", 951, 17_640), ("q8_0", 1370, 12_240)])
 def test_each_kv_type_is_made_in_that_type_within_its_megabytes(llama, kv, cells, per_token):
     registry = registry_for(llama, "llama.cpp", llama={"kv_type": kv, "kv_cache_mb": 16})
     try:

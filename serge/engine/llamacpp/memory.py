@@ -46,10 +46,9 @@ KV_TYPES: tuple[str, ...] = get_args(Settings.model_fields["llama_kv_type"].anno
 
 
 def kv_type(name: str) -> KvType:
-    """`q8_0-keys`: keys in 8 bits, values in 16, attention by matrix products: 0.77x the memory of `f16`, and on
-    a CPU the fastest prefill of a long prompt. `f16`: llama.cpp's default, through its flash attention (8 short
-    streams decoded 12-20% faster than q8_0-keys on an AMD Zen 4, a long prompt prefilled 1.44x slower). `q8_0`:
-    both in 8 bits, 0.53x, through flash attention (a quantized V needs it)."""
+    """`f16`: llama.cpp's default, through its flash attention. `q8_0-keys`: keys in 8 bits, values in 16, attention
+    by matrix products: 0.77x the memory of `f16`, on a CPU the fastest prefill of a long prompt and the slower decode
+    of many (figures in `WHY`). `q8_0`: both in 8 bits, 0.53x, through flash attention (a quantized V needs it)."""
     if name not in KV_TYPES:
         raise ValueError(f"unknown llama.cpp KV cache type {name!r}: use {', '.join(KV_TYPES)}")
     keys = _GGML_F16 if name == "f16" else _GGML_Q8_0
@@ -63,9 +62,11 @@ def choose_kv(options: LlamaOptions) -> tuple[KvType, str]:
 
 
 WHY = MappingProxyType({
-    "q8_0-keys": "8-bit keys by matrix products: on an AMD Zen 4 a 4,096-token prompt prefilled in 17.1 s against "
-                 "24.7 s for f16 through flash attention, decoding as fast at that length, in 0.77x its memory",
-    "f16": "as SERGE_LLAMA_KV_TYPE says: llama.cpp's default, with its flash attention",
+    "f16": "llama.cpp's default, through its flash attention: on an AMD Zen 4 (2 threads, the bundled Q4_1, steps "
+           "alternated in one process) a decode step of 8 or 16 replies took 0.81x the time of q8_0-keys' and of one "
+           "reply 0.96x, the reply's every token; q8_0-keys prefilled a 4,096-7,936-token prompt 1.2-1.4x faster, "
+           "once a conversation (the prefix cache and warming keep it)",
+    "q8_0-keys": "as SERGE_LLAMA_KV_TYPE says: 8-bit keys by matrix products, the fastest long prefill on a CPU",
     "q8_0": "as SERGE_LLAMA_KV_TYPE says: 8-bit keys and values, through flash attention",
 })
 

@@ -17,10 +17,10 @@ import time
 import uuid
 
 from fastapi import APIRouter, Request
-from pydantic import Field, ValidationError
+from pydantic import Field, StrictInt, ValidationError, field_validator
 from starlette.concurrency import run_in_threadpool
 
-from serge.engine import FinishReason, GenerationRecord, SamplingParams, Stream, TokenLogprob
+from serge.engine import ContextTooLong, FinishReason, GenerationRecord, SamplingParams, Stream, TokenLogprob
 from serge.web.pages.docs import TEXT_COMPLETION
 from serge.web.http.errors import ApiError
 from serge.web.http.dialects import StrictRequest, cancel_on_disconnect, failure, refused_settings, stream_response
@@ -37,7 +37,7 @@ MAX_PROMPT_IDS = 32_768
 
 class CompletionRequest(StrictRequest):
     model: str | None = Field(None, description="An installed chat model; the server's default when left out.")
-    prompt: str | list[str] | list[int] | list[list[int]] = Field(
+    prompt: str | list[str] | list[StrictInt] | list[list[StrictInt]] = Field(
         description="Text to continue, a list of the model's token ids, or a list of either (each prompt its own "
                     "choices); a text is tokenized as the model's tokenizer does, ids are taken as they are.")
     suffix: str | None = Field(None, max_length=MAX_PROMPT_CHARS,
@@ -58,6 +58,15 @@ class CompletionRequest(StrictRequest):
     n: int = Field(1, ge=1, le=MAX_CHOICES, description=f"Choices per prompt (1 to {MAX_CHOICES}), sharing its "
                                                         "prefill; with seed, choice i uses seed + i.")
     user: str | None = Field(None, description="Accepted for compatibility; no effect.")
+
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _no_booleans(cls, value):
+        """JSON's true is no token id (lax validation would take it as 1)."""
+        if isinstance(value, list) and any(isinstance(x, bool) or isinstance(x, list) and any(isinstance(y, bool)
+                                                                                              for y in x) for x in value):
+            raise ValueError("token ids are integers; true and false are not token ids")
+        return value
 
     def prompts(self) -> list[str] | list[list[int]]:
         prompts = self.prompt
@@ -113,6 +122,11 @@ async def completions(body: CompletionRequest, request: Request):
     try:
         for text in prompts:  # all queued at once: they decode in one batch
             streams.append(await run_in_threadpool(engine.complete, body.model, text, params, body.suffix, body.n))
+    except ContextTooLong as exc:
+        for stream in streams:
+            stream.cancel()
+        exc.param = "prompt"  # the field at fault here, not a chat's messages
+        raise
     except BaseException:
         for stream in streams:
             stream.cancel()
