@@ -57,7 +57,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help=f"comma-separated, run in this order (default: {','.join(ALL_SYSTEMS)})")
     ap.add_argument("--concurrency", default="1,2,4,8,16", help="concurrent streams per level")
     ap.add_argument("--max-tokens", type=int, default=128, help="new tokens per request (EOS ignored)")
-    ap.add_argument("--single-reps", type=int, default=3, help="sequential requests at concurrency 1")
+    ap.add_argument("--single-reps", type=int, default=6,
+                    help="sequential requests at concurrency 1 (its rate swings run to run: 6 by default)")
     ap.add_argument("--rounds", type=int, default=1, help="requests per stream at concurrency > 1")
     ap.add_argument("--chat-turns", type=int, default=len(CHAT_TURNS), help="turns of the multi-turn chat (0: skip)")
     ap.add_argument("--chat-max-tokens", type=int, default=128, help="reply cap per chat turn (EOS honoured)")
