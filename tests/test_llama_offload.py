@@ -6,6 +6,8 @@ where a GPU must be seen; the real build is asked only what it really is.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -120,11 +122,12 @@ FACTS = ModelFacts("gguf", "llama", 7 * 10**9, "Q4_K_M", 31 * LAYER, 8192, True,
 
 
 def test_the_estimate_counts_gpu_memory_apart_from_host_memory(cuda_build):
-    on_gpu = llama_memory.placement(FACTS, _options(device="cuda:0"))
+    small_kv = {"kv_type": "q8_0-keys"}  # 8 whole windows of this 7B in f16 (8 GB) and its weights are over 10 GB
+    on_gpu = llama_memory.placement(FACTS, replace(_options(device="cuda:0"), **small_kv))
     assert on_gpu.offload.n_gpu_layers == 31 and on_gpu.gpu_bytes > FACTS.weights_bytes, "weights and KV there"
     assert on_gpu.host_bytes == on_gpu.total - on_gpu.gpu_bytes > 0, "parked conversations stay in host memory"
-    assert llama_memory.estimate(FACTS, _options(device="cuda:0")) == on_gpu.total
-    half = llama_memory.placement(FACTS, _options(gpu_layers=16, device="cuda:0"))
+    assert llama_memory.estimate(FACTS, replace(_options(device="cuda:0"), **small_kv)) == on_gpu.total
+    half = llama_memory.placement(FACTS, replace(_options(gpu_layers=16, device="cuda:0"), **small_kv))
     assert 0 < half.gpu_bytes < on_gpu.gpu_bytes and half.total == on_gpu.total, "the same memory, split otherwise"
 
 

@@ -53,7 +53,7 @@ def _int64(text: str) -> int:
     except ValueError:  # more digits than Python converts
         value = MAX_INT + 1
     if abs(value) > MAX_INT:
-        raise BadJson(f"the integer {_short(text)} is outside the signed 64-bit range (at most {MAX_INT} either way)")
+        raise BadJson(f"the integer {_short(text)} does not fit in signed 64 bits (at most {MAX_INT} either way)")
     return value
 
 
