@@ -63,8 +63,8 @@ class CompletionRequest(StrictRequest):
     @classmethod
     def _no_booleans(cls, value):
         """JSON's true is no token id (lax validation would take it as 1)."""
-        if isinstance(value, list) and any(isinstance(x, bool) or isinstance(x, list) and any(isinstance(y, bool)
-                                                                                              for y in x) for x in value):
+        items = value if isinstance(value, list) else []
+        if any(isinstance(y, bool) for x in items for y in (x if isinstance(x, list) else [x])):
             raise ValueError("token ids are integers; true and false are not token ids")
         return value
 
@@ -122,14 +122,11 @@ async def completions(body: CompletionRequest, request: Request):
     try:
         for text in prompts:  # all queued at once: they decode in one batch
             streams.append(await run_in_threadpool(engine.complete, body.model, text, params, body.suffix, body.n))
-    except ContextTooLong as exc:
+    except BaseException as exc:
         for stream in streams:
             stream.cancel()
-        exc.param = "prompt"  # the field at fault here, not a chat's messages
-        raise
-    except BaseException:
-        for stream in streams:
-            stream.cancel()
+        if isinstance(exc, ContextTooLong):
+            exc.param = "prompt"  # the field at fault here, not a chat's messages
         raise
     name = streams[0].model
     note_generation(request, name, *streams)
