@@ -85,7 +85,7 @@ def markdown(run: dict) -> str:
     lines = [
         f"Run {meta['started']} · model `{meta['model_dir']}` ({meta['dtype']}) · {meta['threads']} threads per "
         f"system · prompt {meta.get('prompt_tokens', '?')} tokens, {meta['max_tokens']} new tokens (EOS ignored) · "
-        f"host {meta['cpus']} CPUs, load avg at start {meta['loadavg_start']}",
+        f"host {meta['cpus']} CPUs ({meta.get('cpu', 'CPU not recorded')}), load avg at start {meta['loadavg_start']}",
         "",
         "| system | streams | agg tok/s | x generate() 1 | stream tok/s | TTFT p50 s | TTFT p95 s | ITL p95 ms | errors |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|",

@@ -84,11 +84,27 @@ def _ignore_eos_body(model: str, messages, max_tokens: int, ignore_eos: bool) ->
     return b
 
 
-def _has_amx() -> bool:
+def _cpuinfo() -> str:
     try:
-        return " amx_int8" in Path("/proc/cpuinfo").read_text()
+        return Path("/proc/cpuinfo").read_text()
     except OSError:
-        return False
+        return ""
+
+
+def _has_amx() -> bool:
+    return " amx_int8" in _cpuinfo()
+
+
+def cpu_name() -> str:
+    """The CPU a run's figures hold for, with what its kernels depend on: figures differ between kinds."""
+    fields: dict[str, str] = {}
+    for line in _cpuinfo().splitlines():  # the first processor's
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    flags = set(fields.get("flags", "").split())
+    return (f"{fields.get('model name', 'an unknown CPU')} (family {fields.get('cpu family', '?')} model "
+            f"{fields.get('model', '?')}; {'AVX-512' if 'avx512f' in flags else 'no AVX-512'}, "
+            f"{'AMX' if 'amx_int8' in flags else 'no AMX'})")
 
 
 class Unavailable(Exception):
