@@ -90,8 +90,10 @@ def test_token_ids_are_a_prompt_as_they_are_and_top_logprobs_hold_the_sampled_to
     ({"prompt": [1, 10 ** 9]}, "prompt", "this model's"),
     ({"prompt": [1, 2], "suffix": " is a city."}, "suffix", "text prompt"),
     ({"prompt": [1, 2], "echo": True}, "echo", "as text"),
-    ({"prompt": [True, 2]}, "prompt", "not token ids"),
-    ({"prompt": [[3], [False]]}, "prompt", "not token ids"),
+    ({"prompt": [True, 2]}, "prompt", "token ids (integers"),
+    ({"prompt": [[3], [False]]}, "prompt", "token ids (integers"),
+    ({"prompt": [1.0]}, "prompt", "token ids (integers"),
+    ({"prompt": [[1], "a"]}, "prompt", "a list of texts"),
     ({"prompt": [5] * 30_000}, "prompt", "context window"),
 ])
 def test_bad_input_is_a_400_naming_the_field(server, body, param, words, model=MODEL):

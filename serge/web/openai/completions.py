@@ -61,12 +61,16 @@ class CompletionRequest(StrictRequest):
 
     @field_validator("prompt", mode="before")
     @classmethod
-    def _no_booleans(cls, value):
-        """JSON's true is no token id (lax validation would take it as 1)."""
-        items = value if isinstance(value, list) else []
-        if any(isinstance(y, bool) for x in items for y in (x if isinstance(x, list) else [x])):
-            raise ValueError("token ids are integers; true and false are not token ids")
-        return value
+    def _one_of_the_shapes(cls, value):
+        """One message for any other shape (pydantic would list each shape's complaint); JSON's true is no
+        token id (lax validation would take it as 1), nor is 1.0."""
+        def ids(x) -> bool:
+            return isinstance(x, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in x)
+        if isinstance(value, str) or ids(value) or isinstance(value, list) and (
+                all(isinstance(x, str) for x in value) or all(ids(x) for x in value)):
+            return value
+        raise ValueError("send a text, a list of texts, a list of token ids (integers, not true or 1.0), "
+                         "or a list of such lists")
 
     def prompts(self) -> list[str] | list[list[int]]:
         prompts = self.prompt
