@@ -6,8 +6,6 @@ where a GPU must be seen; the real build is asked only what it really is.
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -112,9 +110,11 @@ def test_the_gpus_are_read_from_llama_cpps_device_list(cuda_build):
     assert (plan.n_gpu_layers, plan.kv, plan.device) == (31, "gpu", "CUDA0")
 
 
-def _options(budget: int | None = 64 * GB, gpu_layers: int | None = None, device: str = "cpu") -> LlamaOptions:
+def _options(budget: int | None = 64 * GB, gpu_layers: int | None = None, device: str = "cpu",
+             kv_type: str = "f16") -> LlamaOptions:
     plan = DevicePlan(device, torch.float32)
-    return LlamaOptions(plan, 1, None, SchedulerLimits(), EngineMetrics(), memory_bytes=budget, gpu_layers=gpu_layers)
+    return LlamaOptions(plan, 1, None, SchedulerLimits(), EngineMetrics(), memory_bytes=budget, gpu_layers=gpu_layers,
+                        kv_type=kv_type)
 
 
 FACTS = ModelFacts("gguf", "llama", 7 * 10**9, "Q4_K_M", 31 * LAYER, 8192, True, kv_bytes_per_token=131072,
@@ -122,12 +122,12 @@ FACTS = ModelFacts("gguf", "llama", 7 * 10**9, "Q4_K_M", 31 * LAYER, 8192, True,
 
 
 def test_the_estimate_counts_gpu_memory_apart_from_host_memory(cuda_build):
-    small_kv = {"kv_type": "q8_0-keys"}  # 8 whole windows of this 7B in f16 (8 GB) and its weights are over 10 GB
-    on_gpu = llama_memory.placement(FACTS, replace(_options(device="cuda:0"), **small_kv))
+    small = "q8_0-keys"  # 8 whole windows of this 7B in f16 (8 GB) and its weights are over the 10 GB free
+    on_gpu = llama_memory.placement(FACTS, _options(device="cuda:0", kv_type=small))
     assert on_gpu.offload.n_gpu_layers == 31 and on_gpu.gpu_bytes > FACTS.weights_bytes, "weights and KV there"
     assert on_gpu.host_bytes == on_gpu.total - on_gpu.gpu_bytes > 0, "parked conversations stay in host memory"
-    assert llama_memory.estimate(FACTS, replace(_options(device="cuda:0"), **small_kv)) == on_gpu.total
-    half = llama_memory.placement(FACTS, replace(_options(gpu_layers=16, device="cuda:0"), **small_kv))
+    assert llama_memory.estimate(FACTS, _options(device="cuda:0", kv_type=small)) == on_gpu.total
+    half = llama_memory.placement(FACTS, _options(gpu_layers=16, device="cuda:0", kv_type=small))
     assert 0 < half.gpu_bytes < on_gpu.gpu_bytes and half.total == on_gpu.total, "the same memory, split otherwise"
 
 

@@ -17,7 +17,7 @@ import time
 import uuid
 
 from fastapi import APIRouter, Request
-from pydantic import Field, StrictInt, ValidationError, field_validator
+from pydantic import Field, ValidationError, field_validator
 from starlette.concurrency import run_in_threadpool
 
 from serge.engine import ContextTooLong, FinishReason, GenerationRecord, SamplingParams, Stream, TokenLogprob
@@ -37,7 +37,7 @@ MAX_PROMPT_IDS = 32_768
 
 class CompletionRequest(StrictRequest):
     model: str | None = Field(None, description="An installed chat model; the server's default when left out.")
-    prompt: str | list[str] | list[StrictInt] | list[list[StrictInt]] = Field(
+    prompt: str | list[str] | list[int] | list[list[int]] = Field(
         description="Text to continue, a list of the model's token ids, or a list of either (each prompt its own "
                     "choices); a text is tokenized as the model's tokenizer does, ids are taken as they are.")
     suffix: str | None = Field(None, max_length=MAX_PROMPT_CHARS,
