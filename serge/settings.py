@@ -173,6 +173,11 @@ class Settings(BaseSettings):
     prefix_cache_mb: int = Field(
         512, ge=0, description="Memory per model for finished conversations' KV, reused by their next turn; 0 turns it off."
     )
+    keep_kv: bool = Field(
+        True, description="Keep the prefix cache's conversations of 512 tokens or more on disk (DATA_DIR/kv-cache) "
+        "when a llama.cpp model unloads, and take them back at its next load, so a long chat is not prefilled "
+        "again after a restart; false keeps them in memory only.",
+    )
     warm_chats: bool = Field(
         True, description="A chat opened in the page (or given a file) has its next reply's prompt prefilled into the "
         "prefix cache while its user reads and types, below every running reply, so the send prefills only the new "

@@ -118,3 +118,24 @@ def test_chats_survive_a_restart_and_a_kill_mid_reply(data_dir, tmp_path):
         again = http.get(f"/api/chats/{story['id']}").json()["messages"]
         assert [(m["id"], m["content"], m["status"]) for m in again] == [
             (m["id"], m["content"], m["status"]) for m in after_kill]
+
+
+NOTES = "Here are my notes on tides, currents and the moon. " * 60 + "What do they say?"
+
+
+def test_a_long_conversation_is_not_prefilled_again_after_a_clean_restart(data_dir, tmp_path):
+    """Its keys and values are kept on disk when the server stops (SIGTERM) and taken back when it starts."""
+    log = tmp_path / "serve.log"
+    body = {"model": "smollm2-135m-instruct", "max_tokens": 6, "temperature": 0,
+            "messages": [{"role": "user", "content": NOTES}]}
+    with Serve(data_dir, log) as first:
+        answer = first.client.post("/v1/chat/completions", json=body).json()
+    assert first.process.returncode == 0, "a stop (SIGTERM) closes the engine, then exits"
+    assert answer["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    assert list((data_dir / "kv-cache").glob("*/manifest.json")), "nothing was kept on disk at the stop"
+
+    body["messages"] += [answer["choices"][0]["message"], {"role": "user", "content": "And the moon?"}]
+    with Serve(data_dir, log) as second:
+        again = second.client.post("/v1/chat/completions", json=body).json()
+    assert again["usage"]["prompt_tokens_details"]["cached_tokens"] >= answer["usage"]["prompt_tokens"]
+    assert "Took back 1 conversation(s)" in log.read_text()

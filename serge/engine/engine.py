@@ -62,7 +62,8 @@ class Engine:
         options = LoadOptions(self.plan, settings.torch_threads, settings.context_window, self._limits,
                               self.metrics, memory_bytes=budget.memory_bytes, adapt_threads=settings.adapt_threads)
         llama = LlamaOptions.over(options, kv_cache_mb=settings.llama_kv_cache_mb, gpu_layers=settings.gpu_layers,
-                                  kv_type=settings.llama_kv_type, requantize=settings.llama_requantize)
+                                  kv_type=settings.llama_kv_type, requantize=settings.llama_requantize,
+                                  kv_store=settings.data_dir / "kv-cache" if settings.keep_kv else None)
         self._registry = ModelRegistry(self._library, options, settings.engine, settings.model_engines, budget,
                                        local_families(options, llama))
         self._remote = RemoteClient(settings.remote_timeout_s)

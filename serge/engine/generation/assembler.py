@@ -5,6 +5,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
+
+
+def _decoder(tokenizer) -> Callable[[list[int]], str]:
+    """`tokenizer.decode(ids, skip_special_tokens=True)`: a fast tokenizer's own Rust decode where transformers
+    adds nothing to it (no clean-up of spaces), ~25 us less a call of the two a token makes."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None and getattr(tokenizer, "clean_up_tokenization_spaces", None) is False:
+        return partial(backend.decode, skip_special_tokens=True)
+    return partial(tokenizer.decode, skip_special_tokens=True)
+
 
 class TextAssembler:
     """Incremental detokenizer for one sequence, with stop strings.
@@ -15,7 +27,7 @@ class TextAssembler:
     """
 
     def __init__(self, tokenizer, stop: tuple[str, ...] = ()) -> None:
-        self._tokenizer = tokenizer
+        self._decode = _decoder(tokenizer)
         self._stop = stop
         self._ids: list[int] = []
         self._decoded = ""  # the text of every id up to `_read`
@@ -26,9 +38,6 @@ class TextAssembler:
         self._emitted = 0
         self.stopped = False
         self.matched: str | None = None  # the stop string that ended the reply
-
-    def _decode(self, ids: list[int]) -> str:
-        return self._tokenizer.decode(ids, skip_special_tokens=True)
 
     def add(self, token_id: int) -> str:
         """Take one generated token; return the text now safe to show."""

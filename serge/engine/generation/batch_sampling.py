@@ -59,7 +59,7 @@ def choose_rows(logits: torch.Tensor, samplers: list[Sampler],
     grammar mask (True where allowed), or None."""
     masks = masks or [None] * len(samplers)
     if all(s.plain for s in samplers) and all(m is None for m in masks):
-        return [(token, None) for token in _argmax(logits)]
+        return [(token, None) for token in greedy_tokens(logits)]
     device, width = logits.device, logits.shape[-1]
     numbers, flags = torch.stack([s.numbers for s in samplers]), torch.stack([s.flags for s in samplers])
     scores = logits.float()
@@ -122,7 +122,7 @@ def _distribution(scores: torch.Tensor, samplers: list[Sampler], numbers: torch.
     return probs
 
 
-def _argmax(logits: torch.Tensor) -> list[int]:
+def greedy_tokens(logits: torch.Tensor) -> list[int]:
     """Each row's greedy token (the first of equal maxima, as torch picks it), in one wait for the device. On
     the host in float32, numpy's: ~10x faster than torch's (a 49,152-token row 5 against 92 us, 16 rows 68
     against 665 us, AMD Zen 4), time every decode step of a greedy reply spends outside the model."""

@@ -90,6 +90,10 @@ class PrefixCache:
                 best, best_length = key, length
         return best, best_length
 
+    def entries(self) -> list[tuple[list[int], KV, int, torch.Tensor | None]]:
+        """Each entry's tokens, KV, prompt length and prompt logits, least recently used first (what `store` takes)."""
+        return [(e.ids, e.kv, e.prompt_length, e.prompt_logits) for e in self._entries.values()]
+
     def store(self, ids: list[int], kv: KV, prompt_length: int, prompt_logits: torch.Tensor | None) -> None:
         """Keep a finished sequence's KV (taken over, not copied), dropping what it makes redundant."""
         ids = ids[: kv.length]

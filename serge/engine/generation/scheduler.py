@@ -12,7 +12,9 @@ A sequence that finishes, stops, fails or is cancelled leaves the batch in the s
 KV goes to the prefix cache, from which the chat's next turn takes what it shares. A request
 for n choices runs its prompt once: choice 0 prefills it and the others start from a copy of
 that KV (`KV.copy`) and the same logits; replies whose prompts start alike (agents' shared
-system prompt) prefill the shared part once, the others copying it (`shared_prefix`).
+system prompt) prefill the shared part once, the others copying it (`shared_prefix`). Where the
+forward hands its KV over as bytes (llama.cpp's), the prefix cache's long conversations are kept
+on disk when the model unloads and taken back at its next load (`kv_store`).
 
 It runs any forward (`forward.Forward`: transformers' `BatchForward`, llama.cpp's
 `LlamaForward`, a stand-in in tests), so sampling, stop strings, prefix reuse, admission,
@@ -44,6 +46,7 @@ import torch
 from serge.engine.generation.admission import EngineBusy, SchedulerLimits, Waiting
 from serge.engine.generation.forward import Forward, OutOfKV
 from serge.engine.generation.grammar import Vocabulary
+from serge.engine.generation.kv_store import KvStore
 from serge.engine.generation.prefix_cache import PrefixCache
 from serge.engine.generation.passes import Batch, Step, failure_message
 from serge.engine.generation.sampling import SamplingParams
@@ -72,6 +75,7 @@ class Scheduler:
         metrics: EngineMetrics | None = None,
         prefix_cache_bytes: int | None = None,
         adapt_threads: bool = True,
+        kv_store: KvStore | None = None,
     ) -> None:
         limits = limits or SchedulerLimits()
         self.name = name
@@ -87,6 +91,7 @@ class Scheduler:
         self._chunk = limits.prefill_chunk
         budget = limits.prefix_cache_mb * 2**20
         self._prefixes = PrefixCache(budget if prefix_cache_bytes is None else min(budget, prefix_cache_bytes))
+        self._kv_store = kv_store if self._prefixes.budget_bytes else None  # the prefix cache across restarts
         self.metrics = metrics if metrics is not None else EngineMetrics()
         self._m = self.metrics.model(name)
         self._shared = SharedPrefixes(forward, self._m)  # replies waiting for a running one's prompt prefix
@@ -183,6 +188,9 @@ class Scheduler:
     def _run(self) -> None:
         torch.set_num_threads(self._most_threads)  # per thread under OpenMP: set it where the work runs
         self.forward.prepare()  # measured with this thread's kernels, before any request waits on it
+        if self._kv_store is not None:  # before any request looks in the prefix cache
+            self._kv_store.load(self._prefixes)
+            self._m.prefix_cache_bytes.set(self._prefixes.nbytes)
         counts = self.forward.thread_counts(self._most_threads) if self._adapt_threads else [self._most_threads]
         threads = Threads(counts, self.forward.set_threads, self._m.threads.set)
         self._step = Step(self.forward, Batch(self._running, self._leave, self._make_room, self._share),
@@ -217,6 +225,8 @@ class Scheduler:
             else:
                 self._finish(seq, FinishReason.CANCELLED)
         self._warming.drop()
+        if self._kv_store is not None:
+            self._kv_store.save(self._prefixes)
         self._prefixes.clear()
         self.forward.close()  # on this thread, like every pass before it
 
@@ -239,6 +249,8 @@ class Scheduler:
 
     def _admit(self) -> tuple[list[Sequence], list[tuple[Sequence, FinishReason, str | None]]]:
         """Under the lock: move waiting requests into free slots (none while a reply waits for KV room)."""
+        if not self._waiting:  # the common step: nothing to admit, expire or give way to (~50 us saved a step)
+            return [], []
         if not self._hold:
             self._give_way()
         free = 0 if self._hold else self.max_running - len(self._running)

@@ -20,7 +20,7 @@ from typing import Protocol
 import torch
 
 from serge.engine.generation.assembler import TextAssembler
-from serge.engine.generation.batch_sampling import Sampler, choose_rows
+from serge.engine.generation.batch_sampling import Sampler, choose_rows, greedy_tokens
 from serge.engine.generation.grammar import Matcher, Vocabulary
 from serge.engine.generation.prompts import ToolCall
 from serge.engine.generation.sampling import (
@@ -141,6 +141,12 @@ class Sequence:
         if self._sampler is None:
             self._sampler = make_sampler(self, logits.shape[-1], logits.device)
         return self._sampler
+
+    @property
+    def plain(self) -> bool:
+        """Its next token is its row's argmax and nothing else: greedy, no penalty, bias, grammar or logprobs
+        (known once its sampler is made, at its first token)."""
+        return self.matcher is None and self._sampler is not None and self._sampler.plain
 
     def mask(self, logits: torch.Tensor) -> torch.Tensor | None:
         """Its grammar's mask for the next token (None when unconstrained); raises when it allows no token."""
@@ -269,6 +275,8 @@ def choose_all(seqs: list[Sequence], logits: torch.Tensor | None = None) -> list
     """Each sequence's next token from its `logits` (or row i of `logits`, when given), all sampled at once
     (one wait for the device); a sequence whose row cannot be made gets its exception in its place, the
     others are unaffected."""
+    if logits is not None and all(seq.plain for seq in seqs):  # each decode step of greedy replies
+        return [(token, None) for token in greedy_tokens(logits)]
     chosen: list[tuple[int, torch.Tensor | None] | Exception | None] = [None] * len(seqs)
     ready, samplers, masks = [], [], []
     for i, seq in enumerate(seqs):
