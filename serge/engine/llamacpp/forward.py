@@ -321,8 +321,9 @@ class LlamaForward:
 
 
 def _pages(size: int) -> mmap.mmap:
-    """Fresh private pages, faulted in by one call where Linux can (MAP_POPULATE): a 7.6 MB conversation parked
-    in 3.0 ms, not 6.4 ms page by page on first write (AMD Zen 4 VM, the bundled model, 346 cells)."""
+    """Private pages, faulted in by one call where Linux can (MAP_POPULATE): a 7.6 MB conversation parked in
+    3.0 ms, not 6.4 ms page by page, where the pages come back from one parked before (the bundled model, 346
+    cells, this sandbox's AMD Zen 4). Memory the process never had costs ~21 ms either way here."""
     return mmap.mmap(-1, max(1, size), flags=mmap.MAP_PRIVATE | getattr(mmap, "MAP_POPULATE", 0))
 
 
