@@ -3,8 +3,8 @@
 `python -m bench` runs one system after the other, so a machine that slows down for a
 few minutes (seen here: the same server 84 then 103 tok/s ten minutes apart) shifts a
 ratio between them by as much as the gap being measured. Here both servers are up at
-once and each level runs A, B, A, B, ... (`--pairs` times, the first pair's order
-flipped on every other pair), so each ratio compares runs a few seconds apart; the
+once and each level runs A, B, A, B, ... (`--pairs` pairs, the order flipped every
+other pair), so each ratio compares runs a few seconds apart; the
 table gives the median ratio of the pairs and their range.
 
     python -m bench.paired --systems serge-llama,llama-server --concurrency 1,8,16 --pairs 5

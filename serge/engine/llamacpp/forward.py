@@ -230,7 +230,7 @@ class LlamaForward:
         size = lc.llama_state_seq_get_size(self._ctx, kv.seq)
         # Pages of its own, given back to the system the moment the prefix cache drops it: parked
         # conversations of every size, taken from the heap, left it fragmented and growing.
-        buffer = (ctypes.c_uint8 * size).from_buffer(_pages(size))
+        buffer = _pages(size)
         if lc.llama_state_seq_get_data(self._ctx, buffer, size, kv.seq) != size:
             raise RuntimeError("llama.cpp could not copy a sequence out of its KV cache")
         return buffer
@@ -245,7 +245,7 @@ class LlamaForward:
         """A sequence of `length` cells parked from `data` (`parked_data`'s, from an earlier run): no slice until used."""
         kv = LlamaKV(self, None)
         kv.length = length
-        kv._parked = (ctypes.c_uint8 * len(data)).from_buffer(_pages(len(data)))
+        kv._parked = _pages(len(data))
         np.frombuffer(kv._parked, np.uint8)[:] = np.frombuffer(data, np.uint8)
         return kv
 
@@ -320,11 +320,12 @@ class LlamaForward:
         return view
 
 
-def _pages(size: int) -> mmap.mmap:
-    """Private pages, faulted in by one call where Linux can (MAP_POPULATE): a 7.6 MB conversation parked in
-    3.0 ms, not 6.4 ms page by page, where the pages come back from one parked before (the bundled model, 346
-    cells, this sandbox's AMD Zen 4). Memory the process never had costs ~21 ms either way here."""
-    return mmap.mmap(-1, max(1, size), flags=mmap.MAP_PRIVATE | getattr(mmap, "MAP_POPULATE", 0))
+def _pages(size: int) -> ctypes.Array:
+    """`size` bytes of private pages, faulted in by one call where Linux can (MAP_POPULATE): a 7.6 MB conversation
+    parked in 3.0 ms, not 6.4 ms page by page, where the pages come back from one parked before (the bundled model,
+    346 cells, this sandbox's AMD Zen 4). Memory the process never had costs ~21 ms either way here."""
+    flags = {"flags": mmap.MAP_PRIVATE | getattr(mmap, "MAP_POPULATE", 0)} if hasattr(mmap, "MAP_PRIVATE") else {}
+    return (ctypes.c_uint8 * size).from_buffer(mmap.mmap(-1, max(1, size), **flags))  # Windows: no flags
 
 
 def _kv_store(installed: InstalledModel, forward: LlamaForward, options: LlamaOptions) -> KvStore | None:
