@@ -153,8 +153,9 @@ def test_completion_stream_with_openai_library_stops():
             assert choice.text is not None
             output_text += choice.text
     # serge: Phi-3.5's answer ("Sure, here's one for you...") was expected; the case (llama.cpp's issue 13780) is that
-    # a stop string never reaches a stream, so that is what is checked of SmolLM2's answer
-    assert output_text and "User:" not in output_text and "Assistant:" not in output_text, f'Unexpected output: {output_text}'
+    # a stop string never reaches a stream, so that is what is checked of SmolLM2's answer. The stop strings themselves,
+    # newline included: this reply is sampled, and "User: " with a space (no stop) came up in one run of ten or so
+    assert output_text and "User:\n" not in output_text and "Assistant:\n" not in output_text, f'Unexpected output: {output_text}'
 
 
 @pytest.mark.parametrize("n_slots", [1, 2])
