@@ -34,6 +34,7 @@ from bench.systems import (
     default_model_dir,
     installed_gguf,
     make_system,
+    transformers_ready,
 )
 from bench.workload import (
     CHAT_TURNS,
@@ -258,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
         if n not in ALL_SYSTEMS:
             print(f"unknown system {n!r}; known: {', '.join(ALL_SYSTEMS)}", file=sys.stderr)
             return 2
-    if not (args.model_dir / "config.json").exists():
+    if not transformers_ready(args.model_dir):
         print(f"model folder {args.model_dir} has no config.json; run `serge models pull smollm2-135m-instruct` "
               f"or pass --model-dir", file=sys.stderr)
         return 2

@@ -118,7 +118,7 @@ def markdown(prompt_rows: dict[str, Any] | None, ttft: dict[str, Any] | None,
 
 
 def main(argv: list[str] | None = None) -> int:
-    from bench.systems import Config, default_installed_dir, default_model_dir, make_system
+    from bench.systems import Config, default_installed_dir, default_model_dir, make_system, transformers_ready
 
     ap = argparse.ArgumentParser(prog="python -m bench.long_chat", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -134,6 +134,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.open_first is not None and args.open_first < 0:
         ap.error("--open-first takes seconds, 0 or more")
+    if not transformers_ready(args.model_dir):
+        ap.error(f"no transformers checkpoint in {args.model_dir} (config.json); pass --model-dir")
     rows = prompt_build_seconds(args.model_dir)
     ttft = warmed = None
     if args.ttft or args.open_first is not None or args.base_url:

@@ -73,6 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         for c in levels:
             reps = args.single_reps if c == 1 else 1
             rows: list[list[float]] = [[], []]
+            phases: list[list[dict[str, float]]] = [[], []]  # where the time went: first token, then each next one
             for pair in range(args.pairs):
                 order = (0, 1) if pair % 2 == 0 else (1, 0)
                 for i in order:
@@ -83,11 +84,13 @@ def main(argv: list[str] | None = None) -> int:
                         raise SystemExit(f"{names[i]}: {level['errors']} failed requests at {c} streams: "
                                          f"{level['error_samples']}")
                     rows[i].append(level["agg_tok_s"])
+                    phases[i].append({k: level[k] for k in ("ttft_p50", "itl_p50", "wall_s")})
                 log(f"{c} streams, pair {pair + 1}: {rows[0][-1]:.1f} / {rows[1][-1]:.1f} tok/s "
                     f"= {rows[0][-1] / rows[1][-1]:.2f}x")
             ratios = [a / b for a, b in zip(*rows)]
             run["levels"].append({"concurrency": c, "tok_s": {names[0]: rows[0], names[1]: rows[1]}, "ratios": ratios,
-                                  "median_ratio": statistics.median(ratios)})
+                                  "median_ratio": statistics.median(ratios),
+                                  "phases": {names[0]: phases[0], names[1]: phases[1]}})
     run["meta"]["finished"] = datetime.now().isoformat(timespec="seconds")
     md = markdown(run)
     print(md)
@@ -104,14 +107,23 @@ def markdown(run: dict) -> str:
              f"{run['meta']['loadavg_start']} · {run['meta']['pairs']} A/B pairs per level, "
              f"{run['meta']['threads']} threads for a system started with settings, {run['meta']['max_tokens']} tokens a reply", "",
              f"A: {LABELS[a]} · B: {LABELS[b]}", "",
-             "| streams | A tok/s (median) | B tok/s (median) | A/B median | A/B range | pairs A ahead |",
-             "|---:|---:|---:|---:|---:|---:|"]
+             "| streams | A tok/s (median) | B tok/s (median) | A/B median | A/B range | pairs A ahead "
+             "| first token p50, A / B (s) | next token p50, A / B (ms) |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for lv in run["levels"]:
         ra, rb, ratios = lv["tok_s"][a], lv["tok_s"][b], lv["ratios"]
         lines.append(f"| {lv['concurrency']} | {statistics.median(ra):.1f} | {statistics.median(rb):.1f} | "
                      f"{lv['median_ratio']:.2f}x | {min(ratios):.2f}-{max(ratios):.2f}x | "
-                     f"{sum(r > 1 for r in ratios)}/{len(ratios)} |")
+                     f"{sum(r > 1 for r in ratios)}/{len(ratios)} | {_phase(lv, a, 'ttft_p50', 1):.2f} / "
+                     f"{_phase(lv, b, 'ttft_p50', 1):.2f} | {_phase(lv, a, 'itl_p50', 1000):.1f} / "
+                     f"{_phase(lv, b, 'itl_p50', 1000):.1f} |")
     return "\n".join(lines) + "\n"
+
+
+def _phase(level: dict, system: str, key: str, scale: float) -> float:
+    """The median over the pairs of one system's per-run figure (nan in a results file from before phases)."""
+    runs = level.get("phases", {}).get(system) or [{key: float("nan")}]
+    return statistics.median(r[key] for r in runs) * scale
 
 
 if __name__ == "__main__":

