@@ -32,7 +32,6 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import logging
-import mmap
 import time
 
 import numpy as np
@@ -44,6 +43,7 @@ from serge.engine.generation.sampling import SamplingParams
 from serge.engine.generation.scheduler import Scheduler
 from serge.engine.generation.threads import ladder
 from serge.engine.llamacpp.batch import LlamaBatch
+from serge.engine.llamacpp.kv import LlamaKV, host_pages
 from serge.engine.llamacpp.memory import KvType, choose_kv, footprint, kv_layout, kv_type, placement
 from serge.engine.llamacpp.offload import plan_offload
 from serge.engine.llamacpp.vision import LlamaVision, load_vision
@@ -57,57 +57,6 @@ JOIN_CHUNKS = 2  # prompt chunks a pass may hold beside the decodes: 512 tokens 
 # runs of 8 / 16 streams): Q8_0 with joined passes 108-122 / 108-110 tok/s against 111 / 99 apart; Q4_1 62-64 /
 # 63-66 against 82 / 89 apart (llama-server ~70 in the same runs), so Q4_1 and the rest run their chunks apart.
 JOINS_FASTER = frozenset({"Q8_0"})
-
-
-class LlamaKV:
-    """One sequence's cells, in the KV cache slice its sequence id names; or, once the
-    prefix cache keeps it, its keys and values parked in host memory and no slice at all."""
-
-    def __init__(self, forward: LlamaForward, seq: int | None) -> None:
-        self._forward = forward
-        self.seq: int | None = seq
-        self.length = 0
-        self._parked: ctypes.Array | None = None
-        self._snapshot: tuple[int, ctypes.Array] | None = None  # (length, cells) parked for copies while it runs
-
-    def copy(self, length: int) -> LlamaKV:
-        """A new sequence holding this one's first `length` cells, in a slice of its own: from host memory
-        when parked, else through it (the other choices of a request for n, replies sharing its prompt's
-        prefix). Copies taken between two passes park it once: parking is ~9/10 of a copy's cost (bundled
-        model, 2,000 cells: park ~130 ms, restore ~15 ms), so nine followers pay one park, not nine.
-        Not `llama_memory_seq_cp`: between slices it copies a whole slice (every cell, used or not), only
-        whole ones (a range aborts the process), and only at the next decode."""
-        if self._parked is not None:
-            parked = self._parked
-        else:
-            if self._snapshot is None or self._snapshot[0] != self.length:
-                self._snapshot = (self.length, self._forward.park(self))
-            parked = self._snapshot[1]
-        other = self._forward.new_kv()
-        try:
-            self._forward.restore(parked, other, length)
-        except BaseException:  # the slice it took goes back, whatever failed
-            other.release()
-            raise
-        return other
-
-    def shrink(self) -> None:
-        """Out of its slice into host memory, for the prefix cache: the slice is free for the next reply."""
-        if self.seq is not None:
-            self._parked = self._forward.park(self)
-            self._forward.free(self)
-            self.seq = None
-        self._snapshot = None
-
-    @property
-    def nbytes(self) -> int:
-        return len(self._parked) if self._parked is not None else self.length * self._forward.bytes_per_token
-
-    def release(self) -> None:
-        self._parked = self._snapshot = None
-        if self.seq is not None:
-            self._forward.free(self)
-            self.seq = None
 
 
 class LlamaForward:
@@ -230,7 +179,7 @@ class LlamaForward:
         size = lc.llama_state_seq_get_size(self._ctx, kv.seq)
         # Pages of its own, given back to the system the moment the prefix cache drops it: parked
         # conversations of every size, taken from the heap, left it fragmented and growing.
-        buffer = _pages(size)
+        buffer = host_pages(size)
         if lc.llama_state_seq_get_data(self._ctx, buffer, size, kv.seq) != size:
             raise RuntimeError("llama.cpp could not copy a sequence out of its KV cache")
         return buffer
@@ -245,7 +194,7 @@ class LlamaForward:
         """A sequence of `length` cells parked from `data` (`parked_data`'s, from an earlier run): no slice until used."""
         kv = LlamaKV(self, None)
         kv.length = length
-        kv._parked = _pages(len(data))
+        kv._parked = host_pages(len(data))
         np.frombuffer(kv._parked, np.uint8)[:] = np.frombuffer(data, np.uint8)
         return kv
 
@@ -318,14 +267,6 @@ class LlamaForward:
             array = (ctypes.c_float * (rows * self.n_vocab)).from_address(address)
             view = self._logits_views[rows] = torch.from_numpy(np.frombuffer(array, np.float32)).view(rows, self.n_vocab)
         return view
-
-
-def _pages(size: int) -> ctypes.Array:
-    """`size` bytes of private pages, faulted in by one call where Linux can (MAP_POPULATE): a 7.6 MB conversation
-    parked in 3.0 ms, not 6.4 ms page by page, where the pages come back from one parked before (the bundled model,
-    346 cells, this sandbox's AMD Zen 4). Memory the process never had costs ~21 ms either way here."""
-    flags = {"flags": mmap.MAP_PRIVATE | getattr(mmap, "MAP_POPULATE", 0)} if hasattr(mmap, "MAP_PRIVATE") else {}
-    return (ctypes.c_uint8 * size).from_buffer(mmap.mmap(-1, max(1, size), **flags))  # Windows: no flags
 
 
 def _kv_store(installed: InstalledModel, forward: LlamaForward, options: LlamaOptions) -> KvStore | None:
