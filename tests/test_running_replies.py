@@ -14,7 +14,7 @@ from standin import standin_engine
 
 from serge.chats import ChatService
 from serge.chats.running import SharedReplies
-from serge.chats.service import ChatBusy
+from serge.chats import ChatBusy
 from serge.store import AccountStore, ChatStore, NewMessage
 from serge.store.running import RunningStore
 

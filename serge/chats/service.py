@@ -2,11 +2,8 @@
 
 It checks input (sizes, settings through `SamplingParams`, the model name),
 commits the user's message before generation starts, builds the conversation
-for the engine from the branch on screen, and keeps the replies in progress
-(chat id -> `Reply`) so a reply can be stopped from another request. That
-registry belongs to the instance; nothing here is global. On a database several
-processes share, each reply is also claimed there (`SharedReplies`), so a chat
-answering in one process is busy in all, and a Stop sent to any of them stops it.
+for the engine from the branch on screen, and starts its reply, one at a time per
+chat (`ActiveReplies` knows which are answering, in this process and in others).
 It knows nothing of HTTP: callers get records, `Reply` handles, `ChatBusy` and
 `InvalidChatInput`.
 """
@@ -14,9 +11,9 @@ It knows nothing of HTTP: callers get records, `Reply` handles, `ChatBusy` and
 from __future__ import annotations
 
 import logging
-import threading
 from dataclasses import replace
 
+from serge.chats.active import ActiveReplies
 from serge.chats.checks import (DEFAULT_TITLE, MAX_MESSAGE_CHARS, MAX_SYSTEM_PROMPT_CHARS, MAX_TITLE_CHARS,
                                 InvalidChatInput, auto_title, check_settings, check_text, check_title)
 from serge.chats.documents import ChatDocuments
@@ -37,10 +34,6 @@ from serge.store import (ChatRecord, ChatStore, DatabaseUnavailable, DocumentNot
 log = logging.getLogger(__name__)
 
 
-class ChatBusy(RuntimeError):
-    """The chat already has a reply in progress."""
-
-
 class ChatService:
     def __init__(self, store: ChatStore, engine: Engine, documents: ChatDocuments | None = None,
                  knowledge: Knowledge | None = None, tools: ChatTools | None = None,
@@ -53,31 +46,22 @@ class ChatService:
         self.presets = presets  # None: a chat's model is a model's name only
         # A chat opened is warmed, and its replies cut their history to stay a prefix of the next (`warm`)
         self.warming = ChatWarming(self.warm) if warm else None
-        self._active: dict[str, Reply | None] = {}  # None: reserved while the reply starts
-        self._lock = threading.Lock()
-        # None: this process alone writes the database (SQLite); else the service owns it from here on
-        self.shared = shared.start(self._stop_asked) if shared is not None else None
+        # shared: None where this process alone writes the database (SQLite); else the service owns it from here on
+        self._active = ActiveReplies(shared)
 
     # --- life cycle ---------------------------------------------------------------
     def recover(self) -> int:
         """At start: replies a dead server left half-written are marked interrupted."""
-        count = self.store.mark_interrupted(self.shared.running_chats() if self.shared else ())
+        count = self.store.mark_interrupted(self._active.running_elsewhere())
         if count:
             log.warning("%d reply(ies) were cut off when the server last stopped; they are marked interrupted", count)
         return count
 
     def close(self) -> None:
         """Stop every reply in progress and wait until each is saved."""
-        with self._lock:
-            replies = [r for r in self._active.values() if r is not None]
-        for reply in replies:
-            reply.cancel()
-        for reply in replies:
-            reply.wait(30)
+        self._active.close()
         if self.warming is not None:
             self.warming.close()
-        if self.shared is not None:
-            self.shared.close()
 
     # --- chats --------------------------------------------------------------------
     def _check_model(self, owner: str, model: str | None) -> str | None:
@@ -194,7 +178,7 @@ class ChatService:
     def select(self, owner: str, chat_id: str, message_id: str) -> ChatRecord:
         """Flip to another version of a message (and the conversation that follows it)."""
         self.store.get_chat(owner, chat_id)  # another owner's chat is not found, busy or not
-        self._refuse_if_busy(chat_id)
+        self._active.refuse_if_busy(chat_id)
         return self.store.select_branch(owner, chat_id, message_id)
 
     def export(self, owner: str, chat_id: str) -> dict:
@@ -251,39 +235,6 @@ class ChatService:
         return self.engine.warm(model, ChatRequest(history, SamplingParams(**settings), party=party), LOAD_WAIT_S)
 
     # --- replies ------------------------------------------------------------------
-    def _refuse_if_busy(self, chat_id: str, here_only: bool = False) -> None:
-        if chat_id in self._active or (not here_only and self.shared is not None and self.shared.running(chat_id)):
-            raise ChatBusy("this chat is still answering; stop the reply or wait for it to finish")
-
-    def _reserve(self, chat_id: str, owner: str) -> None:
-        with self._lock:
-            self._refuse_if_busy(chat_id, here_only=True)
-            self._active[chat_id] = None
-        if self.shared is not None:
-            try:
-                claimed = self.shared.claim(chat_id, owner)
-            except BaseException:
-                self._release(chat_id, claimed=False)
-                raise
-            if not claimed:  # another process is answering this chat
-                self._release(chat_id, claimed=False)
-                raise ChatBusy("this chat is still answering; stop the reply or wait for it to finish")
-
-    def _release(self, reply_or_chat: Reply | str, claimed: bool = True) -> None:
-        chat_id = reply_or_chat if isinstance(reply_or_chat, str) else reply_or_chat.chat_id
-        with self._lock:
-            if isinstance(reply_or_chat, str):
-                released = self._active.pop(chat_id, False) is not False
-            elif released := self._active.get(chat_id) is reply_or_chat:
-                del self._active[chat_id]
-        if released and claimed and self.shared is not None:
-            self.shared.release(chat_id)
-
-    def _stop_asked(self, chat_id: str) -> None:
-        """Another process asked (through the database) to stop this process's reply in the chat."""
-        if reply := self._active.get(chat_id):
-            reply.cancel()
-
     def reply(self, owner: str, chat_id: str, content: str, attachments: list[str] | None = None,
               knowledge: list[str] | None = None, user=None) -> Reply:
         """Save the user's message (with the ids of the chat's files it comes with, and of the collections it
@@ -293,7 +244,7 @@ class ChatService:
         chat = self.store.get_chat(owner, chat_id)
         attached = self._check_attachments(owner, chat_id, attachments or [])
         named = self._collections(owner, knowledge, "knowledge") or None
-        self._reserve(chat_id, owner)
+        self._active.reserve(chat_id, owner)
         try:
             user = self.store.add_message(owner, chat_id, NewMessage("user", content, attachments=attached,
                                                                      knowledge=named))
@@ -304,7 +255,7 @@ class ChatService:
                     if user.parent_id == chat.current_id else None)
             return self._start(owner, chat_id, user, user, chat, caller)
         except BaseException:
-            self._release(chat_id)
+            self._active.release(chat_id)
             raise
 
     def regenerate(self, owner: str, chat_id: str, user=None) -> Reply:
@@ -317,11 +268,11 @@ class ChatService:
             (m for m in reversed(chat.messages) if m.id == last.parent_id), None)
         if question is None or question.role != "user":
             raise InvalidChatInput("the last reply does not follow a user message", "chat")
-        self._reserve(chat_id, owner)
+        self._active.reserve(chat_id, owner)
         try:
             return self._start(owner, chat_id, question, None, chat, user)
         except BaseException:
-            self._release(chat_id)
+            self._active.release(chat_id)
             raise
 
     def edit_and_resend(self, owner: str, chat_id: str, message_id: str, content: str, user=None) -> Reply:
@@ -331,14 +282,14 @@ class ChatService:
         original = self.store.get_message(owner, chat_id, message_id)
         if original.role != "user":
             raise InvalidChatInput("only your own messages can be edited", "message_id")
-        self._reserve(chat_id, owner)
+        self._active.reserve(chat_id, owner)
         try:
             user = self.store.add_message(owner, chat_id, NewMessage(
                 "user", content, parent_id=original.parent_id, after_current=False, attachments=original.attachments,
                 knowledge=original.knowledge))
             return self._start(owner, chat_id, user, user, None, caller)
         except BaseException:
-            self._release(chat_id)
+            self._active.release(chat_id)
             raise
 
     def stop(self, owner: str, chat_id: str, timeout: float = 30.0) -> MessageRecord | None:
@@ -346,9 +297,7 @@ class ChatService:
         self.store.get_chat(owner, chat_id)  # the owner's chat, or ChatNotFound
         reply = self._active.get(chat_id)
         if reply is None:
-            if self.shared is None:
-                return None
-            message_id = self.shared.stop_elsewhere(chat_id, timeout)  # another process's reply, once saved
+            message_id = self._active.stop_elsewhere(chat_id, timeout)  # another process's reply, once saved
             return self.store.get_message(owner, chat_id, message_id) if message_id else None
         reply.cancel()
         return reply.wait(timeout)
@@ -430,11 +379,7 @@ class ChatService:
             raise
         # the engine counts what it left out of `history`; the page counts messages on the branch
         dropped = places[stream.dropped_messages - 1] + 1 if stream.dropped_messages else 0
-        reply = Reply(self.store, owner, chat_id, placeholder, user, stream, self._release, dropped, sources)
-        with self._lock:
-            self._active[chat_id] = reply
-        reply.start()
-        if self.shared is not None and self.shared.started(chat_id, placeholder.id):
-            reply.cancel()  # a Stop reached another process before the reply had a message
+        reply = Reply(self.store, owner, chat_id, placeholder, user, stream, self._active.release, dropped, sources)
+        self._active.started(reply)
         return reply
 
