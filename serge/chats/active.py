@@ -28,7 +28,7 @@ class ActiveReplies:
     def __init__(self, shared: SharedReplies | None = None) -> None:
         self._replies: dict[str, Reply | None] = {}  # None: reserved while the reply starts
         self._lock = threading.Lock()
-        self.shared = shared.start(self._stop_asked) if shared is not None else None
+        self._shared = shared.start(self._stop_asked) if shared is not None else None
 
     def get(self, chat_id: str) -> Reply | None:
         return self._replies.get(chat_id)
@@ -37,7 +37,7 @@ class ActiveReplies:
         return chat_id in self._replies
 
     def refuse_if_busy(self, chat_id: str, here_only: bool = False) -> None:
-        if chat_id in self._replies or (not here_only and self.shared is not None and self.shared.running(chat_id)):
+        if chat_id in self._replies or (not here_only and self._shared is not None and self._shared.running(chat_id)):
             raise ChatBusy(BUSY)
 
     def reserve(self, chat_id: str, owner: str) -> None:
@@ -45,9 +45,9 @@ class ActiveReplies:
         with self._lock:
             self.refuse_if_busy(chat_id, here_only=True)
             self._replies[chat_id] = None
-        if self.shared is not None:
+        if self._shared is not None:
             try:
-                claimed = self.shared.claim(chat_id, owner)
+                claimed = self._shared.claim(chat_id, owner)
             except BaseException:
                 self.release(chat_id, claimed=False)
                 raise
@@ -60,7 +60,7 @@ class ActiveReplies:
         with self._lock:
             self._replies[reply.chat_id] = reply
         reply.start()
-        if self.shared is not None and self.shared.started(reply.chat_id, reply.message_id):
+        if self._shared is not None and self._shared.started(reply.chat_id, reply.message_id):
             reply.cancel()
 
     def release(self, reply_or_chat: Reply | str, claimed: bool = True) -> None:
@@ -71,16 +71,16 @@ class ActiveReplies:
                 released = self._replies.pop(chat_id, False) is not False
             elif released := self._replies.get(chat_id) is reply_or_chat:
                 del self._replies[chat_id]
-        if released and claimed and self.shared is not None:
-            self.shared.release(chat_id)
+        if released and claimed and self._shared is not None:
+            self._shared.release(chat_id)
 
     def stop_elsewhere(self, chat_id: str, timeout: float) -> str | None:
         """Another process's reply in the chat, stopped and saved: its message id (None: none ran)."""
-        return self.shared.stop_elsewhere(chat_id, timeout) if self.shared is not None else None
+        return self._shared.stop_elsewhere(chat_id, timeout) if self._shared is not None else None
 
     def running_elsewhere(self) -> set[str]:
         """The chats other live processes are answering (at start: the rest were cut off)."""
-        return self.shared.running_chats() if self.shared is not None else set()
+        return self._shared.running_chats() if self._shared is not None else set()
 
     def close(self) -> None:
         """Stop every reply in progress and wait until each is saved."""
@@ -90,8 +90,8 @@ class ActiveReplies:
             reply.cancel()
         for reply in replies:
             reply.wait(30)
-        if self.shared is not None:
-            self.shared.close()
+        if self._shared is not None:
+            self._shared.close()
 
     def _stop_asked(self, chat_id: str) -> None:
         """Another process asked (through the database) to stop this process's reply in the chat."""

@@ -177,8 +177,6 @@ class LlamaForward:
     def park(self, kv: LlamaKV) -> ctypes.Array:
         lc = self._lc
         size = lc.llama_state_seq_get_size(self._ctx, kv.seq)
-        # Pages of its own, given back to the system the moment the prefix cache drops it: parked
-        # conversations of every size, taken from the heap, left it fragmented and growing.
         buffer = host_pages(size)
         if lc.llama_state_seq_get_data(self._ctx, buffer, size, kv.seq) != size:
             raise RuntimeError("llama.cpp could not copy a sequence out of its KV cache")

@@ -68,8 +68,8 @@ class LlamaKV:
 
 
 def host_pages(size: int) -> ctypes.Array:
-    """`size` bytes of private pages, faulted in by one call where Linux can (MAP_POPULATE): a 7.6 MB conversation
-    parked in 3.0 ms, not 6.4 ms page by page, where the pages come back from one parked before (the bundled model,
-    346 cells, this sandbox's AMD Zen 4). Memory the process never had costs ~21 ms either way here."""
+    """`size` bytes of private pages of their own, given back to the system when the prefix cache drops them (parked
+    conversations of every size, taken from the heap, left it fragmented and growing), and faulted in by one call
+    where Linux can (MAP_POPULATE) rather than page by page as llama.cpp writes them (figures: commit a08ed0d)."""
     flags = {"flags": mmap.MAP_PRIVATE | getattr(mmap, "MAP_POPULATE", 0)} if hasattr(mmap, "MAP_PRIVATE") else {}
     return (ctypes.c_uint8 * size).from_buffer(mmap.mmap(-1, max(1, size), **flags))  # Windows: no flags
