@@ -83,6 +83,16 @@ def test_loading_never_moves_the_model_by_hand(engine, monkeypatch):
         registry.close()
 
 
+def test_a_loaded_model_runs_no_kernels_from_the_hub(engine):
+    """transformers kernelizes by default when `kernels` is installed: on CUDA that fetched code from the Hub at
+    load, and an offline GPU machine could load no model at all."""
+    registry = registry_for(engine, "transformers")
+    try:
+        assert registry.get(MODEL).model.use_kernels is False
+    finally:
+        registry.close()
+
+
 def test_every_forward_pass_gets_its_inputs_on_the_models_device(engine):
     """Read where the engine makes its inputs: under a default device of `meta`, an input made without
     naming the model's device lands there, so this fails on a CPU-only machine too."""

@@ -38,8 +38,12 @@ class DevicePlan:
         return str(self.dtype).removeprefix("torch.")
 
     def load_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments for `AutoModelForCausalLM.from_pretrained`."""
-        kwargs: dict[str, Any] = {"dtype": self.dtype, "device_map": self.device}
+        """Keyword arguments for `AutoModelForCausalLM.from_pretrained`.
+
+        `use_kernels=False`: with the `kernels` package installed (transformers requires it), transformers would
+        fetch layers' kernels from the Hugging Face Hub at load on CUDA and run that code: offline the load fails,
+        online it runs code that no one installed."""
+        kwargs: dict[str, Any] = {"dtype": self.dtype, "device_map": self.device, "use_kernels": False}
         if self.quantization != "none":
             from transformers import BitsAndBytesConfig
 

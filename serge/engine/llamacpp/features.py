@@ -3,11 +3,23 @@ mmproj (its multimodal library, mtmd). Asked by the registry and the engine befo
 
 from __future__ import annotations
 
+import functools
+import logging
 
+log = logging.getLogger(__name__)
+
+
+@functools.cache
 def llama_cpp_available() -> bool:
+    """A build whose library does not load (moved, or built for a GPU runtime this machine lacks) counts as none,
+    said once in the log: the server still starts and serves what transformers can."""
     try:
         import llama_cpp  # noqa: F401
     except ImportError:
+        return False
+    except (OSError, RuntimeError) as e:  # llama-cpp-python's own errors for a library that does not load
+        log.warning("llama-cpp-python is installed but its library does not load (%s): GGUF models will not run on "
+                    "llama.cpp; reinstall it (make install)", e)
         return False
     return True
 

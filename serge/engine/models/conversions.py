@@ -41,7 +41,8 @@ def convert_gguf(gguf: Path, target: Path) -> None:
 
     beside = (gguf.parent / "tokenizer_config.json").is_file()  # saved at install, with the chat template
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, **({} if beside else {"gguf_file": gguf.name}))
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32,
+                                                 use_kernels=False)  # see DevicePlan.load_kwargs
     if getattr(model, "hf_quantizer", None) is not None:  # save_pretrained refuses while it is attached
         model.hf_quantizer.remove_quantization_config(model)
     model.save_pretrained(target)
