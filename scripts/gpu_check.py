@@ -101,7 +101,8 @@ def generate_level(folder: Path, batch: int) -> dict:
 
     tokenizer = AutoTokenizer.from_pretrained(folder, padding_side="left")
     tokenizer.pad_token = tokenizer.pad_token or tokenizer.eos_token or tokenizer.convert_ids_to_tokens(0)
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=Run.dtype, device_map=Run.device)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=Run.dtype, device_map=Run.device,
+                                                 use_kernels=False)  # as Serge loads: no kernels from the Hub
     prompts = [tokenizer.apply_chat_template(single_prompt_messages(9000 + i), tokenize=False,
                                              add_generation_prompt=True) for i in range(batch)]
     inputs = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(model.device)
@@ -238,15 +239,18 @@ def main() -> None:
 
     def save():
         text = json.dumps(results, indent=2)
-        print(text, flush=True)
         if args.out:
             args.out.write_text(text)
+        else:
+            print(text, flush=True)
 
     try:
         with Engine(Settings(models_dir=models_dir, data_dir=scratch / "data", device=Run.device,
                                  engine="transformers")) as engine:
             check_placement(engine, results)
+            save()  # each step's results as they come: a run stopped at its limit still returns them
             check_paged(engine, results)
+            save()
             started = time.monotonic()
             engine.model(LARGE)
             results["load_large_s"] = round(time.monotonic() - started, 1)
@@ -255,10 +259,10 @@ def main() -> None:
             results["serge_1_stream"] = max(rows, key=lambda r: r["aggregate_tokens_per_s"])
             for n in Run.levels:
                 results[f"serge_{n}_streams"] = serge_level(engine, n, 1000 * n)
-                print(results[f"serge_{n}_streams"], flush=True)
+                save()
         for n in (1, *Run.levels):
             results[f"generate_{n}"] = generate_level(library.find(LARGE).path, n)
-            print(results[f"generate_{n}"], flush=True)
+            save()
         check_http(models_dir, scratch, results)
     finally:
         save()
