@@ -26,7 +26,7 @@ GPU="$HERE/.gpu"
 prepare() {
   local py="$HERE/.venv/bin/python" sdist vendor
   mkdir -p "$GPU/whl" "$GPU/py" "$GPU/tok"
-  # the image's own packages, as KINDS.md lists them, are not carried; transformers and its hub are, for their pins
+  # what the GPU image has already (torch, numpy, ...) is not carried; transformers, tokenizers and the hub are, for their pins
   "$py" - >"$GPU/reqs.txt" <<'EOF'
 import importlib.metadata as md, re, tomllib
 for d in tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]:

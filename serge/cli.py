@@ -24,9 +24,9 @@ from serge.cli_accounts import run as run_account_command
 from serge.cli_tools import ToolCommandFailed, split_server_command
 from serge.cli_tools import add_parsers as add_tool_parsers
 from serge.cli_tools import run as run_tool_command
-from serge.cli_presets import PresetCommandFailed
 from serge.cli_models import add_parsers as add_model_parsers
 from serge.cli_models import run as run_model_command
+from serge.cli_presets import PresetCommandFailed
 from serge.cli_presets import add_parsers as add_preset_parsers
 from serge.settings import Settings
 
