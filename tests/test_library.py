@@ -78,3 +78,28 @@ def test_a_hub_model_that_cannot_be_fetched_fails_clearly(tmp_path):
     with pytest.raises(PullFailed, match="serge-tests/does-not-exist"):
         library.pull("serge-tests/does-not-exist", log=lambda _: None)
     assert not [p for p in tmp_path.iterdir() if p.name != ".cache"], "a failed pull installs nothing"
+
+
+def test_an_imported_gguf_is_read_once_for_its_facts(tmp_path, tmp_path_factory, monkeypatch):
+    """The gguf package walks a file's whole vocabulary to read any field of it (2.5 s for the bundled model's 49,152
+    tokens here): an import reads it once for Serge (facts, whether it embeds, the chat template), and transformers
+    once for the tokenizer. It read it three times."""
+    import shutil
+
+    import gguf
+
+    from conftest import bundled_gguf
+
+    read = []
+
+    class Counting(gguf.GGUFReader):
+        def __init__(self, path, *args, **kwargs):
+            read.append(path)
+            super().__init__(path, *args, **kwargs)
+
+    monkeypatch.setattr(gguf, "GGUFReader", Counting)
+    copy = tmp_path / "fresh.gguf"  # a file no earlier test has read
+    shutil.copyfile(bundled_gguf(tmp_path_factory), copy)
+    installed = ModelLibrary(tmp_path / "models").import_path(copy, "read-once", log=lambda _: None)
+    assert installed.facts.parameters and installed.facts.chat_template
+    assert 1 <= len(read) <= 2, read

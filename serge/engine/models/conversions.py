@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from serge.engine.models.errors import PullFailed
-from serge.engine.models.facts import is_embedding_gguf
+from serge.engine.models.facts import gguf_metadata, is_embedding_gguf
 
 
 def save_gguf_tokenizer(folder: Path, gguf_file: str) -> None:
@@ -27,10 +27,7 @@ def save_gguf_tokenizer(folder: Path, gguf_file: str) -> None:
     except Exception as exc:  # an architecture transformers cannot read GGUF tokenizers of
         raise PullFailed(f"could not read the tokenizer out of {gguf_file}: {exc}") from None
     if not tokenizer.chat_template:  # transformers leaves it out in some cases; the GGUF's own is the one
-        from gguf import GGUFReader
-
-        field = GGUFReader(folder / gguf_file).get_field("tokenizer.chat_template")
-        tokenizer.chat_template = field.contents() if field is not None else None
+        tokenizer.chat_template = gguf_metadata(folder / gguf_file)[0].get("tokenizer.chat_template")
     tokenizer.save_pretrained(folder)
 
 

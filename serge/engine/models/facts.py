@@ -2,13 +2,15 @@
 
 Read once, when the model is installed (pulled or imported), and kept in its
 manifest: reading a GGUF's metadata with the `gguf` package walks its whole
-vocabulary (seconds for a small model), and none of it changes afterwards.
+vocabulary (seconds for a small model; `gguf_metadata` reads a file once per
+install), and none of it changes afterwards.
 Nothing here loads weights, and nothing here knows which engine will run the
 model or how much memory that takes: the engine adds those (`Engine.info`).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 from collections import Counter
 from dataclasses import asdict, dataclass, field
@@ -81,21 +83,33 @@ def gguf_is_embedding(architecture: str | None, pooling_type: int | None) -> boo
 
 
 def is_embedding_gguf(path: Path) -> bool:
-    from gguf import GGUFReader
+    fields, _ = gguf_metadata(path)
+    arch = fields.get("general.architecture")
+    return gguf_is_embedding(arch, fields.get(f"{arch}.pooling_type"))
+
+
+def gguf_metadata(path: Path) -> tuple[dict, int]:
+    """A GGUF's single-valued fields (its vocabulary's arrays left out) and its parameter count. The `gguf` package
+    walks every field to read any, so an install that asks several times (its facts, whether it embeds, its chat
+    template) reads the file once: the answer is kept per file version (device, inode, size, time)."""
+    stat = path.stat()
+    return _metadata(str(path), stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=4)
+def _metadata(path: str, device: int, inode: int, size: int, mtime_ns: int) -> tuple[dict, int]:
+    from gguf import GGUFReader, GGUFValueType
 
     reader = GGUFReader(path)
-    arch = _field(reader, "general.architecture")
-    return gguf_is_embedding(arch, _field(reader, f"{arch}.pooling_type"))
-
-
-def _field(reader, key: str):
-    found = reader.get_field(key)
-    if found is None:
-        return None
-    try:
-        return found.contents()
-    except (ValueError, IndexError):
-        return None
+    fields = {}
+    for name, found in reader.fields.items():
+        if not found.types or found.types[0] == GGUFValueType.ARRAY:
+            continue
+        try:
+            fields[name] = found.contents()
+        except (ValueError, IndexError):
+            continue
+    return fields, sum(int(t.n_elements) for t in reader.tensors)
 
 
 def _json_list(path: Path) -> list:
@@ -186,12 +200,10 @@ def mmproj_files(folder: Path) -> list[Path]:
 
 
 def _gguf_facts(path: Path) -> ModelFacts:
-    from gguf import GGUFReader, LlamaFileType
+    from gguf import LlamaFileType
 
-    reader = GGUFReader(path)
-
-    def value(key: str):
-        return _field(reader, key)
+    fields, parameters = gguf_metadata(path)
+    value = fields.get
 
     arch = value("general.architecture")
     file_type = value("general.file_type")
@@ -210,7 +222,7 @@ def _gguf_facts(path: Path) -> ModelFacts:
     return ModelFacts(
         format="gguf",
         architecture=arch,
-        parameters=sum(int(t.n_elements) for t in reader.tensors) or None,
+        parameters=parameters or None,
         quantization=quantization,
         weights_bytes=path.stat().st_size,
         context_length=value(f"{arch}.context_length"),
