@@ -207,8 +207,12 @@ class Server:
                     code = None if self.proc is None else self.proc.returncode
                     raise RuntimeError(f"{self.name} exited with {code} before it was ready:\n{self.log_tail()}")
                 try:
-                    if client.get(url).status_code == 200:
+                    answer = client.get(url)
+                    if answer.status_code == 200:
                         return time.monotonic() - t0
+                    if _says_error(answer):  # Serge's default model failed to load: it never gets ready
+                        raise RuntimeError(f"{self.name} could not load its model: {answer.json().get('error')}\n"
+                                           f"{self.log_tail()}")
                 except httpx.HTTPError:
                     pass
                 time.sleep(1.0)
@@ -232,6 +236,15 @@ class Server:
         if self.log_file is not None:
             self.log_file.close()
             self.log_file = None
+
+
+def _says_error(answer: httpx.Response) -> bool:
+    """Serge's /api/health with `status: error` (llama-server's while loading has no `status`)."""
+    try:
+        body = answer.json()
+    except ValueError:
+        return False
+    return isinstance(body, dict) and body.get("status") == "error"
 
 
 def thread_env(threads: int) -> dict[str, str]:

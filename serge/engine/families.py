@@ -86,6 +86,10 @@ def choose_engine(installed: InstalledModel, wanted: str, device_type: str) -> t
     if wanted == "llama.cpp" and not gguf:
         raise ValueError(f"model {installed.name!r} has no GGUF file; llama.cpp cannot run it "
                          f"(use the transformers engine for it)")
+    if wanted == "llama.cpp" and not llama_cpp_available():
+        raise ValueError(f"model {installed.name!r} is to run on llama.cpp, but llama-cpp-python is not installed or "
+                         f"its library does not load (the server log says why); reinstall it (make install) or let "
+                         f"the transformers engine run it")
     return wanted, None
 
 
