@@ -254,11 +254,12 @@ class ModelLibrary:
         with self._staging(name, f"local:{path}") as (staging, manifest):
             linked = sum(link_or_copy(f, _inside(staging, (f.name if i else gguf) if gguf else f.relative_to(path)))
                          for i, f in enumerate(files))
-            if gguf:
-                manifest["file"] = gguf
-                save_gguf_tokenizer(staging, gguf)
             how = "hard-linked (no second copy on disk)" if linked == len(files) else "copied (another file system)"
             log(f"{len(files)} file(s) from {path} {how}")
+            if gguf:
+                manifest["file"] = gguf
+                log(f"Reading the tokenizer and facts out of {gguf} ...")
+                save_gguf_tokenizer(staging, gguf)
         return self.find(name)
 
     def pull(self, spec: str, name: str | None = None, progress=None, prefer_gguf: bool = True,
