@@ -16,9 +16,11 @@
 # gpu_check, whose timings are therefore taken beside a compiler (the machine has 16 cores; the build gets 14).
 # Every step's output lands in OUT as it finishes (7 files), so a run stopped at its limit still returns what it
 # measured.
-# TRANSFORMERS_ONLY=1: gpu_check alone, no llama.cpp build. BUDGET: seconds the whole run may take (570); the build is stopped in time for the llama.cpp comparison.
+# TRANSFORMERS_ONLY=1: gpu_check alone, no llama.cpp build. BUDGET: seconds the whole run may take (570); the
+# build is stopped in time for the llama.cpp comparison.
 # Set LLAMA_BUILD=DIR to use an existing build (its bin/ holds llama-server and libllama.so);
-# DRY=1 (here, with LLAMA_BUILD) runs the same steps on the CPU with the dev venv, small and short.
+# DRY=1 (here, with LLAMA_BUILD) runs the same steps on the CPU with the dev venv, small and short (llama.cpp's
+# converter then needs `sentencepiece` in that venv, which the GPU image has and Serge does not).
 set -uo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 GPU="$HERE/.gpu"
