@@ -340,13 +340,7 @@ class Scheduler:
             return
         self._running.remove(seq)
         stranded, seq.followers = seq.followers, []
-        kv, seq.kv = seq.kv, None
-        if kv is not None and reason is not FinishReason.ERROR and self._prefixes.budget_bytes and seq.images is None:
-            # Before finish(): the chat's next turn may be submitted the moment its stream ends.
-            self._prefixes.store(seq.prompt + seq.generated, kv, len(seq.prompt), seq.prompt_logits)
-            self._m.prefix_cache_bytes.set(self._prefixes.nbytes)
-        elif kv is not None:
-            kv.release()
+        self._keep(seq, reason is not FinishReason.ERROR)  # before finish(): the chat's next turn may come at once
         with self._lock:
             self._active -= 1
             self._hold = False  # its room is free: a reply made to wait may come back
@@ -385,14 +379,19 @@ class Scheduler:
                 group, seq.followers = [seq, *seq.followers], []
                 for one in group:
                     self._running.remove(one)
-                    kv, one.kv = one.kv, None
-                    if kv is not None and self._prefixes.budget_bytes and one.images is None:
-                        self._prefixes.store(one.prompt + one.generated, kv, len(one.prompt), one.prompt_logits)
-                    elif kv is not None:
-                        kv.release()
+                    self._keep(one)
                     one.set_aside()
                 self._waiting.put_back(group)
                 slots -= len(group)
             log.info("fair share: %r gave back %d slots to a party under its share", party, given[party] - slots)
-        if given:
+
+    def _keep(self, seq: Sequence, worth_keeping: bool = True) -> None:
+        """Its KV out of the batch: into the prefix cache, for the next turn or its own return, else given back."""
+        kv, seq.kv = seq.kv, None
+        if kv is None:
+            return
+        if worth_keeping and self._prefixes.budget_bytes and seq.images is None:
+            self._prefixes.store(seq.prompt + seq.generated, kv, len(seq.prompt), seq.prompt_logits)
             self._m.prefix_cache_bytes.set(self._prefixes.nbytes)
+        else:
+            kv.release()
