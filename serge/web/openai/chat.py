@@ -151,6 +151,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
         }
 
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    served_by = fingerprint(name)  # once, not a hash per streamed token
 
     def chunk(index: int, delta: dict, finish: str | None = None, tokens: list[TokenLogprob] | None = None,
               **extra) -> str:
@@ -158,7 +159,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
         if wants_logprobs:
             choice["logprobs"] = _logprobs(tokens) if tokens else None
         payload = {"id": completion_id, "object": "chat.completion.chunk", "created": created, "model": name,
-                   "system_fingerprint": fingerprint(name), "choices": [choice], **extra}
+                   "system_fingerprint": served_by, "choices": [choice], **extra}
         return f"data: {json.dumps(payload)}\n\n"
 
     async def events():

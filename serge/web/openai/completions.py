@@ -169,12 +169,14 @@ async def completions(body: CompletionRequest, request: Request):
                 "usage": {**dict(zip(("prompt_tokens", "completion_tokens", "total_tokens"), counts)),
                           "prompt_tokens_details": {"cached_tokens": counts[3]}}}
 
+    served_by = fingerprint(name)  # once, not a hash per streamed token
+
     def chunk(index: int, text: str, finish: str | None = None, tokens: list[TokenLogprob] | None = None,
               offset: int = 0) -> str:
         choice = {"index": index, "text": text, "finish_reason": finish,
                   "logprobs": _logprobs(tokens, offset) if wants and tokens else None}
         return "data: " + json.dumps({"id": completion_id, "object": "text_completion", "created": created,
-                                      "model": name, "system_fingerprint": fingerprint(name),
+                                      "model": name, "system_fingerprint": served_by,
                                       "choices": [choice]}) + "\n\n"
 
     async def events():
