@@ -47,10 +47,14 @@ def test_on_a_cpu_build_of_llama_cpp_every_layer_stays_on_the_cpu_and_health_say
 def test_a_finished_reply_leaves_the_cpu_idle(llama):
     llama.chat(MODEL, ChatRequest(QUESTION, GREEDY)).text()
     time.sleep(0.3)  # let the worker reach its wait
-    cpu, wall = time.process_time(), time.monotonic()
-    time.sleep(1.0)
-    busy = (time.process_time() - cpu) / (time.monotonic() - wall)
-    assert busy < 0.05, f"the process kept {busy:.0%} of a core busy with nothing to do"
+    windows = []
+    for _ in range(3):  # a thread left spinning is busy in every second; a passing blip (a collection) in one
+        cpu, wall = time.process_time(), time.monotonic()
+        time.sleep(1.0)
+        windows.append((time.process_time() - cpu) / (time.monotonic() - wall))
+        if windows[-1] < 0.05:
+            return
+    pytest.fail(f"the process kept {min(windows):.0%} of a core busy with nothing to do, second after second")
 
 
 def test_a_failing_forward_pass_ends_that_reply_with_a_clear_error_and_the_next_one_works(llama):
