@@ -202,9 +202,9 @@ def _stop(signum, frame) -> None:
 
 
 def _fewer_malloc_arenas() -> None:
-    """glibc gives every thread that allocates an arena of its own and keeps what each freed: 16 request
-    threads held ~300 MB more after a battery of bad requests than 2 arenas did (measured here). Two,
-    unless the user's own MALLOC_ARENA_MAX (which glibc has read already) says otherwise."""
+    """glibc gives every thread that allocates an arena of its own and keeps what each freed, so a server's
+    request threads hold hundreds of MB more than two arenas do (figures: bench/README.md). Two, unless the
+    user's own MALLOC_ARENA_MAX (which glibc has read already) says otherwise."""
     if "MALLOC_ARENA_MAX" in os.environ or not sys.platform.startswith("linux"):
         return
     try:

@@ -124,8 +124,8 @@ def _distribution(scores: torch.Tensor, samplers: list[Sampler], numbers: torch.
 
 def greedy_tokens(logits: torch.Tensor) -> list[int]:
     """Each row's greedy token (the first of equal maxima, as torch picks it), in one wait for the device. On
-    the host in float32, numpy's: ~10x faster than torch's (a 49,152-token row 5 against 92 us, 16 rows 68
-    against 665 us, AMD Zen 4), time every decode step of a greedy reply spends outside the model."""
+    the host in float32, numpy's: several times faster than torch's (figures: bench/README.md), time every
+    decode step of a greedy reply spends outside the model."""
     if logits.device.type == "cpu" and logits.dtype == torch.float32:
         return logits.numpy().argmax(axis=-1).tolist()
     return logits.argmax(dim=-1).tolist()

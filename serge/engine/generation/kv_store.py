@@ -3,9 +3,8 @@
 When a model unloads (the server stops cleanly, the registry makes room) its scheduler hands
 the prefix cache's conversations of at least `MIN_TOKENS` tokens to `KvStore.save`; at its next
 load `KvStore.load` puts them back into the prefix cache before any reply starts. A long chat
-reopened after a restart then prefills only its new message: on a 2-core AMD Zen 4 the
-bundled model prefills ~7,900 tokens in about a minute, and reads their keys and values
-(~180 MB, f16) back in well under a second.
+reopened after a restart then prefills only its new message: reading a conversation's keys
+and values back takes a small fraction of prefilling it again (figures: bench/README.md).
 
 A model's conversations live in a folder named by a hash of what their bytes depend on (the
 model file, its size and time, the KV layout, the library's version: `identity`), so a

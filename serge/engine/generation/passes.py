@@ -105,12 +105,11 @@ class Step:
         every waiting prompt's when no reply is being decoded (nobody to stall); while `decoding` are,
         a chunk for each prompt waiting per decoding reply, at least one and at most `MOST_CHUNKS`. So a
         long prompt stalls the replies for a chunk a step, and a crowd arriving beside a few replies is
-        prefilled in a step or two rather than one prompt a step behind a decode each (eight streams
-        at once, bench: first token p95 1.95 -> 1.69 s, the same work). Where the forward `joins`, the
-        decodes ride in the prompts' pass, so the crowd's chunks are not rationed per decoding reply:
-        a chunk for each waiting prompt, up to `MOST_CHUNKS`, in one pass (the replies wait as long for
-        the same work, in fewer, longer steps; bench, 8 / 16 streams at once: first token p95 1.97 / 4.03
-        -> 1.59 / 3.21 s).
+        prefilled in a step or two rather than one prompt a step behind a decode each (its first tokens
+        sooner for the same work). Where the forward `joins`, the decodes ride in the prompts' pass, so the
+        crowd's chunks are not rationed per decoding reply: a chunk for each waiting prompt, up to
+        `MOST_CHUNKS`, in one pass (the replies wait as long for the same work, in fewer, longer steps, and
+        the crowd's first tokens come sooner; figures: bench/README.md).
 
         A chunk always starts where the sequence's last one ended and is never cut
         to fit the budget: its shape, and so its numbers, depend on that sequence alone.

@@ -249,7 +249,7 @@ class Scheduler:
 
     def _admit(self) -> tuple[list[Sequence], list[tuple[Sequence, FinishReason, str | None]]]:
         """Under the lock: move waiting requests into free slots (none while a reply waits for KV room)."""
-        if not self._waiting:  # the common step: nothing to admit, expire or give way to (~50 us saved a step)
+        if not self._waiting:  # the common step: nothing to admit, expire or give way to
             return [], []
         if not self._hold:
             self._give_way()

@@ -45,7 +45,7 @@ STEER_TO_CLOSE = True  # bench/schema_cost.py turns it off to measure what it co
 CLOSING_WINDOW = 128  # tokens left under which the distance is walked
 # A token without JSON's structure in it (text in a string, digits) moves the grammar no further from an end but by
 # what a pattern may ask (a repeated group begun again): such a token is taken without a walk while the last walk's
-# distance, plus PLAIN_SLACK, fits; a walk costs ~10 ms on a 49k vocabulary, a mask 0.3 ms.
+# distance, plus PLAIN_SLACK, fits: a walk costs tens of masks on a large vocabulary (figures: bench/README.md).
 STRUCTURE = frozenset(b'{}[],:"')
 PLAIN_SLACK = 4
 

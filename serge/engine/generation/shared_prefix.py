@@ -29,10 +29,9 @@ from serge.engine.metrics import ModelMetrics
 log = logging.getLogger(__name__)
 
 # Fewest tokens worth following for (beyond what the prefix cache gives); below this a sequence prefills on its
-# own. A copy of a llama.cpp slice goes through host memory (`LlamaKV.copy`): for 2,000 cells of the bundled
-# model, a park ~130 ms (once for every copy taken between two passes) and a restore ~15 ms, measured on this
-# 2-core machine under load, where a prefill ran at 50-60 ms a token (~2.5 ms idle: llama-server's ten first
-# turns, 20,000 tokens in 49.9 s). So a lone follower of 64 tokens breaks about even; more followers gain more.
+# own. A copy of a llama.cpp slice goes through host memory (`LlamaKV.copy`, a park once for every copy taken
+# between two passes, then a restore each), which costs about what prefilling 64 tokens does on an idle CPU:
+# a lone follower of 64 breaks about even, more followers gain more (figures: bench/README.md).
 MIN_SHARED = 64
 
 

@@ -1,10 +1,9 @@
 """How many threads a model's passes run on: fewer while the machine is busy, back up when it is not.
 
 A pass split over more threads than the cores free at that moment waits, at each of
-its ~1,000 parallel regions, for a thread the OS has set aside. Measured on 2 cores
-at load 6.7 (smollm2-135m, float32): a decode step of 16 sequences took 3.9 s on 2
-threads and 0.25 s on 1; of 1 sequence, 1.6 s and 0.13 s. On an idle machine the
-second thread makes the same steps 1.4-1.5x faster. So the count is not fixed:
+its ~1,000 parallel regions, for a thread the OS has set aside: on a busy machine one
+thread decodes many times faster than two, on an idle one two are faster (figures:
+bench/README.md). So the count is not fixed:
 
 - after each decode pass, the share of that pass's time the worker thread was on a
   CPU tells whether the machine is busy (about 1.0 idle, even while its helper

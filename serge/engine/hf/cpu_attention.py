@@ -5,9 +5,8 @@ and 30 layers made 480 calls and 960 KV writes a step, and SDPA's kernel split o
 sequence's three key heads over two threads, one of them idle a third of the time. The C++
 op takes the whole pass (each sequence's own KV buffer, no padding, no copy) and runs
 each (sequence, key head) as one work item of the same sequential code, so a row gets the
-bits it gets alone and on any thread count by construction. Measured on 2 cores (smollm2-135m's
-shapes, 16 sequences of ~300 positions, 30 layers): 14.0 ms a step where the per-sequence
-SDPA calls took 30.3 (the keys and values read once: 8.6 ms at this machine's bandwidth).
+bits it gets alone and on any thread count by construction, in about half the time of the
+per-sequence SDPA calls (figures: bench/README.md).
 A pass that joins prompt chunks to the decodes (`hf.forward.BatchForward.run`) gives it every
 one-token row, the chunks going to SDPA, so a decode's row is computed alike in either pass.
 

@@ -5,9 +5,8 @@ transformers' modules, hooks and keyword plumbing, an RMSNorm in six operations,
 linear layers a layer. `Decoder` runs the same model (Llama, Mistral or Qwen2, float32,
 oneDNN-packed) layer by layer with the query, key and value projections packed as one
 matrix and the gate and up projections as another, `torch.rms_norm`, and attention
-through the batcher's own function: on smollm2-135m, one thread, 54.5 ms of CPU a decode
-step alone where transformers' forward took 60.1, and 111 where it took 121 for 16
-sequences of 250 positions. It is an optimization, not a second model: `BatchForward`
+through the batcher's own function: a decode step takes about a tenth less CPU than
+transformers' forward (figures: bench/README.md). It is an optimization, not a second model: `BatchForward`
 compares its logits with transformers' at load and keeps transformers' forward when they
 differ (the bits were the same here), and the fused layers go through the same row-plan
 measurement as every other.

@@ -142,7 +142,7 @@ def same_across_threads(model, counts: list[int], plan: RowPlan, extra: list[tor
     return kept
 
 
-JOIN_CHECK_FLOPS = 1e11  # what `joins_rows` may cost at load, per thread count: ~0.3 s on 2 cores here
+JOIN_CHECK_FLOPS = 1e11  # what `joins_rows` may cost at load, per thread count: a fraction of a second on 2 cores
 
 
 def _join_checked(model, extra: list[torch.nn.Module]) -> list[torch.nn.Module]:

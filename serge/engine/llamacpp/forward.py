@@ -10,8 +10,8 @@ The KV cache is cut into slices, one per running reply (llama.cpp's
 per-sequence streams, as `llama-server --parallel` has), each the reply's whole
 context window, in the type `SERGE_LLAMA_KV_TYPE` names (`memory` plans both).
 One pool shared by every reply would hold more replies in the same memory, but
-llama.cpp attends over every used cell of a pool, masked or not: 8 streams decoded
-~20% slower from one pool here. In its own slice a reply's cells also
+llama.cpp attends over every used cell of a pool, masked or not, so many streams
+decode slower from one pool (figures: bench/README.md). In its own slice a reply's cells also
 stay in position order whatever the others do, so a greedy reply is the same text
 alone or batched. A finished conversation kept for prefix reuse leaves its slice for
 host memory (`llama_state_seq_get_data`) and is copied into a free slice when its
@@ -53,9 +53,8 @@ from serge.engine.local import LocalModel, check_chat_template, eos_ids, load_to
 log = logging.getLogger(__name__)
 
 JOIN_CHUNKS = 2  # prompt chunks a pass may hold beside the decodes: 512 tokens by default, llama-server's ubatch
-# Layouts whose prompt chunks join the decodes' pass. Measured on an AMD Zen 4 (2 cores, the bundled model, bench
-# runs of 8 / 16 streams): Q8_0 with joined passes 108-122 / 108-110 tok/s against 111 / 99 apart; Q4_1 62-64 /
-# 63-66 against 82 / 89 apart (llama-server ~70 in the same runs), so Q4_1 and the rest run their chunks apart.
+# Layouts whose prompt chunks join the decodes' pass: Q8_0 was measured as fast or faster joined, Q4_1 slower
+# (figures: bench/README.md), so Q4_1 and the rest run their chunks apart.
 JOINS_FASTER = frozenset({"Q8_0"})
 
 
@@ -214,8 +213,8 @@ class LlamaForward:
         """Feed one token to each sequence; next-token logits, one row per sequence: a view of llama.cpp's
         own buffer, good until the next pass (the scheduler samples them before it runs another).
 
-        The pass lists them in slice order: out of order, llama.cpp decoded 8 streams
-        ~30% slower here."""
+        The pass lists them in slice order: out of order, llama.cpp decoded many streams slower
+        (figures: bench/README.md)."""
         return self.run(kvs, [[token] for token in tokens])
 
     def run(self, kvs: list[LlamaKV], chunks: list[list[int]]) -> torch.Tensor:
@@ -255,8 +254,8 @@ class LlamaForward:
 
     def _logits(self, rows: int) -> torch.Tensor:
         """The last pass's output rows, as a view of llama.cpp's buffer (no copy). The views are kept while the
-        buffer stays where it is: making one (numpy's ctypes array type, then torch's) cost ~110 us, about 1%
-        of a one-reply decode step (AMD Zen 4, the bundled model)."""
+        buffer stays where it is: making one (numpy's ctypes array type, then torch's) cost about 1% of a
+        one-reply decode step (figures: bench/README.md)."""
         address = ctypes.addressof(self._lc.llama_get_logits(self._ctx).contents)
         if address != self._logits_at:
             self._logits_at, self._logits_views = address, {}

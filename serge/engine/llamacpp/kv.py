@@ -30,8 +30,8 @@ class LlamaKV:
     def copy(self, length: int) -> LlamaKV:
         """A new sequence holding this one's first `length` cells, in a slice of its own: from host memory
         when parked, else through it (the other choices of a request for n, replies sharing its prompt's
-        prefix). Copies taken between two passes park it once: parking is ~9/10 of a copy's cost (bundled
-        model, 2,000 cells: park ~130 ms, restore ~15 ms), so nine followers pay one park, not nine.
+        prefix). Copies taken between two passes park it once: parking is most of a copy's cost (figures:
+        bench/README.md), so nine followers pay one park, not nine.
         Not `llama_memory_seq_cp`: between slices it copies a whole slice (every cell, used or not), only
         whole ones (a range aborts the process), and only at the next decode."""
         if self._parked is not None:

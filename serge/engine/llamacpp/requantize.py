@@ -1,11 +1,9 @@
 """A GGUF in a layout llama.cpp's x86 kernels are slow on, served from a copy made once in one they are fast on.
 
 On x86, llama.cpp has repacked GEMM kernels for Q4_0 and tinyBLAS ones for Q8_0, and neither for Q4_1, the
-bundled model's layout. Measured on an AMD EPYC (Zen 4, AVX-512; the bundled SmolLM2-135M, one thread, CPU
-time in-process, two runs on a busy machine): Q8_0 made from its Q4_1 prefilled 219 tokens 2.2-2.7x as fast,
-and decoded a step of 1 stream 1.14-1.35x and of 8 streams 1.15-1.31x as fast, while the perplexity over
-6,000 tokens of the docs moved from 23.372 to 23.386 (+0.06%; `python -m bench.quant_quality`). Q4_0 would
-be faster still (~1.6x) but re-quantizes to 4 bits and cost +22% perplexity: not made.
+bundled model's layout. A Q8_0 copy of a Q4_1 prefills and decodes faster there with next to no loss (every
+Q4_1 level fits an 8-bit grid per block; its perplexity is measured by `python -m bench.quant_quality`); Q4_0
+would be faster still but re-quantizes to 4 bits and costs perplexity: not made (figures: bench/README.md).
 
 So where llama.cpp runs a model on an x86 CPU (no layer on a GPU, whose kernels have every layout) and
 `SERGE_LLAMA_REQUANTIZE` is `auto`, a Q4_1 GGUF is served from a Q8_0 copy beside it, made at its first load
