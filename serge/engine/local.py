@@ -21,8 +21,8 @@ from serge.engine.info import EngineKind, LoadedInfo, where_loaded
 from serge.engine.generation.request import ChatRequest
 from serge.engine.generation.schemas import InvalidRequest
 from serge.engine.metrics import EngineMetrics
-from serge.engine.generation.prompts import (ContextTooLong, Message, TemplateOptions, build_prompt, count_tokens,
-                                              placed, template_takes_mid_system)
+from serge.engine.generation.prompts import ContextTooLong, Message, build_prompt, count_tokens, placed
+from serge.engine.generation.template import TemplateOptions, template_takes_mid_system
 from serge.engine.generation.thinking import Thinking, opens_thinking, template_thinks
 from serge.engine.generation.sampling import SamplingParams
 from serge.engine.generation.admission import SchedulerLimits

@@ -10,17 +10,28 @@ from __future__ import annotations
 
 import ctypes
 import mmap
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from serge.engine.llamacpp.forward import LlamaForward
+
+class Slices(Protocol):
+    """What a sequence asks of the context that holds its cells (`forward.LlamaForward`)."""
+
+    bytes_per_token: int
+
+    def new_kv(self) -> LlamaKV: ...
+
+    def park(self, kv: LlamaKV) -> ctypes.Array: ...
+
+    def restore(self, parked: ctypes.Array, target: LlamaKV, length: int) -> None: ...
+
+    def free(self, kv: LlamaKV) -> None: ...
 
 
 class LlamaKV:
     """One sequence's cells, in the KV cache slice its sequence id names; or, once the
     prefix cache keeps it, its keys and values parked in host memory and no slice at all."""
 
-    def __init__(self, forward: LlamaForward, seq: int | None) -> None:
+    def __init__(self, forward: Slices, seq: int | None) -> None:
         self._forward = forward
         self.seq: int | None = seq
         self.length = 0

@@ -38,7 +38,7 @@ log = logging.getLogger(__name__)
 MARKER = "<__media__>"  # mtmd's default media marker
 _FILL = 0  # the id kept at an image embedding's position: never fed (the embedding is), but always a real token id
 # Runs before the model's own template: a message's content parts become one string, each image part the marker
-# (outside any text, so it stays markup: prompts.py tokenizes only the template's own markup as special tokens).
+# (outside any text, so it stays markup: template.py tokenizes only the template's own markup as special tokens).
 _MARK_IMAGES = (
     "{%- set serge_ns = namespace(messages=[]) -%}"
     "{%- for m in messages -%}"
