@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from serge.engine import ChatRequest, FinishReason, Message, ModelLibrary, SamplingParams
+from serge.engine.generation.passes import kept
 from serge.engine.generation.prompts import build_prompt
 
 # One definition, run on the stand-in there and on each real engine here:
@@ -130,17 +131,17 @@ def test_a_joined_pass_gives_each_prompt_chunk_and_decode_the_bits_of_a_pass_of_
         apart, spent = [], []
         for kv in decoding:
             copy = kv.copy(kv.length)
-            apart.append(forward.decode([copy], [42])[0].clone())
+            apart.append(kept(forward.decode([copy], [42])[0]))
             spent.append(copy)
         for ids in chunks:
             spent.append(forward.new_kv())
             apart.append(forward.prefill(spent[-1], ids))
         for kv in spent:
             kv.release()
-        together = forward.run([kv.copy(kv.length) for kv in decoding] + [forward.new_kv() for _ in chunks],
-                               [[42]] * len(decoding) + chunks)
+        together = kept(forward.run([kv.copy(kv.length) for kv in decoding] + [forward.new_kv() for _ in chunks],
+                                    [[42]] * len(decoding) + chunks))
         assert [torch.equal(together[i], apart[i]) for i in range(len(apart))] == [True] * len(apart)
-        one = forward.run([forward.new_kv()], [prompts[6][:1]])[0].clone()  # a pass of one row is padded like the others
+        one = kept(forward.run([forward.new_kv()], [prompts[6][:1]])[0])  # a pass of one row is padded like the others
         assert torch.equal(one, forward.prefill(forward.new_kv(), prompts[6][:1]))
     finally:
         forward.close()
@@ -170,7 +171,7 @@ def test_a_rows_logits_have_the_same_bits_at_every_thread_count_a_busy_machine_m
             forward.set_threads(count)
             kvs = [forward.new_kv() for _ in prompts]
             first = [forward.prefill(kv, ids) for kv, ids in zip(kvs, prompts)]
-            seen[count] = first, forward.decode(kvs, [42] * len(kvs)).clone()
+            seen[count] = first, kept(forward.decode(kvs, [42] * len(kvs)))
             for kv in kvs:
                 kv.release()
     finally:

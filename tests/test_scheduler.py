@@ -121,3 +121,29 @@ def test_a_regenerated_reply_needs_no_prefill_at_all(engine):
     again = engine.chat(None, ChatRequest(question, GREEDY)).text()
     prefilled, reused = (after - start for after, start in zip(_counts(engine), before))
     assert (prefilled, again) == (0, first) and reused == len(_prompt(engine, question))
+
+
+
+def test_the_metrics_count_every_token_of_a_reply_once_it_has_ended(engine):
+    """Token gaps are observed in batches (`passes.GAPS_HELD`), but before a reply's stream ends: a reader who
+    sees the end and then reads the metrics finds every token and gap of it, while other replies run on."""
+    scheduler = _small_scheduler(engine, max_running=2, prefix_cache_mb=0)
+    registry, labels = scheduler.metrics.registry, {"model": scheduler.name}
+
+    def counted() -> tuple[float, float]:
+        return (registry.get_sample_value("serge_generated_tokens_total", labels) or 0.0,
+                registry.get_sample_value("serge_inter_token_latency_seconds_count", labels) or 0.0)
+
+    try:
+        prompt = _prompt(engine, [Message("user", "Tell me a story.")])
+        long = scheduler.submit(prompt, SamplingParams(temperature=0, max_new_tokens=400, ignore_eos=True).resolved(1000))
+        pieces = iter(long)
+        next(pieces)  # it runs: the batch never empties while the short reply runs
+        short = scheduler.submit(prompt, SamplingParams(temperature=0, max_new_tokens=5, ignore_eos=True).resolved(1000))
+        short.text()
+        tokens, gaps = counted()
+        assert tokens >= 5 and gaps >= 4, (tokens, gaps)
+        long.close()  # cancelled: counted whole too
+        assert counted() == (5 + long.record.completion_tokens, 4 + long.record.completion_tokens - 1)
+    finally:
+        scheduler.close()

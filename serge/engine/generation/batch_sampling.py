@@ -14,6 +14,7 @@ the host in one transfer. A row's numbers are those `choose_next` computes for i
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from serge.engine.generation.sampling import (
@@ -122,10 +123,12 @@ def _distribution(scores: torch.Tensor, samplers: list[Sampler], numbers: torch.
     return probs
 
 
-def greedy_tokens(logits: torch.Tensor) -> list[int]:
+def greedy_tokens(logits: torch.Tensor | np.ndarray) -> list[int]:
     """Each row's greedy token (the first of equal maxima, as torch picks it), in one wait for the device. On
     the host in float32, numpy's: several times faster than torch's (figures: bench/README.md), time every
     decode step of a greedy reply spends outside the model."""
+    if isinstance(logits, np.ndarray):  # a host forward's rows (llama.cpp's): no torch call between passes
+        return logits.argmax(axis=-1).tolist()
     if logits.device.type == "cpu" and logits.dtype == torch.float32:
         return logits.numpy().argmax(axis=-1).tolist()
     return logits.argmax(dim=-1).tolist()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
+import numpy as np
 import torch
 
 
@@ -78,18 +79,21 @@ class Forward(Protocol):
         """An empty sequence; may raise when no room is left for one (the reply then fails alone)."""
         ...
 
-    def decode(self, kvs: list[KV], tokens: list[int]) -> torch.Tensor:
+    def decode(self, kvs: list[KV], tokens: list[int]) -> torch.Tensor | np.ndarray:
         """Feed `tokens[i]` to `kvs[i]`, each one position longer after; next-token logits
         as [len(kvs), vocabulary], one row per sequence in the callers' order, each row what
         that sequence would get alone. The rows may be a view of the forward's own buffer, good
-        until its next pass (llama.cpp's): sample them before running another."""
+        until its next pass (llama.cpp's): sample them before running another. A forward whose
+        logits are float32 in host memory may give them as a numpy array (llama.cpp's): a greedy
+        reply's step then makes no torch call, whose first after a pass is costly (the weights
+        have just gone through the caches)."""
         ...
 
     joins: int
     """Prompt tokens one pass may hold beside every decode and other prompts' chunks (`run`); 0 where the
     forward does not join them (llama.cpp's, whose greedy replies were measured against passes apart)."""
 
-    def run(self, kvs: list[KV], chunks: list[list[int]]) -> torch.Tensor:
+    def run(self, kvs: list[KV], chunks: list[list[int]]) -> torch.Tensor | np.ndarray:
         """Only where `joins`: feed `chunks[i]` to `kvs[i]` in one pass (decodes as one-token chunks, prompt
         chunks of up to `joins` tokens in all); the next-token logits after each chunk's last token, as
         [len(kvs), vocabulary], each row what that chunk gets in a pass of its own."""

@@ -19,6 +19,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from serge.engine.generation.forward import Forward, OutOfKV
@@ -32,10 +33,19 @@ log = logging.getLogger(__name__)
 
 
 MOST_CHUNKS = 8  # prompt chunks a step beside decoding replies: 2048 tokens at the default chunk
+# Token gaps held for the inter-token histogram before they are observed together: an observation is cheap in a
+# loop and dear alone between passes (the weights have just passed through the caches). Held gaps are observed
+# before a reply's stream ends, so the metrics are whole for every finished reply.
+GAPS_HELD = 64
 
 
 def failure_message(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
+
+
+def kept(row: torch.Tensor | np.ndarray) -> torch.Tensor:
+    """A pass's row as a tensor of its own, not a view of the pass's rows: kept past the next pass."""
+    return torch.from_numpy(row.copy()) if isinstance(row, np.ndarray) else row.clone()
 
 
 @dataclass(frozen=True)
@@ -60,9 +70,12 @@ class Step:
         self._m = metrics
         self._threads = threads
         self._wakeups = wakeups
+        self._gaps: list[float] = []  # seconds between tokens, not yet observed (`GAPS_HELD`)
+        self._tokens = 0  # generated since the gaps were last observed, not yet counted
 
     def __call__(self) -> None:
         for seq in [s for s in self._running if s.stream.cancelled]:
+            self.observe_gaps()
             self._leave(seq, FinishReason.CANCELLED)
         decoding = [s for s in self._running if s.feed is not None and s.prefilled >= s.context_length]
         chunks = self._chunks(len(decoding))
@@ -71,9 +84,19 @@ class Step:
         else:
             self._decode(decoding)
             self._run_apart(chunks)
-        ready = [s for s in self._running if s.logits is not None]
-        for seq, choice in zip(ready, choose_all(ready)):
-            self._sample(seq, choice)
+        if ready := [s for s in self._running if s.logits is not None]:
+            for seq, choice in zip(ready, choose_all(ready)):
+                self._sample(seq, choice)
+        if len(self._gaps) >= GAPS_HELD or not self._running:
+            self.observe_gaps()
+
+    def observe_gaps(self) -> None:
+        """The held token gaps into the inter-token histogram, and their tokens into the count."""
+        gaps, tokens, self._gaps, self._tokens = self._gaps, self._tokens, [], 0
+        for gap in gaps:
+            self._m.inter_token.observe(gap)
+        if tokens:
+            self._m.generated_tokens.inc(tokens)
 
     def _decode(self, decoding: list[Sequence]) -> None:
         """One pass feeding every decoding sequence its token, their next tokens sampled at once."""
@@ -94,7 +117,7 @@ class Step:
                 self._decoded(decoding, rows)
                 return
 
-    def _decoded(self, decoding: list[Sequence], rows: torch.Tensor) -> None:
+    def _decoded(self, decoding: list[Sequence], rows: torch.Tensor | np.ndarray) -> None:
         for seq in decoding:
             seq.feed = None
         for seq, choice in zip(decoding, choose_all(decoding, rows)):  # before another pass reuses `rows`
@@ -159,7 +182,7 @@ class Step:
             else:
                 self._decoded(decoding, rows[: len(decoding)])
                 for (seq, ids, _), logits in zip(group, rows[len(decoding) :]):
-                    self._chunk_ran(seq, len(ids), logits.clone())  # kept, not a view of the pass's rows
+                    self._chunk_ran(seq, len(ids), kept(logits))
             decoding = []
         self._run_apart([chunk for chunk in chunks if chunk[2] is not None])
 
@@ -206,8 +229,9 @@ class Step:
         if before is None:
             self._m.ttft.observe(seq.first_token - seq.stream.created)
         else:
-            self._m.inter_token.observe(seq.last_token - before)
-        self._m.generated_tokens.inc(len(seq.generated) - count)
+            self._gaps.append(seq.last_token - before)
+        self._tokens += len(seq.generated) - count
         if reason is not None:
+            self.observe_gaps()  # before its stream ends: a reader who then reads the metrics finds it whole
             self._leave(seq, reason)
 

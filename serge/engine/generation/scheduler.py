@@ -224,6 +224,7 @@ class Scheduler:
                 self._leave(seq, FinishReason.CANCELLED)
             else:
                 self._finish(seq, FinishReason.CANCELLED)
+        self._step.observe_gaps()
         self._warming.drop()
         if self._kv_store is not None:
             self._kv_store.save(self._prefixes)

@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Protocol
 
+import numpy as np
 import torch
 
 from serge.engine.generation.assembler import TextAssembler
@@ -271,12 +272,15 @@ def make_sampler(seq: Sequence, width: int, device: torch.device) -> Sampler:
     return Sampler(params, width, penalties, seq.generator, bias, device)
 
 
-def choose_all(seqs: list[Sequence], logits: torch.Tensor | None = None) -> list[tuple[int, torch.Tensor | None] | Exception]:
-    """Each sequence's next token from its `logits` (or row i of `logits`, when given), all sampled at once
-    (one wait for the device); a sequence whose row cannot be made gets its exception in its place, the
-    others are unaffected."""
+def choose_all(seqs: list[Sequence], logits: torch.Tensor | np.ndarray | None = None
+               ) -> list[tuple[int, torch.Tensor | None] | Exception]:
+    """Each sequence's next token from its `logits` (or row i of `logits`, when given: a forward's rows, a tensor
+    or a host forward's numpy array), all sampled at once (one wait for the device); a sequence whose row cannot
+    be made gets its exception in its place, the others are unaffected."""
     if logits is not None and all(seq.plain for seq in seqs):  # each decode step of greedy replies
         return [(token, None) for token in greedy_tokens(logits)]
+    if isinstance(logits, np.ndarray):
+        logits = torch.from_numpy(logits)
     chosen: list[tuple[int, torch.Tensor | None] | Exception | None] = [None] * len(seqs)
     ready, samplers, masks = [], [], []
     for i, seq in enumerate(seqs):

@@ -147,9 +147,8 @@ class Stream:
 
     def push(self, text: str = "", tokens: tuple[TokenLogprob, ...] = (),
              tool_calls: tuple[ToolCallDelta, ...] = (), reasoning: str = "", choice: int = 0) -> None:
-        delta = Delta(text, tokens, tool_calls, reasoning, choice)
-        if delta:
-            self._deltas.put(delta)
+        if text or tokens or tool_calls or reasoning:
+            self._deltas.put(Delta(text, tokens, tool_calls, reasoning, choice))
             self._notify()
 
     def finish(self, record: GenerationRecord, choice: int = 0) -> None:

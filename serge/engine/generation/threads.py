@@ -24,8 +24,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 
 log = logging.getLogger(__name__)
 
@@ -61,28 +60,30 @@ class Threads:
         self._share = 1.0  # smoothed share of a pass's time the worker was on a CPU
         self._worked = 0.0  # seconds of passes since the last try
         self._wait = {True: EVERY_S, False: EVERY_S}  # up?: seconds of passes before the next try that way
+        self._pass, self._trying, self._started, self._cpu = 0, None, 0.0, 0.0  # the pass under way
 
     @property
     def current(self) -> int:
         return self.counts[self._at]
 
-    @contextmanager
-    def decode(self, sequences: int) -> Iterator[None]:
-        """Around one decode pass of `sequences` sequences: maybe try another count for it, then learn from it."""
-        trying = self._try(sequences)
-        if trying is not None:
-            self._apply(self.counts[trying])
-        started, cpu = self._clock(), self._cpu_clock()
-        done = False
-        try:
-            yield
-            done = True
-        finally:
-            seconds = self._clock() - started
-            if trying is not None:
-                self._judge(trying, sequences, seconds if done else None)
-            elif done:
-                self._learn(sequences, seconds, (self._cpu_clock() - cpu) / seconds if seconds > 0 else 1.0)
+    def decode(self, sequences: int) -> Threads:
+        """Around one decode pass of `sequences` sequences (`with threads.decode(n):`): maybe try another count
+        for it, then learn from it. The worker's alone, one pass at a time: no generator made a pass."""
+        self._pass = sequences
+        return self
+
+    def __enter__(self) -> None:
+        self._trying = self._try(self._pass)
+        if self._trying is not None:
+            self._apply(self.counts[self._trying])
+        self._started, self._cpu = self._clock(), self._cpu_clock()
+
+    def __exit__(self, kind, exc, tb) -> None:
+        seconds = self._clock() - self._started
+        if self._trying is not None:
+            self._judge(self._trying, self._pass, seconds if kind is None else None)
+        elif kind is None:
+            self._learn(self._pass, seconds, (self._cpu_clock() - self._cpu) / seconds if seconds > 0 else 1.0)
 
     def _try(self, sequences: int) -> int | None:
         if len(self.counts) == 1 or sequences not in self._mean:

@@ -207,17 +207,18 @@ class LlamaForward:
         if self._ctx is not None:
             self._lc.llama_memory_seq_rm(self._mem, kv.seq, -1, -1)
         self._free_ids.append(kv.seq)
+        self._free_ids.sort(reverse=True)  # the lowest taken first again: replies admitted together decode in order
 
     # --- passes ------------------------------------------------------------------
-    def decode(self, kvs: list[LlamaKV], tokens: list[int]) -> torch.Tensor:
-        """Feed one token to each sequence; next-token logits, one row per sequence: a view of llama.cpp's
+    def decode(self, kvs: list[LlamaKV], tokens: list[int]) -> np.ndarray:
+        """Feed one token to each sequence; next-token logits, one row per sequence: a numpy view of llama.cpp's
         own buffer, good until the next pass (the scheduler samples them before it runs another).
 
         The pass lists them in slice order: out of order, llama.cpp decoded many streams slower
         (figures: bench/README.md)."""
         return self.run(kvs, [[token] for token in tokens])
 
-    def run(self, kvs: list[LlamaKV], chunks: list[list[int]]) -> torch.Tensor:
+    def run(self, kvs: list[LlamaKV], chunks: list[list[int]]) -> np.ndarray:
         """Decodes (one-token chunks) and prompt chunks in one pass, in slice order; the logits after each
         chunk's last token, in the callers' order (a copy where the order differs, else a view)."""
         order = sorted(range(len(kvs)), key=lambda i: kvs[i].seq)
@@ -225,7 +226,7 @@ class LlamaForward:
         logits = self._logits(len(kvs))
         if order == list(range(len(kvs))):
             return logits
-        return logits[torch.tensor(order).argsort()]
+        return logits[np.argsort(order)]
 
     def prefill(self, kv: LlamaKV, tokens: list[int], images: dict | None = None) -> torch.Tensor:
         """Feed a chunk of one sequence's prompt (with images: all of it, through `vision`); the logits after
@@ -233,7 +234,7 @@ class LlamaForward:
         if images is not None:
             return self.vision.prefill(self, kv, tokens, images)
         self._run([(kv, tokens, True)])
-        return self._logits(1)[0].clone()
+        return torch.from_numpy(self._logits(1)[0].copy())
 
     def _run(self, work: list[tuple[LlamaKV, list[int], bool]]) -> None:
         self.prepare()
@@ -252,17 +253,18 @@ class LlamaForward:
             kv.length += len(tokens)
             kv._snapshot = None  # out of date: given back to the system now, not at the next copy
 
-    def _logits(self, rows: int) -> torch.Tensor:
-        """The last pass's output rows, as a view of llama.cpp's buffer (no copy). The views are kept while the
-        buffer stays where it is: making one (numpy's ctypes array type, then torch's) cost about 1% of a
-        one-reply decode step (figures: bench/README.md)."""
+    def _logits(self, rows: int) -> np.ndarray:
+        """The last pass's output rows, as a numpy view of llama.cpp's buffer (no copy). The views are kept while
+        the buffer stays where it is: making one cost about 1% of a one-reply decode step, and so did torch's
+        first touch of a tensor after a pass, which a greedy reply's argmax in numpy never makes (figures:
+        bench/README.md)."""
         address = ctypes.addressof(self._lc.llama_get_logits(self._ctx).contents)
         if address != self._logits_at:
             self._logits_at, self._logits_views = address, {}
         view = self._logits_views.get(rows)
         if view is None:
             array = (ctypes.c_float * (rows * self.n_vocab)).from_address(address)
-            view = self._logits_views[rows] = torch.from_numpy(np.frombuffer(array, np.float32)).view(rows, self.n_vocab)
+            view = self._logits_views[rows] = np.frombuffer(array, np.float32).reshape(rows, self.n_vocab)
         return view
 
 
