@@ -144,13 +144,27 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+_HELD: dict[int, socket.socket] = {}  # port -> its socket, bound until a `ServerThread` serves it
+
+
+def held_port() -> int:
+    """A port of 127.0.0.1 kept bound until a `ServerThread` serves on it: for a session's server, named in its
+    settings at the start and served minutes later, when a port let go at once may have become another
+    connection's in between (it did: every test on that server failed to start)."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    _HELD[port] = s
+    return port
+
+
 @pytest.fixture(scope="session")
 def real_settings(tmp_path_factory) -> Settings:
     """The session's settings for the real model (a module on the stand-in still reaches them by this name)."""
     return Settings(
         data_dir=tmp_path_factory.mktemp("data"),
         models_dir=models_dir(),
-        port=free_port(),
+        port=held_port(),
     )
 
 
@@ -224,7 +238,7 @@ def standin_settings(tmp_path_factory) -> Settings:
     from standin import NAME
 
     return Settings(data_dir=tmp_path_factory.mktemp("standin-data"), models_dir=tmp_path_factory.mktemp("no-models"),
-                    port=free_port(), default_model=NAME)
+                    port=held_port(), default_model=NAME)
 
 
 @pytest.fixture(scope="session")
@@ -243,7 +257,9 @@ class ServerThread:
         self.url = f"http://127.0.0.1:{port}"
         self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
                                                     proxy_headers=False))  # as `serge serve`: the app does it
-        self.thread = threading.Thread(target=self.server.run, name="test-uvicorn", daemon=True)
+        held = _HELD.pop(port, None)  # `held_port`'s socket, bound since the settings named it
+        self.thread = threading.Thread(target=self.server.run, args=([held] if held else None,), name="test-uvicorn",
+                                       daemon=True)
 
     def __enter__(self):
         self.thread.start()
