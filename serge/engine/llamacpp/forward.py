@@ -39,6 +39,7 @@ import torch
 
 from serge.engine.models.library import InstalledModel
 from serge.engine.generation.kv_store import KvStore
+from serge.engine.generation.passes import kept
 from serge.engine.generation.sampling import SamplingParams
 from serge.engine.generation.scheduler import Scheduler
 from serge.engine.generation.threads import ladder
@@ -234,7 +235,7 @@ class LlamaForward:
         if images is not None:
             return self.vision.prefill(self, kv, tokens, images)
         self._run([(kv, tokens, True)])
-        return torch.from_numpy(self._logits(1)[0].copy())
+        return kept(self._logits(1)[0])
 
     def _run(self, work: list[tuple[LlamaKV, list[int], bool]]) -> None:
         self.prepare()
