@@ -120,7 +120,7 @@ def test_followers_of_a_leader_cancelled_mid_prefill_finish_on_their_own():
         deadline = time.monotonic() + 10
         while len(forward.prefilled) < 3 and time.monotonic() < deadline:  # the leader is part way through
             time.sleep(0.002)
-        assert len(model.scheduler._shared) == 3  # the others wait for its prompt
+        assert len(model.scheduler._reuse.shared) == 3  # the others wait for its prompt
         streams[0].cancel()
         deadline = time.monotonic() + 20
         while not all(s.done for s in streams) and time.monotonic() < deadline:
@@ -130,7 +130,7 @@ def test_followers_of_a_leader_cancelled_mid_prefill_finish_on_their_own():
         assert streams[0].record.finish_reason is FinishReason.CANCELLED
         assert all(s.record.finish_reason is FinishReason.LENGTH for s in streams[1:])
         assert model.scheduler.pending == 0
-        assert len(model.scheduler._shared) == 0  # none is left following a leader
+        assert len(model.scheduler._reuse.shared) == 0  # none is left following a leader
     finally:
         model.close()
     assert forward.room.used == 0

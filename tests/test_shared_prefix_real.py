@@ -66,9 +66,9 @@ def test_replies_following_a_cancelled_leader_finish_and_every_llama_slice_comes
     scheduler.forget_prefixes()
     streams = [engine.chat(MODEL, _request(task)) for task in TASKS[:3]]
     deadline = time.monotonic() + 120
-    while len(scheduler._shared) < 2 and time.monotonic() < deadline:
+    while len(scheduler._reuse.shared) < 2 and time.monotonic() < deadline:
         time.sleep(0.002)  # until the others wait for the first's system prompt, ~600 tokens: 3 chunks to go
-    following = len(scheduler._shared)
+    following = len(scheduler._reuse.shared)
     streams[0].cancel()
     deadline = time.monotonic() + 300
     while not all(s.done for s in streams) and time.monotonic() < deadline:
@@ -77,5 +77,5 @@ def test_replies_following_a_cancelled_leader_finish_and_every_llama_slice_comes
     assert all(s.done for s in streams), "a reply was left waiting for a leader that left"
     assert streams[0].record.finish_reason is FinishReason.CANCELLED
     assert [(s.record.finish_reason, s.record.completion_tokens) for s in streams[1:]] == [(FinishReason.LENGTH, 16)] * 2
-    assert len(scheduler._shared) == 0
+    assert len(scheduler._reuse.shared) == 0
     assert len(forward._free_ids) == forward.slices, "a slice was not given back"

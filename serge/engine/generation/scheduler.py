@@ -8,12 +8,10 @@ prompt when none do), and samples every row at once, each with its own settings 
 (that step is `passes.Step`, given the batch and the verbs that change it; the worker holds its
 readers' wake-ups to one per event loop a pass), on as many threads as the machine has free
 (`threads.Threads`).
-A sequence that finishes, stops, fails or is cancelled leaves the batch in the same step; its
-KV goes to the prefix cache, from which the chat's next turn takes what it shares. A request
-for n choices runs its prompt once: choice 0 prefills it and the others start from a copy of
-that KV (`KV.copy`) and the same logits; replies whose prompts start alike (agents' shared
-system prompt) prefill the shared part once, the others copying it (`shared_prefix`). Where the
-forward hands its KV over as bytes (llama.cpp's), the prefix cache's long conversations are kept
+A sequence that finishes, stops, fails or is cancelled leaves the batch in the same step. What a
+starting reply needs of its prompt is taken, where it is already computed, from the prefix cache,
+a running reply or its choice 0, and what a leaving one computed is kept there (`kv_reuse`). Where
+the forward hands its KV over as bytes (llama.cpp's), the prefix cache's long conversations are kept
 on disk when the model unloads and taken back at its next load (`kv_store`).
 
 It runs any forward (`forward.Forward`: transformers' `BatchForward`, llama.cpp's
@@ -46,13 +44,13 @@ import torch
 from serge.engine.generation.admission import EngineBusy, SchedulerLimits, Waiting
 from serge.engine.generation.forward import Forward, OutOfKV
 from serge.engine.generation.grammar import Vocabulary
+from serge.engine.generation.kv_reuse import KvReuse
 from serge.engine.generation.kv_store import KvStore
 from serge.engine.generation.prefix_cache import PrefixCache
 from serge.engine.generation.passes import Batch, Step, failure_message
 from serge.engine.generation.sampling import SamplingParams
 from serge.engine.generation.schemas import InvalidRequest
 from serge.engine.generation.sequence import ReplyReader, Sequence
-from serge.engine.generation.shared_prefix import SharedPrefixes
 from serge.engine.generation.stream import FinishReason, GenerationError, Stream
 from serge.engine.generation.thinking import Thinking
 from serge.engine.generation.threads import Threads
@@ -94,7 +92,6 @@ class Scheduler:
         self._kv_store = kv_store if self._prefixes.budget_bytes else None  # the prefix cache across restarts
         self.metrics = metrics if metrics is not None else EngineMetrics()
         self._m = self.metrics.model(name)
-        self._shared = SharedPrefixes(forward, self._m)  # replies waiting for a running one's prompt prefix
         self._lock = threading.Condition()
         self._waiting = Waiting(limits.queue_timeout_s)  # under _lock
         self._active = 0  # sequences admitted and not finished; under _lock
@@ -104,6 +101,7 @@ class Scheduler:
         self._running: list[Sequence] = []  # the worker's alone
         self._mean_duration = 10.0  # seconds per generation, for Retry-After
         self._wakeups = Wakeups()  # the readers' event loops, woken once each per step
+        self._reuse = KvReuse(forward, self._prefixes, self._m, self._leave)  # the worker's alone
         self._warming = Warming(forward, self._prefixes, self._chunk, self._m)  # queued under _lock
         self._worker = threading.Thread(target=self._run, name=f"serge-worker-{name}", daemon=True)
         self._worker.start()
@@ -193,7 +191,7 @@ class Scheduler:
             self._m.prefix_cache_bytes.set(self._prefixes.nbytes)
         counts = self.forward.thread_counts(self._most_threads) if self._adapt_threads else [self._most_threads]
         threads = Threads(counts, self.forward.set_threads, self._m.threads.set)
-        self._step = Step(self.forward, Batch(self._running, self._leave, self._make_room, self._share),
+        self._step = Step(self.forward, Batch(self._running, self._leave, self._make_room, self._reuse.share),
                           self._chunk, self._m, threads, self._wakeups)  # the worker's alone
         while True:
             with self._lock:
@@ -239,8 +237,8 @@ class Scheduler:
         for seq in admitted:
             if seq in self._running:  # not a choice that its choice 0's failed start has ended
                 self._start(seq)
-        if len(self._shared):  # before the pass: a follower whose leader holds its part copies it and runs the rest
-            self._shared.hand_over(self._running, self._start, self._leave)
+        if len(self._reuse.shared):  # before the pass: a follower whose leader holds its part copies it, runs the rest
+            self._reuse.shared.hand_over(self._running, self._start, self._leave)
         try:
             self._step()
         except Exception as exc:  # a bug, not a bad request: fail what runs, keep serving
@@ -262,52 +260,17 @@ class Scheduler:
         return admitted, expired
 
     def _start(self, seq: Sequence) -> None:
-        """A slot is free: take what the prefix cache has of this prompt. A failure here
-        (llama.cpp refusing a cached conversation back) ends this reply alone."""
+        """A slot is free: its clock and generator start, and its KV comes from where it can (`kv_reuse`)."""
         seq.stream.queue_position = None
         if seq.started is None:  # not when it comes back after waiting for KV room: its generator goes on
             seq.started = time.monotonic()
             if not seq.params.greedy:
                 seq.generator = seq.params.generator(self._device)
-            if seq.choice:  # its prompt comes from choice 0 (`_share`)
+            if seq.choice:  # its prompt comes from choice 0 (`KvReuse.share`)
                 return
             self._m.queue_wait.observe(seq.started - seq.stream.created)
             self._m.prompt_tokens.inc(len(seq.prompt))
-        try:
-            cache = bool(self._prefixes.budget_bytes) and seq.images is None
-            follower = self._shared.leader_for(seq, self._running, self._prefixes.reusable(seq.context()) if cache else 0)
-            if follower is not None:  # a running reply prefills (or holds) more of this prompt: wait, then copy
-                self._shared.follow(follower)
-                return
-            hit = self._prefixes.find(seq.context()) if cache else None
-            if hit is None:
-                seq.kv = self.forward.new_kv()
-                return
-        except Exception as exc:
-            log.exception("could not start a reply")
-            self._leave(seq, FinishReason.ERROR, failure_message(exc))
-            return
-        seq.kv, seq.prefilled = hit.kv, hit.length
-        if not seq.resumed:
-            seq.cached = min(hit.length, len(seq.prompt))
-            seq.logits = seq.prompt_logits = hit.logits
-        self._m.reused_tokens.inc(hit.length)
-        if hit.logits is not None:
-            self._share(seq)
-
-    def _share(self, seq: Sequence) -> None:
-        """Choice 0's prompt is in: each other choice takes a copy of its KV and its next-token logits, so the
-        prompt runs once for all n. A copy that fails (no llama.cpp slice) ends that choice alone."""
-        followers, seq.followers = seq.followers, []
-        for other in followers:
-            try:
-                other.kv = seq.kv.copy(len(seq.prompt))
-            except Exception as exc:
-                log.exception("could not copy a prompt's KV to another choice")
-                self._leave(other, FinishReason.ERROR, failure_message(exc))
-                continue
-            other.prefilled = len(other.prompt)
-            other.logits = other.prompt_logits = seq.prompt_logits
+        self._reuse.start(seq, self._running)
 
     def _make_room(self, exc: OutOfKV, failing: Sequence | None = None) -> bool:
         """The KV pool is full: give back the prefix cache's oldest entry or, with none left, make the
@@ -321,12 +284,8 @@ class Scheduler:
             for seq in [failing] if failing is not None else list(self._running):
                 self._leave(seq, FinishReason.ERROR, f"this reply needs more KV memory than the model has ({exc})")
             return False
-        youngest = max(holders, key=lambda s: s.started)
-        group, youngest.followers = [youngest, *youngest.followers], []  # choices still waiting for its prompt
-        for seq in group:
-            self._running.remove(seq)
-            seq.set_aside()
-        log.info("KV pool full: a reply waits for room, %d tokens to run again", youngest.context_length)
+        group = self._set_aside(max(holders, key=lambda s: s.started), keep=False)
+        log.info("KV pool full: a reply waits for room, %d tokens to run again", group[0].context_length)
         self._m.preempted.inc()
         with self._lock:
             self._waiting.put_back(group)
@@ -341,7 +300,7 @@ class Scheduler:
             return
         self._running.remove(seq)
         stranded, seq.followers = seq.followers, []
-        self._keep(seq, reason is not FinishReason.ERROR)  # before finish(): the chat's next turn may come at once
+        self._reuse.keep(seq, reason is not FinishReason.ERROR)  # before finish(): the chat's next turn may come at once
         with self._lock:
             self._active -= 1
             self._hold = False  # its room is free: a reply made to wait may come back
@@ -377,22 +336,18 @@ class Scheduler:
             for seq in youngest:
                 if slots <= 0:
                     break
-                group, seq.followers = [seq, *seq.followers], []
-                for one in group:
-                    self._running.remove(one)
-                    self._keep(one)
-                    one.set_aside()
+                group = self._set_aside(seq, keep=True)
                 self._waiting.put_back(group)
                 slots -= len(group)
             log.info("fair share: %r gave back %d slots to a party under its share", party, given[party] - slots)
 
-    def _keep(self, seq: Sequence, worth_keeping: bool = True) -> None:
-        """Its KV out of the batch: into the prefix cache, for the next turn or its own return, else given back."""
-        kv, seq.kv = seq.kv, None
-        if kv is None:
-            return
-        if worth_keeping and self._prefixes.budget_bytes and seq.images is None:
-            self._prefixes.store(seq.prompt + seq.generated, kv, len(seq.prompt), seq.prompt_logits)
-            self._m.prefix_cache_bytes.set(self._prefixes.nbytes)
-        else:
-            kv.release()
+    def _set_aside(self, seq: Sequence, keep: bool) -> list[Sequence]:
+        """Out of the batch to wait in the queue (the caller puts it back), with the choices still waiting for its
+        prompt; its KV kept in the prefix cache (`keep`), else given back, to be run again when it comes back."""
+        group, seq.followers = [seq, *seq.followers], []
+        for one in group:
+            self._running.remove(one)
+            if keep:
+                self._reuse.keep(one)
+            one.set_aside()
+        return group
