@@ -119,7 +119,8 @@ class Settings(BaseSettings):
         "f16", description="How llama.cpp stores keys and values: f16 (llama.cpp's default, through its flash "
         "attention) decoded 8 or 16 replies at once 1.24x faster than q8_0-keys on a CPU; q8_0-keys (keys in 8 bits, "
         "values in 16, attention by matrix products) takes 0.77x the memory of f16 and on a CPU prefilled a long "
-        "prompt 1.2-1.4x faster; q8_0 (both in 8 bits, through flash attention) takes 0.53x.",
+        "prompt 1.2-1.4x faster; q8_0 (both in 8 bits, through flash attention) takes 0.53x. The 8-bit types give a "
+        "greedy reply the same bits alone or batched at any length; f16 on several threads only up to 256 tokens.",
     )
     llama_requantize: Literal["auto", "off"] = Field(
         "auto", description="auto: where llama.cpp runs a model on an x86 CPU, a Q4_1 GGUF is served from a Q8_0 copy "

@@ -178,14 +178,16 @@ ENGINES = ("llama.cpp", "transformers")
 
 @pytest.fixture(scope="session")
 def engines(real_settings):
-    """engines(kind) -> the session's Engine serving MODEL with that local engine ("auto": the default)."""
-    made: dict[str, Engine] = {}
+    """engines(kind, **settings) -> the session's Engine serving MODEL with that local engine ("auto": the default)
+    and those other settings (`torch_threads=1`: one thread)."""
+    made: dict[tuple, Engine] = {}
 
-    def get(kind: str = "auto") -> Engine:
-        if kind not in made:
-            made[kind] = Engine(real_settings.model_copy(update={"engine": kind}))
-            made[kind].model(MODEL)
-        return made[kind]
+    def get(kind: str = "auto", **settings) -> Engine:
+        key = (kind, *sorted(settings.items()))
+        if key not in made:
+            made[key] = Engine(real_settings.model_copy(update={"engine": kind, **settings}))
+            made[key].model(MODEL)
+        return made[key]
 
     yield get
     for engine in made.values():

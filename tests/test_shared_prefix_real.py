@@ -36,8 +36,12 @@ def _request(task: str) -> ChatRequest:
     return ChatRequest([Message("system", SYSTEM), Message("user", task)], GREEDY)
 
 
-def test_replies_sharing_a_long_system_prompt_are_the_text_each_gets_alone_and_it_runs_once(both_engines):
+def test_replies_sharing_a_long_system_prompt_are_the_text_each_gets_alone_and_it_runs_once(both_engines, engines):
     engine = both_engines
+    if engine.model(MODEL).engine == "llama.cpp":
+        # One thread: past 256 cells, llama.cpp's f16 flash attention on several threads sums a reply decoding
+        # alone in another order than one decoding beside others (docs/engines.md), which is not what this checks.
+        engine = engines("llama.cpp", torch_threads=1)
     loaded = engine.model(MODEL)
     scheduler, forward = loaded.scheduler, loaded.scheduler.forward
     assert len(loaded.tokenizer(SYSTEM)["input_ids"]) >= 500

@@ -13,7 +13,9 @@ One pool shared by every reply would hold more replies in the same memory, but
 llama.cpp attends over every used cell of a pool, masked or not, so many streams
 decode slower from one pool (figures: bench/README.md). In its own slice a reply's cells also
 stay in position order whatever the others do, so a greedy reply is the same text
-alone or batched. A finished conversation kept for prefix reuse leaves its slice for
+alone or batched (in f16 on several threads up to 256 cells: past them llama.cpp's flash
+attention sums the cells of a reply decoding alone in parts, one per thread, and a batched
+one's on one thread; the 8-bit types never do). A finished conversation kept for prefix reuse leaves its slice for
 host memory (`llama_state_seq_get_data`) and is copied into a free slice when its
 next turn starts.
 
@@ -148,7 +150,8 @@ class LlamaForward:
 
     def thread_counts(self, most: int) -> list[int]:
         """Every halving: ggml computes each dot product on one thread, whatever their number
-        (`tests/test_llamacpp.py` checks the logits at 1 and 2 threads)."""
+        (`tests/test_batching.py` checks the logits at 1 and 2 threads), except f16 flash attention over
+        more than 256 cells of a reply decoding alone, which it sums in parts, one per thread."""
         return ladder(most)
 
     def set_threads(self, n: int) -> None:
