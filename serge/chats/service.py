@@ -1,8 +1,8 @@
 """`ChatService`: every chat operation the web layer can ask for.
 
 It checks input (sizes, settings through `SamplingParams`, the model name),
-commits the user's message before generation starts, builds the conversation
-for the engine from the branch on screen, and starts its reply, one at a time per
+commits the user's message before generation starts, has the reply's input built
+from the branch on screen (`conversation.Conversations`), and starts the reply, one at a time per
 chat (`ActiveReplies` knows which are answering, in this process and in others).
 It knows nothing of HTTP: callers get records, `Reply` handles, `ChatBusy` and
 `InvalidChatInput`.
@@ -22,11 +22,12 @@ from serge.chats.presets import Presets
 from serge.chats.replies import Reply
 from serge.chats.tools import ToolLoop
 from serge.chats.chat_tools import ChatTools, knowledge_search
+from serge.chats.conversation import Conversations
 from serge.chats.running import SharedReplies
 from serge.chats.transfer import ChatExport, export_json
 from serge.chats.warming import LOAD_WAIT_S, ChatWarming
 from serge.documents import MAX_FILES_PER_MESSAGE
-from serge.engine import ChatRequest, Engine, Message, ModelNotFound, SamplingParams
+from serge.engine import ChatRequest, Engine, ModelNotFound, SamplingParams
 from serge.engine.party import current as current_party
 from serge.store import (ChatRecord, ChatStore, DatabaseUnavailable, DocumentNotFound, DocumentRecord, MessageRecord,
                          NewMessage)
@@ -44,6 +45,7 @@ class ChatService:
         self.knowledge = knowledge  # None: nor collections
         self.tools = tools  # None: replies call no tools
         self.presets = presets  # None: a chat's model is a model's name only
+        self._conversations = Conversations(engine, documents, knowledge, presets)
         # A chat opened is warmed, and its replies cut their history to stay a prefix of the next (`warm`)
         self.warming = ChatWarming(self.warm) if warm else None
         # shared: None where this process alone writes the database (SQLite); else the service owns it from here on
@@ -228,8 +230,8 @@ class ChatService:
         chat = self.store.get_chat(owner, chat_id)
         if not chat.messages or chat_id in self._active:
             return False
-        history, _, _ = self._conversation(owner, chat, chat.messages[-1])
-        model, settings, preset = self._model_for(owner, chat, history)
+        history, _, _ = self._conversations.branch(owner, chat, chat.messages[-1])
+        model, settings, preset = self._conversations.model_for(owner, chat, history)
         if chat.tools or (preset is not None and preset.tools):
             return False
         return self.engine.warm(model, ChatRequest(history, SamplingParams(**settings), party=party), LOAD_WAIT_S)
@@ -302,60 +304,13 @@ class ChatService:
         reply.cancel()
         return reply.wait(timeout)
 
-    def _conversation(self, owner: str, chat: ChatRecord, question: MessageRecord
-                      ) -> tuple[list[Message], list[int], list[str]]:
-        """The messages for the engine, where each (but the system prompt) is on the branch, and the documents
-        attached on the branch up to the question (which is on `chat`'s branch)."""
-        upto = []
-        for m in chat.messages:
-            upto.append(m)
-            if m.id == question.id:
-                break
-        history = [Message("system", chat.system_prompt)] if chat.system_prompt else []
-        places, attached = [], []
-        for i, m in enumerate(upto):
-            attached += m.attachments or []
-            if m.role == "assistant" and not m.content:
-                continue  # a reply that failed before it said anything
-            # A reply's thoughts stay out: thinking templates (Qwen3's, DeepSeek-R1's) drop earlier turns' thoughts.
-            images = self.documents.images(owner, m.attachments) if m.attachments and self.documents else ()
-            history.append(Message(m.role, m.content, images=images))
-            places.append(i)
-        return history, places, attached
-
-    def _model_for(self, owner: str, chat: ChatRecord, history: list[Message]):
-        """(model, settings, preset) of the chat's replies: a preset's model, its system prompt put first in
-        `history` under the chat's own, the chat's settings over its."""
-        model, settings = chat.model or self.engine.default_model, chat.settings
-        preset = self.presets.find(owner, chat.model) if self.presets is not None else None
-        if preset is not None:
-            model = self.presets.base_model(preset)
-            if preset.system_prompt and not chat.system_prompt:
-                history.insert(0, Message("system", preset.system_prompt))  # outside `places`, as the chat's is
-            settings = self.presets.sampling(preset, SamplingParams(**chat.settings)).model_dump(
-                mode="json", exclude_none=True)
-        return model, settings, preset
-
     def _start(self, owner: str, chat_id: str, question: MessageRecord, user: MessageRecord | None,
                chat: ChatRecord | None = None, caller=None) -> Reply:
         """Start the reply to `question`; `chat`: the chat as read already, its branch on screen ending at or
         past the question (None: read it now); `caller`: the account asking, whose tools the chat may use."""
         chat = chat or self.store.get_chat(owner, chat_id)
-        history, places, attached = self._conversation(owner, chat, question)
-        model, settings, preset = self._model_for(owner, chat, history)
-        sources, collections = None, {}
-        named = [*chat.knowledge, *(question.knowledge or [])]
-        if named and self.knowledge is not None:  # the chat's collections and the question's, searched with the files
-            in_collections, names = self.knowledge.searchable(owner, named)
-            collections = {d: names[c] for d, c in in_collections.items()}
-        if (attached or collections) and self.documents is not None:  # what of them is told goes in with the question
-            given = self.documents.given(owner, model, attached, history, collections)
-            if given.text:
-                history[-1] = replace(history[-1], content=f"{given.text}\n\n{history[-1].content}")
-            sources = given.sources
-        if preset is not None and (told := self.presets.given(preset, model, history))[0]:
-            history[-1] = replace(history[-1], content=f"{told[0]}\n\n{history[-1].content}")
-            sources = [*(sources or []), *told[1]]
+        asked = self._conversations.asked(owner, chat, question)
+        model, settings, preset = asked.model, asked.settings, asked.preset
         try:
             placeholder = self.store.add_message(owner, chat_id, NewMessage(
                 "assistant", "", parent_id=question.id, after_current=False, model=model, settings=settings,
@@ -369,17 +324,18 @@ class ChatService:
             if preset is not None and preset.tools and not chat.tools:  # a preset's servers, where the chat ticks none
                 chat = replace(chat, tools=tuple(preset.tools))
             if self.tools is not None and chat.tools:
-                search = knowledge_search(self.documents, owner, [*attached, *collections])
-                stream = self.tools.loop(owner, chat, model, history, caller, search, settings)
+                search = knowledge_search(self.documents, owner, [*asked.attached, *asked.collections])
+                stream = self.tools.loop(owner, chat, model, asked.history, caller, search, settings)
             else:
-                stream = self.engine.chat(model, ChatRequest(history, SamplingParams(**settings),
+                stream = self.engine.chat(model, ChatRequest(asked.history, SamplingParams(**settings),
                                                              keep_cut=self.warming is not None))
         except Exception as exc:
             self.store.finish_message(owner, placeholder.id, finish_reason="error", complete=False, error=str(exc))
             raise
         # the engine counts what it left out of `history`; the page counts messages on the branch
-        dropped = places[stream.dropped_messages - 1] + 1 if stream.dropped_messages else 0
-        reply = Reply(self.store, owner, chat_id, placeholder, user, stream, self._active.release, dropped, sources)
+        dropped = asked.places[stream.dropped_messages - 1] + 1 if stream.dropped_messages else 0
+        reply = Reply(self.store, owner, chat_id, placeholder, user, stream, self._active.release, dropped,
+                      asked.sources)
         self._active.started(reply)
         return reply
 
