@@ -139,6 +139,7 @@ def models_dir() -> Path:
 
 
 def free_port() -> int:
+    """A port of 127.0.0.1 let go at once: for a server in another process, which binds it itself."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -148,9 +149,9 @@ _HELD: dict[int, socket.socket] = {}  # port -> its socket, bound until a `Serve
 
 
 def held_port() -> int:
-    """A port of 127.0.0.1 kept bound until a `ServerThread` serves on it: for a session's server, named in its
-    settings at the start and served minutes later, when a port let go at once may have become another
-    connection's in between (it did: every test on that server failed to start)."""
+    """A port of 127.0.0.1 kept bound until a `ServerThread` serves on it: for a server of this process, named in
+    its settings maybe minutes before it serves, when a port let go at once may have become another connection's
+    in between (it did: every test on a session's server failed to start)."""
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
@@ -284,7 +285,7 @@ class ServerThread:
 @contextmanager
 def own_server(settings: Settings, engine: Engine, data_dir: Path, **overrides) -> Iterator[str]:
     """A real server over `engine` with a data dir of its own (its own chats, accounts and secret)."""
-    own = settings.model_copy(update={"data_dir": data_dir, "port": free_port(), **overrides})
+    own = settings.model_copy(update={"data_dir": data_dir, "port": held_port(), **overrides})
     with ServerThread(build_app(own, engine), own.port) as running:
         yield running.url
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import ServerThread, free_port
+from conftest import ServerThread, held_port
 from standin import stand_in
 from test_chats_api import LONG, SHORT, STORY, read_events, send, wait_for
 
@@ -60,7 +60,7 @@ def login(url: str, name: str, password: str | None = None, **kwargs) -> httpx.C
 def server_on(tmp_path_factory, settings, engine, name: str, **overrides):
     own = Settings(data_dir=tmp_path_factory.mktemp(name), models_dir=settings.models_dir,
                    torch_threads=settings.torch_threads, **overrides)
-    return own, ServerThread(build_app(own, engine), free_port())
+    return own, ServerThread(build_app(own, engine), held_port())
 
 
 @pytest.fixture(scope="module")

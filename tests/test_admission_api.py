@@ -10,7 +10,7 @@ import pytest
 from serge.settings import Settings
 from serge.web.app import build_app
 
-from conftest import ServerThread, free_port
+from conftest import ServerThread, held_port
 from standin import NAME, standin_engine
 
 LONG = {"messages": [{"role": "user", "content": "Write a long story."}], "max_tokens": 200, "ignore_eos": True,
@@ -20,7 +20,7 @@ LONG = {"messages": [{"role": "user", "content": "Write a long story."}], "max_t
 def _one_slot(settings, data_dir, max_queue: int, **more):
     """A server of its own over a stand-in model that decodes one generation at a time, at 10 ms a token
     (a 200-token reply holds the slot for 2 s)."""
-    own = Settings(data_dir=data_dir, models_dir=settings.models_path, port=free_port(), default_model=NAME,
+    own = Settings(data_dir=data_dir, models_dir=settings.models_path, port=held_port(), default_model=NAME,
                    max_running=1, max_queue=max_queue, **more)
     with standin_engine(own, step_s=0.01) as engine, ServerThread(build_app(own, engine), own.port) as running:
         yield running.url

@@ -16,7 +16,7 @@ from pydantic import BaseModel, Field
 from serge.settings import Settings
 from serge.web.app import build_app
 
-from conftest import MODEL as REAL, SMALL_WINDOW, ServerThread, free_port, server_of_its_own
+from conftest import MODEL as REAL, SMALL_WINDOW, ServerThread, server_of_its_own, held_port
 from standin import NAME as MODEL, stand_in
 from test_accounts_api import add_user, serge
 
@@ -333,7 +333,7 @@ def test_with_accounts_on_an_x_api_key_is_needed_and_enough(settings, engine, tm
     key = serge(own.data_dir, "keys", "create", "carol", "--name", "claude code").strip().splitlines()[-1]
     assert key.startswith("sk-serge-")
     remote = {"X-Forwarded-For": "203.0.113.9"}  # not this machine, which needs no key while no account exists
-    with ServerThread(build_app(own, engine), free_port()) as running:
+    with ServerThread(build_app(own, engine), held_port()) as running:
         keyed = anthropic_client(running.url, api_key=key, timeout=120, default_headers=remote)
         assert keyed.messages.create(model=MODEL, max_tokens=2, messages=HELLO).content[0].type == "text"
         assert keyed.messages.count_tokens(model=MODEL, messages=HELLO).input_tokens > 0

@@ -8,7 +8,7 @@ import time
 
 import httpx
 import pytest
-from conftest import BROWSER, ServerThread, free_port, server_of_its_own, set_setting, start_chat
+from conftest import BROWSER, ServerThread, server_of_its_own, set_setting, start_chat, held_port
 from test_reply_listeners import long_chat
 
 from serge.settings import Settings
@@ -172,7 +172,7 @@ def test_regenerate_flip_versions_edit_search_and_delete(page, server):
 @pytest.fixture(scope="module")
 def small_window_server(small_engine, tmp_path_factory):
     own = Settings(data_dir=tmp_path_factory.mktemp("browser-small"), models_dir=small_engine.settings.models_path)
-    with ServerThread(build_app(own, small_engine), free_port()) as running:
+    with ServerThread(build_app(own, small_engine), held_port()) as running:
         yield running.url
 
 

@@ -6,7 +6,7 @@ import re
 import time
 
 import pytest
-from conftest import BROWSER, MODEL, TINY_REPO, ServerThread, free_port, models_dir, set_setting
+from conftest import BROWSER, MODEL, TINY_REPO, ServerThread, models_dir, set_setting, held_port
 
 from serge.engine import Engine, ModelLibrary
 from serge.settings import Settings
@@ -23,7 +23,7 @@ def server(tmp_path_factory, fake_hub):
     data = tmp_path_factory.mktemp("models-page")
     checkpoint = ModelLibrary(models_dir()).find(MODEL).transformers_folder()
     ModelLibrary(data / "models").import_path(checkpoint, MODEL, log=lambda _: None)
-    settings = Settings(data_dir=data, models_dir=data / "models", hf_endpoint=fake_hub.url, port=free_port())
+    settings = Settings(data_dir=data, models_dir=data / "models", hf_endpoint=fake_hub.url, port=held_port())
     with Engine(settings) as engine, ServerThread(build_app(settings, engine), settings.port) as running:
         yield running.url
 

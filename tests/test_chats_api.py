@@ -9,7 +9,7 @@ import time
 
 import httpx
 import pytest
-from conftest import ServerThread, free_port
+from conftest import ServerThread, held_port
 from standin import stand_in
 
 from serge.settings import Settings
@@ -70,7 +70,7 @@ def wait_for(predicate, timeout: float = 60.0, what: str = "condition"):
 def client(settings, engine, tmp_path_factory):
     own = Settings(data_dir=tmp_path_factory.mktemp("chats-api"), models_dir=settings.models_dir,
                    torch_threads=settings.torch_threads)
-    with ServerThread(build_app(own, engine), free_port()) as server, \
+    with ServerThread(build_app(own, engine), held_port()) as server, \
             httpx.Client(base_url=server.url, timeout=120) as http:
         yield http
 
@@ -252,7 +252,7 @@ def test_chats_are_kept_in_postgresql(settings, engine, tmp_path):
     db.close()
     own = Settings(data_dir=tmp_path, models_dir=settings.models_dir, torch_threads=settings.torch_threads,
                    database_url=os.environ["SERGE_TEST_POSTGRES_URL"])
-    with ServerThread(build_app(own, engine), free_port()) as server, \
+    with ServerThread(build_app(own, engine), held_port()) as server, \
             httpx.Client(base_url=server.url, timeout=120) as http:
         chat = new_chat(http)
         _, done = send(http, f"/api/chats/{chat['id']}/messages", {"content": "Hello from PostgreSQL"})

@@ -13,7 +13,7 @@ import httpx
 import pytest
 from openai import OpenAI
 
-from conftest import MODEL, ServerThread, free_port
+from conftest import MODEL, ServerThread, held_port
 from standin import stand_in
 
 settings, engine = stand_in("settings", "engine")  # and `standin_server`, the stand-in's shared server
@@ -136,7 +136,7 @@ def test_with_accounts_no_key_no_embedding(settings, engine, tmp_path_factory):
     from serge.web.app import build_app
 
     own = Settings(data_dir=tmp_path_factory.mktemp("embed-accounts"), models_dir=settings.models_dir)
-    with ServerThread(build_app(own, engine), free_port()) as running:
+    with ServerThread(build_app(own, engine), held_port()) as running:
         add_user(own.data_dir, "carol")
         refused = httpx.post(f"{running.url}/v1/embeddings", json={"input": "x"}, timeout=30)
         assert refused.status_code == 401, refused.text

@@ -13,7 +13,7 @@ import pytest
 import torch
 from openai import OpenAI
 
-from conftest import ServerThread, free_port
+from conftest import ServerThread, held_port
 from serge.accounts import Accounts
 from serge.engine import Engine, EngineMetrics, Message, SamplingParams, SchedulerLimits
 from serge.engine.embeddings import BATCH, EmbeddingModel
@@ -210,7 +210,7 @@ def test_a_failing_batch_gives_its_turn_up():
 def site(tmp_path_factory):
     """A server whose stand-in runs 4 replies at once, slowly, with bob's and alice's keys."""
     settings = Settings(data_dir=tmp_path_factory.mktemp("fair-share"), models_dir=tmp_path_factory.mktemp("none"),
-                        port=free_port(), default_model=NAME, max_running=4, default_embedding_model="embedder",
+                        port=held_port(), default_model=NAME, max_running=4, default_embedding_model="embedder",
                         user_max_streams=8)
     database = Database(settings.database)
     database.migrate()

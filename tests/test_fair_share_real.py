@@ -13,7 +13,7 @@ import httpx
 import pytest
 from openai import OpenAI
 
-from conftest import MODEL, ServerThread, free_port
+from conftest import MODEL, ServerThread, held_port
 from serge.accounts import Accounts
 from serge.settings import Settings
 from serge.store import AccountStore, Database
@@ -38,7 +38,7 @@ def site(real_settings, engines, tmp_path_factory):
     keys = {name: accounts.create_key(accounts.add_user(name, "correct horse battery staple"), "script")[1]
             for name in ("bob", "alice")}
     database.close()
-    with ServerThread(build_app(own, engines("auto")), free_port()) as running:
+    with ServerThread(build_app(own, engines("auto")), held_port()) as running:
         yield running.url, keys
 
 

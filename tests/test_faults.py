@@ -19,7 +19,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import CHROMIUM, MODEL as REAL_MODEL, ServerThread, free_port, models_dir
+from conftest import CHROMIUM, MODEL as REAL_MODEL, ServerThread, models_dir, held_port
 from standin import NAME as MODEL, standin_engine
 from sqlalchemy import event
 from test_chats_api import read_events, wait_for
@@ -107,7 +107,7 @@ def faulty(tmp_path_factory, settings):
                    remote_timeout_s=REMOTE_TIMEOUT_S, database_busy_timeout_s=0.5, default_model=MODEL)
     with standin_engine(own) as engine:
         app = build_app(own, engine)
-        with ServerThread(app, free_port()) as server, httpx.Client(base_url=server.url, timeout=120) as http:
+        with ServerThread(app, held_port()) as server, httpx.Client(base_url=server.url, timeout=120) as http:
             http.app, http.db_path = app, own.data_dir / "serge.db"
             yield http
     hang.close()

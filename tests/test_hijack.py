@@ -14,7 +14,7 @@ import re
 import httpx
 import pytest
 from standin import NAME as MODEL, stand_in
-from conftest import ServerThread, free_port, server_of_its_own
+from conftest import ServerThread, server_of_its_own, held_port
 from starlette.datastructures import Headers
 
 from serge.settings import Settings
@@ -180,7 +180,7 @@ def test_cors_is_off_unless_origins_are_configured(http, settings, engine, tmp_p
     app_origin = "https://app.example"
     own = Settings(data_dir=tmp_path, models_dir=settings.models_dir, torch_threads=settings.torch_threads,
                    cors_origins=app_origin)
-    with ServerThread(build_app(own, engine), free_port()) as running, \
+    with ServerThread(build_app(own, engine), held_port()) as running, \
             httpx.Client(base_url=running.url, timeout=120) as configured:
         answer = configured.options("/v1/chat/completions", headers={**preflight, "Origin": app_origin})
         assert answer.headers["access-control-allow-origin"] == app_origin

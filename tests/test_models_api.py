@@ -16,7 +16,7 @@ from serge.web.app import build_app
 from serge.web.http.errors import ApiError
 from serge.web.api.models import require_admin
 
-from conftest import GGUF_REPO, MODEL, TINY_REPO, ServerThread, free_port, models_dir
+from conftest import GGUF_REPO, MODEL, TINY_REPO, ServerThread, models_dir, held_port
 
 pytestmark = pytest.mark.real_model
 
@@ -29,7 +29,7 @@ def library_server(tmp_path_factory, fake_hub):
     data = tmp_path_factory.mktemp("library")
     ModelLibrary(data / "models").import_path(ModelLibrary(models_dir()).find(MODEL).transformers_folder(),
                                               "local-a", log=lambda _: None)
-    settings = Settings(data_dir=data, models_dir=data / "models", hf_endpoint=fake_hub.url, port=free_port(),
+    settings = Settings(data_dir=data, models_dir=data / "models", hf_endpoint=fake_hub.url, port=held_port(),
                         default_model=REMOTE, remote_models={REMOTE: {"url": "http://127.0.0.1:9/v1"}})
     with Engine(settings) as engine, ServerThread(build_app(settings, engine), settings.port) as running:
         yield running.url, engine

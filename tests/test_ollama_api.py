@@ -20,7 +20,7 @@ from contextlib import closing
 import httpx
 import ollama
 import pytest
-from conftest import GGUF_REPO, MODEL as REAL, SMALL_WINDOW, ServerThread, free_port, models_dir, own_server, \
+from conftest import GGUF_REPO, MODEL as REAL, SMALL_WINDOW, ServerThread, held_port, models_dir, own_server, \
     server_of_its_own
 from standin import NAME as MODEL, stand_in
 from test_accounts_api import add_user, login, serge
@@ -289,7 +289,7 @@ def accounts_site(settings, engine, tmp_path_factory):
     """A server with accounts: alice is an admin, bob is not."""
     own = Settings(data_dir=tmp_path_factory.mktemp("ollama-accounts"), models_dir=settings.models_dir,
                    torch_threads=settings.torch_threads)
-    with ServerThread(build_app(own, engine), free_port()) as running:
+    with ServerThread(build_app(own, engine), held_port()) as running:
         add_user(own.data_dir, "alice")
         add_user(own.data_dir, "bob")
         yield running.url, own.data_dir
@@ -320,7 +320,7 @@ def test_with_accounts_no_key_no_answer_and_only_admins_pull_or_delete(accounts_
 @pytest.mark.real_model
 def test_keep_alive_zero_unloads_the_model_once_it_is_idle(real_settings, tmp_path_factory):
     own = Settings(data_dir=tmp_path_factory.mktemp("keep-alive"), models_dir=real_settings.models_dir,
-                   torch_threads=real_settings.torch_threads, port=free_port())
+                   torch_threads=real_settings.torch_threads, port=held_port())
     with Engine(own) as engine, ServerThread(build_app(own, engine), own.port) as running:
         client = ollama.Client(host=running.url, timeout=300)
         assert client.chat(model=REAL, messages=HELLO, options=QUICK).done
@@ -339,7 +339,7 @@ def test_keep_alive_zero_unloads_the_model_once_it_is_idle(real_settings, tmp_pa
 def test_a_plain_users_keep_alive_zero_leaves_loaded_the_model_another_user_is_using(real_settings,
                                                                                      tmp_path_factory):
     own = Settings(data_dir=tmp_path_factory.mktemp("keep-alive-shared"), models_dir=real_settings.models_dir,
-                   torch_threads=real_settings.torch_threads, port=free_port())
+                   torch_threads=real_settings.torch_threads, port=held_port())
     with Engine(own) as engine, ServerThread(build_app(own, engine), own.port) as running:
         add_user(own.data_dir, "alice")  # the first account: an admin
         add_user(own.data_dir, "bob")
@@ -374,7 +374,7 @@ def test_a_pull_streams_ollamas_progress_records_and_delete_removes_the_model(tm
     data = tmp_path_factory.mktemp("ollama-library")
     ModelLibrary(data / "models").import_path(ModelLibrary(models_dir()).find(REAL).transformers_folder(),
                                               "local-a", log=lambda _: None)
-    own = Settings(data_dir=data, models_dir=data / "models", hf_endpoint=fake_hub.url, port=free_port(),
+    own = Settings(data_dir=data, models_dir=data / "models", hf_endpoint=fake_hub.url, port=held_port(),
                    default_model="local-a")
     fake_hub.reset()
     with Engine(own) as engine, ServerThread(build_app(own, engine), own.port) as running:
@@ -416,7 +416,7 @@ def test_a_pull_streams_ollamas_progress_records_and_delete_removes_the_model(tm
 @pytest.fixture(scope="module")
 def each_engine(both_engines, real_settings, tmp_path_factory):
     """A server over each local engine in turn (transformers and llama.cpp)."""
-    own = real_settings.model_copy(update={"data_dir": tmp_path_factory.mktemp("ollama-each"), "port": free_port()})
+    own = real_settings.model_copy(update={"data_dir": tmp_path_factory.mktemp("ollama-each"), "port": held_port()})
     with ServerThread(build_app(own, both_engines), own.port) as running:
         yield ollama.Client(host=running.url, timeout=300)
 

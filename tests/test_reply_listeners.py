@@ -10,7 +10,7 @@ import re
 
 import httpx
 import pytest
-from conftest import ServerThread, free_port
+from conftest import ServerThread, held_port
 from standin import NAME as MODEL, stand_in, standin_engine
 
 from serge.chats import ChatService
@@ -113,7 +113,7 @@ def long_chat(turns: int, settings: dict = SHORT) -> dict:
 @pytest.fixture(scope="module")
 def small_server(small_engine, tmp_path_factory):
     own = Settings(data_dir=tmp_path_factory.mktemp("small-window"), models_dir=small_engine.settings.models_path)
-    with ServerThread(build_app(own, small_engine), free_port()) as running, \
+    with ServerThread(build_app(own, small_engine), held_port()) as running, \
             httpx.Client(base_url=running.url, timeout=120) as http:
         yield http
 

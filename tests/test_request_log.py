@@ -9,7 +9,7 @@ import re
 import httpx
 import pytest
 from standin import NAME as MODEL, stand_in
-from conftest import ServerThread, free_port
+from conftest import ServerThread, held_port
 from test_chats_api import read_events
 
 from serge.accounts import Accounts
@@ -38,7 +38,7 @@ def signed_in(settings, engine, tmp_path_factory):
     alice = accounts.add_user("alice", PASSWORD)
     record, key = accounts.create_key(alice, "laptop")
     database.close()
-    with ServerThread(build_app(own, engine), free_port()) as server, \
+    with ServerThread(build_app(own, engine), held_port()) as server, \
             httpx.Client(base_url=server.url, timeout=120, headers={"Authorization": f"Bearer {key}"}) as http:
         yield http, key, record.id
 

@@ -19,7 +19,7 @@ import pytest
 from openai import OpenAI
 from openai.types.responses import Response
 
-from conftest import MODEL as REAL, ServerThread, free_port, server_of_its_own
+from conftest import MODEL as REAL, ServerThread, server_of_its_own, held_port
 from standin import NAME as MODEL, stand_in
 from test_openai_dialect import City
 from test_accounts_api import add_user, serge
@@ -307,7 +307,7 @@ def far(settings, tmp_path_factory):
     from serge.settings import RemoteModel
 
     drop = FarServer(answers_then_hangs_up)
-    own = settings.model_copy(update={"data_dir": tmp_path_factory.mktemp("far"), "port": free_port(),
+    own = settings.model_copy(update={"data_dir": tmp_path_factory.mktemp("far"), "port": held_port(),
                                       "default_model": "far-drop",
                                       "remote_models": {"far-drop": RemoteModel(url=drop.url)}})
     with Engine(own) as engine, ServerThread(build_app(own, engine), own.port) as running:
@@ -353,7 +353,7 @@ def test_the_docs_describe_the_routes(server):
 @pytest.fixture(scope="module")
 def accounts(engine, settings, tmp_path_factory):
     """A server with accounts: alice and bob, each with an API key."""
-    own = settings.model_copy(update={"data_dir": tmp_path_factory.mktemp("owners"), "port": free_port()})
+    own = settings.model_copy(update={"data_dir": tmp_path_factory.mktemp("owners"), "port": held_port()})
     with ServerThread(build_app(own, engine), own.port) as running:
         keys = {}
         for name in ("alice", "bob"):

@@ -14,7 +14,7 @@ from serge.engine import Engine
 from serge.engine.generation.thinking import Thinking, opens_thinking, template_thinks
 from serge.web.app import build_app
 
-from conftest import MODEL, ServerThread, free_port
+from conftest import MODEL, ServerThread, held_port
 
 pytestmark = pytest.mark.real_model  # the real model on a real server: the product's own promises
 
@@ -62,7 +62,7 @@ def thinking_server(settings, engine):
     tokenizer = copy.deepcopy(local.tokenizer)
     tokenizer.chat_template = THINKING_TEMPLATE
     thinker = dataclasses.replace(local, name="thinker", tokenizer=tokenizer)
-    own = settings.model_copy(update={"port": free_port(), "default_model": "thinker"})
+    own = settings.model_copy(update={"port": held_port(), "default_model": "thinker"})
     with Engine(own, backends={"thinker": thinker}) as served, ServerThread(build_app(own, served), own.port) as s:
         yield s.url
 

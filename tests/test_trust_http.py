@@ -10,7 +10,7 @@ from contextlib import closing
 
 import httpx
 import pytest
-from conftest import ServerThread, free_port
+from conftest import ServerThread, held_port
 from standin import stand_in
 from test_accounts_api import PASSWORDS, add_user, login
 from test_chats_api import send
@@ -29,7 +29,7 @@ def guarded(settings, engine, tmp_path_factory):
     """A server with accounts (an admin and two users), behind the default trusted proxy, 127.0.0.1."""
     own = Settings(data_dir=tmp_path_factory.mktemp("trust"), models_dir=settings.models_dir,
                    torch_threads=settings.torch_threads)
-    with ServerThread(build_app(own, engine), free_port()) as server:
+    with ServerThread(build_app(own, engine), held_port()) as server:
         for name in ("alice", "bob", "carol"):
             add_user(own.data_dir, name, *(("--admin",) if name == "alice" else ()))
         yield server.url

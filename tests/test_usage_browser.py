@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import openai
 import pytest
-from conftest import BROWSER, ServerThread, free_port, start_chat
+from conftest import BROWSER, ServerThread, start_chat, held_port
 from standin import NAME as MODEL, stand_in
 from test_accounts_api import PASSWORDS, add_user, serge
 from test_browser import expect
@@ -21,7 +21,7 @@ settings, engine = stand_in("settings", "engine")
 @pytest.fixture(scope="module")
 def site(settings, engine, tmp_path_factory):
     own = Settings(data_dir=tmp_path_factory.mktemp("usage-browser"), models_dir=settings.models_dir,
-                   torch_threads=settings.torch_threads, port=free_port(), default_model=MODEL)
+                   torch_threads=settings.torch_threads, port=held_port(), default_model=MODEL)
     with ServerThread(build_app(own, engine), own.port) as running:
         add_user(own.data_dir, "alice", "--admin")
         add_user(own.data_dir, "bob")

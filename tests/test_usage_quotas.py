@@ -15,7 +15,7 @@ import httpx
 import ollama
 import openai
 import pytest
-from conftest import ServerThread, free_port
+from conftest import ServerThread, held_port
 from standin import NAME as MODEL, stand_in
 from test_accounts_api import add_user, login, serge
 from test_chats_api import wait_for
@@ -36,7 +36,7 @@ TO_MIDNIGHT = 12 * 3600
 @pytest.fixture(scope="module")
 def site(settings, engine, tmp_path_factory):
     own = Settings(data_dir=tmp_path_factory.mktemp("usage"), models_dir=settings.models_dir,
-                   torch_threads=settings.torch_threads, port=free_port())
+                   torch_threads=settings.torch_threads, port=held_port())
     app = build_app(own, engine)
     with ServerThread(app, own.port) as running:
         for name in ("alice", "bob", "carol", "dave"):
@@ -390,7 +390,7 @@ def test_the_api_docs_describe_usage_and_the_caps(site):
 
 def test_a_cap_reached_through_one_server_holds_on_another_sharing_its_database(site, settings, engine):
     other = Settings(data_dir=site["data_dir"], models_dir=settings.models_dir, torch_threads=settings.torch_threads,
-                     port=free_port())  # the same database and secret: a second Serge behind a balancer
+                     port=held_port())  # the same database and secret: a second Serge behind a balancer
     app = build_app(other, engine)
     later = NOON + timedelta(minutes=5)  # a minute of their own, on both servers' clocks
     try:
