@@ -300,7 +300,7 @@ class Scheduler:
             return
         self._running.remove(seq)
         stranded, seq.followers = seq.followers, []
-        self._reuse.keep(seq, reason is not FinishReason.ERROR)  # before finish(): the chat's next turn may come at once
+        self._reuse.keep(seq, reason is not FinishReason.ERROR)  # before finish(): the next turn may come at once
         with self._lock:
             self._active -= 1
             self._hold = False  # its room is free: a reply made to wait may come back
