@@ -213,7 +213,7 @@ def load_options(engine: Engine, llama: dict | None = None, **limits) -> LlamaOp
     own = {"kv_cache_mb": s.llama_kv_cache_mb, "gpu_layers": s.gpu_layers, "kv_type": s.llama_kv_type,
            "requantize": s.llama_requantize, **(llama or {})}
     return LlamaOptions(engine.plan, s.torch_threads, s.context_window, limits, engine.metrics,
-                        memory_bytes=engine._budget().memory_bytes, **own)
+                        memory_bytes=engine.status().memory_budget_bytes, **own)
 
 
 def registry_for(engine: Engine, kind: str | None = None, llama: dict | None = None, **limits) -> ModelRegistry:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -67,6 +68,18 @@ def test_quantized_plan_uses_device_map():
     assert kwargs["quantization_config"].load_in_4bit
     with pytest.raises(DeviceUnavailable, match="CUDA"):
         resolve_device("cpu", quantization="8bit")
+
+
+def test_models_may_take_nine_tenths_of_a_gpu_and_half_the_ram_of_a_cpu_machine(monkeypatch):
+    class Properties:
+        total_memory = 80 * 2**30
+
+    asked = []
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: asked.append(device) or Properties())
+    assert DevicePlan("cuda:1", torch.float16).memory_budget_bytes() == int(0.9 * 80 * 2**30)
+    assert asked == ["cuda:1"]
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    assert DevicePlan("cpu", torch.float32).memory_budget_bytes() == ram // 2
 
 
 def test_loading_never_moves_the_model_by_hand(engine, monkeypatch):

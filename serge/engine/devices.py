@@ -10,6 +10,7 @@ own device (`model.device`, read where they are made, in forward.py).
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,6 +38,12 @@ class DevicePlan:
     def dtype_name(self) -> str:
         return str(self.dtype).removeprefix("torch.")
 
+    def memory_budget_bytes(self) -> int:
+        """What models may take here unless the user says: 90% of the GPU's memory, else half the RAM."""
+        if self.device_type == "cuda":
+            return int(torch.cuda.get_device_properties(self.device).total_memory * 0.9)
+        return machine_memory_bytes() // 2
+
     def load_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for `AutoModelForCausalLM.from_pretrained`.
 
@@ -54,6 +61,14 @@ class DevicePlan:
                     load_in_4bit=True, bnb_4bit_compute_dtype=self.dtype, bnb_4bit_quant_type="nf4"
                 )
         return kwargs
+
+
+def machine_memory_bytes() -> int:
+    """This machine's RAM (psutil is not needed for one number)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 8 * 2**30
 
 
 def available_devices() -> list[str]:

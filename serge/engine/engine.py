@@ -37,7 +37,7 @@ from serge.engine.generation.request import ChatRequest
 from serge.engine.models.pulls import Pulls, PullStatus
 from serge.engine.families import local_families, prefers_gguf
 from serge.engine.llamacpp.options import LlamaOptions
-from serge.engine.registry import Budget, ModelInUse, ModelRegistry, machine_memory_bytes, resident_bytes
+from serge.engine.registry import Budget, ModelInUse, ModelRegistry, resident_bytes
 from serge.engine.remote import RemoteClient
 from serge.engine.embeddings import Embeddings
 from serge.engine.generation.schemas import InvalidRequest
@@ -58,7 +58,8 @@ class Engine:
         self.metrics = EngineMetrics()
         self._library = ModelLibrary(settings.models_path, settings.hf_endpoint)
         self._limits = SchedulerLimits.from_settings(settings)
-        budget = self._budget()
+        memory = settings.models_memory_mb * 2**20 if settings.models_memory_mb else self.plan.memory_budget_bytes()
+        budget = Budget(settings.max_loaded_models, memory)
         options = LoadOptions(self.plan, settings.torch_threads, settings.context_window, self._limits,
                               self.metrics, memory_bytes=budget.memory_bytes, adapt_threads=settings.adapt_threads)
         llama = LlamaOptions.over(options, kv_cache_mb=settings.llama_kv_cache_mb, gpu_layers=settings.gpu_layers,
@@ -302,19 +303,6 @@ class Engine:
             self._registry.unload(name)  # a request that loaded it again in the meantime
         except ModelInUse:
             pass
-
-    # --- memory -------------------------------------------------------------------------
-    def _budget(self) -> Budget:
-        s = self.settings
-        if s.models_memory_mb:
-            memory = s.models_memory_mb * 2**20
-        elif self.plan.device_type == "cuda":
-            import torch
-
-            memory = int(torch.cuda.get_device_properties(self.plan.device).total_memory * 0.9)
-        else:
-            memory = machine_memory_bytes() // 2
-        return Budget(s.max_loaded_models, memory)
 
     # --- the server's view -----------------------------------------------------------
     @property

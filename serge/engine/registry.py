@@ -35,6 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from serge.engine.backend import LoadedModel
+from serge.engine.devices import machine_memory_bytes
 from serge.engine.families import Family, choose_engine, local_families
 from serge.engine.models.library import InstalledModel, ModelLibrary
 from serge.engine.info import EngineKind
@@ -42,14 +43,6 @@ from serge.engine.local import LoadOptions, ModelLoadFailed
 from serge.engine.generation.admission import EngineBusy
 
 log = logging.getLogger(__name__)
-
-
-def machine_memory_bytes() -> int:
-    """This machine's RAM (psutil is not needed for one number)."""
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return 8 * 2**30
 
 
 def resident_bytes() -> int | None:
