@@ -17,8 +17,13 @@ run: install model
 # TEST_WORKERS=0 runs it in one process.
 TEST_WORKERS ?= $(shell n=$$(getconf _NPROCESSORS_ONLN 2>/dev/null || nproc); echo $$(( n < 4 ? n : 4 )))
 
+# Then the greedy-equality tests again in one process on 2 threads, as `serve` runs them (each worker above has
+# one): llama.cpp sums a lone reply's attention in per-thread parts past 256 cells, which one thread never shows.
+TWO_THREAD_TESTS := tests/test_batching.py tests/test_shared_prefix_real.py
+
 test: install-dev model
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
+	OMP_NUM_THREADS=2 SERGE_TORCH_THREADS=2 $(BIN)/python -m pytest -q -p no:cacheprovider $(TWO_THREAD_TESTS)
 
 bench: install-dev model
 	$(BIN)/python -m pip install --quiet -e ".[dev,bench]"
