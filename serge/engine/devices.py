@@ -1,4 +1,4 @@
-"""Where models run: the device and dtype, resolved once at start.
+"""Where models run: the device and dtype, resolved once at start, and the memory models may take there.
 
 `resolve_device` turns the user's choice (auto, cpu, cuda, cuda:N, mps) into a
 `DevicePlan`, or one clear `DeviceUnavailable` when the named device is missing.
