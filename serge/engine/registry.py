@@ -40,6 +40,7 @@ from serge.engine.families import Family, choose_engine, local_families
 from serge.engine.models.library import InstalledModel, ModelLibrary
 from serge.engine.info import EngineKind
 from serge.engine.local import LoadOptions, ModelLoadFailed
+from serge.engine.openmp import on_own_thread
 from serge.engine.generation.admission import EngineBusy
 
 log = logging.getLogger(__name__)
@@ -326,7 +327,8 @@ class ModelRegistry:
             if victims:
                 log.info("Unloading %s to make room for %s", ", ".join(v.model.name for v in victims), installed.name)
                 self._close(victims)
-            loaded = family.load(installed)  # each family imports its engine only when it loads a model
+            # each family imports its engine only when it loads a model; on a thread of its own (`openmp`)
+            loaded = on_own_thread(lambda: family.load(installed), "serge-load")
             self.loads += 1
             return loaded
         except BaseException as exc:

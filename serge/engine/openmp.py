@@ -1,0 +1,86 @@
+"""Work that may start OpenMP threads, run on a thread whose OpenMP threads end with it.
+
+libgomp (torch's, which llama.cpp's ggml shares in this process) counts the helper threads of
+every OpenMP team in the process, and a team lives as long as the thread that started it.
+Once that count passes the CPUs, every team's barriers spin ~100 times instead of ~300,000
+before they sleep: llama.cpp's passes (an OpenMP barrier between most of their operations)
+then wait on futexes, and a chat decoded 1.32-1.39x slower after three `/v1/embeddings` calls had
+run torch on a thread of the server's pool (figures: bench/README.md). So a model's worker
+keeps its team for its life, and other work that may run torch or ggml on several threads
+runs here: a model's load on a thread of its own, an embedding model's batches on a thread
+that ends once it has had nothing to do for `IDLE_S` (a fresh thread's first batch costs
+its per-thread set-up again: one text at a time ran at about half the rate).
+"""
+
+from __future__ import annotations
+
+import collections
+import contextvars
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import TypeVar
+
+T = TypeVar("T")
+
+IDLE_S = 0.5  # seconds without work before a `PassingThread` ends, and its OpenMP team with it
+
+
+def on_own_thread(work: Callable[[], T], name: str = "serge-openmp") -> T:
+    """`work()` on a thread made for it (with the caller's context variables), its result or its exception
+    here; the thread, and any OpenMP team it started, ends before this returns."""
+    context = contextvars.copy_context()
+    outcome: list = []
+
+    def run() -> None:
+        try:
+            outcome.append((True, context.run(work)))
+        except BaseException as exc:  # handed to the caller, who raises it
+            outcome.append((False, exc))
+
+    thread = threading.Thread(target=run, name=name, daemon=True)
+    thread.start()
+    thread.join()
+    done, value = outcome[0]
+    if not done:
+        raise value
+    return value
+
+
+class PassingThread:
+    """Calls run one after another on a thread of this object's, started when work comes and ended after
+    `idle_s` without any: a run of batches shares one thread (and one OpenMP team), and none stays idle."""
+
+    def __init__(self, name: str, idle_s: float = IDLE_S) -> None:
+        self.name, self.idle_s = name, idle_s
+        self._cond = threading.Condition()
+        self._jobs: collections.deque[tuple[contextvars.Context, Callable[[], object], Future]] = collections.deque()
+        self._thread: threading.Thread | None = None
+
+    def run(self, work: Callable[[], T]) -> T:
+        """`work()` on the thread, with the caller's context variables; its result or its exception here."""
+        future: Future = Future()
+        with self._cond:
+            self._jobs.append((contextvars.copy_context(), work, future))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._serve, name=self.name, daemon=True)
+                self._thread.start()
+            self._cond.notify()
+        return future.result()
+
+    @property
+    def alive(self) -> bool:
+        with self._cond:
+            return self._thread is not None
+
+    def _serve(self) -> None:
+        while True:
+            with self._cond:
+                if not self._jobs and not self._cond.wait_for(lambda: self._jobs, timeout=self.idle_s):
+                    self._thread = None  # under the lock: a `run` from now on starts another thread
+                    return
+                context, work, future = self._jobs.popleft()
+            try:
+                future.set_result(context.run(work))
+            except BaseException as exc:  # the caller's to raise
+                future.set_exception(exc)

@@ -1,0 +1,76 @@
+"""Work off a model's worker leaves no OpenMP team behind (`serge/engine/openmp.py`).
+
+libgomp counts the threads of every OpenMP team, each alive as long as the thread that started it;
+past the CPUs every team's barriers sleep, llama.cpp's too: a chat decoded 1.39x slower after three
+embedding requests had run on the server's thread pool (bench/README.md). On the real models; each
+caller is a long-lived thread, as the server's thread pool is. Threads are counted in Linux's /proc.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from conftest import MODEL
+from serge.engine.engine import Engine
+from serge.engine.openmp import IDLE_S
+
+pytestmark = [pytest.mark.real_model,
+              pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts threads in Linux's /proc")]
+
+EMBEDDER = "all-minilm-l6-v2"
+
+
+def native_threads() -> int:
+    """Threads Python did not start: OpenMP's helpers among them."""
+    return len(os.listdir("/proc/self/task")) - threading.active_count()
+
+
+def native_threads_settle_at(count: int) -> int:
+    """The count once it is `count`, or after 5 s: a thread Python has joined, and OpenMP's helpers told to end
+    with it, leave the system a moment later."""
+    settled = time.monotonic() + 5
+    while (now := native_threads()) != count and time.monotonic() < settled:
+        time.sleep(0.05)
+    return now
+
+
+def batches_thread_ended() -> None:
+    idle = time.monotonic() + IDLE_S + 10
+    while any(t.name.startswith("serge-embed") for t in threading.enumerate()) and time.monotonic() < idle:
+        time.sleep(0.1)
+
+
+def test_an_embedding_leaves_no_team_on_its_caller_and_its_own_thread_ends_when_idle(real_settings):
+    engine = Engine(real_settings.model_copy(update={"torch_threads": 2}))  # a team of one helper per thread
+    try:
+        with ThreadPoolExecutor(1) as first:  # what a first load and batch start for good (tokenizer and torch pools)
+            first.submit(engine.embed, EMBEDDER, ["warm up"]).result()
+        assert engine.unload(EMBEDDER)
+        batches_thread_ended()
+        with ThreadPoolExecutor(1) as caller:
+            caller.submit(lambda: None).result()
+            before = native_threads()
+            caller.submit(engine.embed, EMBEDDER, ["a few words to embed, " * 20] * 40).result()  # loads; two batches
+            batches_thread_ended()
+            assert native_threads_settle_at(before) == before
+    finally:
+        engine.close()
+
+
+def test_a_load_leaves_no_team_on_its_caller(real_settings):
+    """The transformers engine runs a forward pass at load (its check of joined rows), on the loading thread."""
+    engine = Engine(real_settings.model_copy(update={"torch_threads": 2, "engine": "transformers"}))
+    try:
+        with ThreadPoolExecutor(1) as caller:
+            caller.submit(lambda: None).result()
+            before = native_threads()
+            caller.submit(engine.model, MODEL).result()
+            assert engine.unload(MODEL)  # its worker, and the worker's team, gone with it
+            assert native_threads_settle_at(before) == before
+    finally:
+        engine.close()
