@@ -3,12 +3,13 @@
     python scripts/llama_build.py            # the CMake flags, on stdout; the reason, on stderr
     python scripts/llama_build.py --shell    # CMAKE_ARGS=... and LLAMA_BUILD=... for the Makefile's eval
 
-Every build has llama.cpp's multimodal library (mtmd, `-DLLAVA_BUILD=ON`), which runs a GGUF's `mmproj` so a
-vision GGUF sees images. It adds 55 C++ files (~1.5 CPU-minutes of compiling here, once) and 4.2 MB to the
+Every build is without OpenMP (`-DGGML_OPENMP=OFF`, see `serge/engine/llamacpp/threadpool.py`) and has
+llama.cpp's multimodal library (mtmd, `-DLLAVA_BUILD=ON`), which runs a GGUF's `mmproj` so a vision GGUF
+sees images. mtmd adds 55 C++ files (~1.5 CPU-minutes of compiling here, once) and 4.2 MB to the
 wheel (24.6 MB against 20.4 MB); the two wheel builds timed on a shared 2-core machine (2,960 s without it,
 1,274 s with it, the load falling from 17 to 4 in between) could not be compared more closely than that.
 
-- `CMAKE_ARGS` set by the user: used as given (after `-DLLAVA_BUILD=ON`, so the user's flags win);
+- `CMAKE_ARGS` set by the user: used as given (after those two, so the user's flags win);
 - a CUDA toolkit (`nvcc` on the PATH, or `$CUDA_HOME/bin/nvcc`) and an NVIDIA GPU that answers
   (`nvidia-smi -L`): `-DGGML_CUDA=on`. A toolkit alone is not enough: CUDA containers and CI images
   ship one without a GPU, where the CUDA build cannot even link here, and would serve nothing;
@@ -32,7 +33,9 @@ import shutil
 import subprocess
 import sys
 
-BASE = "-DLLAVA_BUILD=ON"  # llama.cpp's multimodal library (mtmd): a vision GGUF's mmproj runs on llama.cpp
+# llama.cpp's multimodal library (mtmd): a vision GGUF's mmproj runs on llama.cpp. No OpenMP: ggml's own
+# threads (`serge/engine/llamacpp/threadpool.py`), which torch's OpenMP teams in the same process cannot slow.
+BASE = "-DLLAVA_BUILD=ON -DGGML_OPENMP=OFF"
 
 
 def _uname(flag: str, fallback: str) -> str:

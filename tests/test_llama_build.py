@@ -44,11 +44,11 @@ def build(env: dict[str, str]) -> tuple[str, str]:
 
 
 @pytest.mark.parametrize("case, system, arch, nvcc, gpu, flags, chosen", [
-    ("CUDA toolkit on the PATH", "Linux", "x86_64", True, True, "-DLLAVA_BUILD=ON -DGGML_CUDA=on", "CUDA"),
-    ("Apple Silicon", "Darwin", "arm64", False, False, "-DLLAVA_BUILD=ON", "Metal"),
-    ("Intel Mac", "Darwin", "x86_64", False, False, "-DLLAVA_BUILD=ON", "the CPU"),
-    ("plain Linux", "Linux", "x86_64", False, False, "-DLLAVA_BUILD=ON", "the CPU"),
-    ("Linux on ARM", "Linux", "aarch64", False, False, "-DLLAVA_BUILD=ON", "the CPU"),
+    ("CUDA toolkit on the PATH", "Linux", "x86_64", True, True, "-DLLAVA_BUILD=ON -DGGML_OPENMP=OFF -DGGML_CUDA=on", "CUDA"),
+    ("Apple Silicon", "Darwin", "arm64", False, False, "-DLLAVA_BUILD=ON -DGGML_OPENMP=OFF", "Metal"),
+    ("Intel Mac", "Darwin", "x86_64", False, False, "-DLLAVA_BUILD=ON -DGGML_OPENMP=OFF", "the CPU"),
+    ("plain Linux", "Linux", "x86_64", False, False, "-DLLAVA_BUILD=ON -DGGML_OPENMP=OFF", "the CPU"),
+    ("Linux on ARM", "Linux", "aarch64", False, False, "-DLLAVA_BUILD=ON -DGGML_OPENMP=OFF", "the CPU"),
 ])
 def test_the_build_follows_the_machine(tmp_path, case, system, arch, nvcc, gpu, flags, chosen):
     out, said = build(machine(tmp_path, system, arch, nvcc, gpu))
@@ -60,7 +60,7 @@ def test_the_build_follows_the_machine(tmp_path, case, system, arch, nvcc, gpu, 
 def test_a_toolkit_without_a_gpu_gets_the_cpu_build_and_says_how_to_force_cuda(tmp_path):
     out, said = build(machine(tmp_path, nvcc=True, gpu=False))  # a CUDA image or CI runner: nothing to serve on
     lines = said.strip().splitlines()
-    assert out == "-DLLAVA_BUILD=ON" and len(lines) == 2 and "the CPU" in lines[0]
+    assert out == "-DLLAVA_BUILD=ON -DGGML_OPENMP=OFF" and len(lines) == 2 and "the CPU" in lines[0]
     assert "no NVIDIA GPU" in lines[1] and "CMAKE_ARGS=-DGGML_CUDA=on" in lines[1]
 
 
@@ -70,13 +70,13 @@ def test_a_toolkit_under_cuda_home_counts_as_one_on_the_path(tmp_path):
     (home / "bin").mkdir(parents=True)
     _tool(home / "bin", "nvcc", "echo 12.4")
     out, said = build({**env, "CUDA_HOME": str(home)})
-    assert out == "-DLLAVA_BUILD=ON -DGGML_CUDA=on" and str(home / "bin" / "nvcc") in said
+    assert out == "-DLLAVA_BUILD=ON -DGGML_OPENMP=OFF -DGGML_CUDA=on" and str(home / "bin" / "nvcc") in said
 
 
 def test_a_gpu_without_a_toolkit_gets_the_cpu_build_and_one_line_on_how_to_get_the_gpu_one(tmp_path):
     out, said = build(machine(tmp_path, gpu=True))
     lines = said.strip().splitlines()
-    assert out == "-DLLAVA_BUILD=ON"
+    assert out == "-DLLAVA_BUILD=ON -DGGML_OPENMP=OFF"
     assert len(lines) == 2 and "the CPU" in lines[0]
     assert "NVIDIA GPU" in lines[1] and "CUDA toolkit" in lines[1] and "make run" in lines[1]
 
@@ -85,7 +85,7 @@ def test_a_gpu_without_a_toolkit_gets_the_cpu_build_and_one_line_on_how_to_get_t
 def test_the_users_own_cmake_args_always_win(tmp_path, system, arch, nvcc):
     env = {**machine(tmp_path, system, arch, nvcc), "CMAKE_ARGS": "-DGGML_VULKAN=on -DGGML_METAL=off"}
     out, said = build(env)
-    assert out == "-DLLAVA_BUILD=ON -DGGML_VULKAN=on -DGGML_METAL=off"  # later flags win in CMake
+    assert out == "-DLLAVA_BUILD=ON -DGGML_OPENMP=OFF -DGGML_VULKAN=on -DGGML_METAL=off"  # later flags win in CMake
     assert "your CMAKE_ARGS" in said
 
 
@@ -117,7 +117,7 @@ def test_make_passes_the_chosen_flags_to_pip_keeps_each_build_in_a_cache_and_bui
     done = make_llama(env, venv)
     assert done.returncode == 0, done.stderr
     first = log.read_text().splitlines()
-    assert len(first) == 1 and first[0].startswith("CMAKE_ARGS=-DLLAVA_BUILD=ON ARGS=")
+    assert len(first) == 1 and first[0].startswith("CMAKE_ARGS=-DLLAVA_BUILD=ON -DGGML_OPENMP=OFF ARGS=")
     assert f"--cache-dir={tmp_path}/pip-cache/serge-llama/cpu-" in first[0] and "--no-cache-dir" not in first[0]
     assert "llama-cpp-python==" in first[0]
 
@@ -130,7 +130,7 @@ def test_make_passes_the_chosen_flags_to_pip_keeps_each_build_in_a_cache_and_bui
     done = make_llama(env, venv)
     assert done.returncode == 0, done.stderr
     cuda = log.read_text().splitlines()[1]
-    assert cuda.startswith("CMAKE_ARGS=-DLLAVA_BUILD=ON -DGGML_CUDA=on ARGS=")
+    assert cuda.startswith("CMAKE_ARGS=-DLLAVA_BUILD=ON -DGGML_OPENMP=OFF -DGGML_CUDA=on ARGS=")
     assert f"--cache-dir={tmp_path}/pip-cache/serge-llama/cuda-" in cuda, "a CUDA wheel never lands on the CPU one"
     assert "--force-reinstall" in cuda and "--no-cache-dir" not in cuda
     assert "llama.cpp build: CUDA" in done.stderr
@@ -146,6 +146,6 @@ def test_a_venv_built_before_mtmd_is_built_again_and_never_gets_the_old_cached_w
     done = make_llama(env, venv)
     assert done.returncode == 0, done.stderr
     [again] = log.read_text().splitlines()
-    assert again.startswith("CMAKE_ARGS=-DLLAVA_BUILD=ON ARGS=") and "--force-reinstall" in again
+    assert again.startswith("CMAKE_ARGS=-DLLAVA_BUILD=ON -DGGML_OPENMP=OFF ARGS=") and "--force-reinstall" in again
     assert f"--cache-dir={tmp_path}/pip-cache/serge-llama/cpu-" in again
     assert (venv / ".llama").read_text().strip().startswith("cpu-")

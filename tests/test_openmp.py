@@ -1,9 +1,11 @@
-"""Work off a model's worker leaves no OpenMP team behind (`serge/engine/openmp.py`).
+"""OpenMP's threads and the models' (`serge/engine/openmp.py`, `serge/engine/llamacpp/threadpool.py`).
 
 libgomp counts the threads of every OpenMP team, each alive as long as the thread that started it;
-past the CPUs every team's barriers sleep, llama.cpp's too: a chat decoded 1.39x slower after three
-embedding requests had run on the server's thread pool (bench/README.md). On the real models; each
-caller is a long-lived thread, as the server's thread pool is. Threads are counted in Linux's /proc.
+past the CPUs every team's barriers sleep: a llama.cpp chat built with OpenMP decoded 1.32-1.39x slower
+after three embedding requests had run torch on the server's thread pool (bench/README.md). So work off
+a model's worker leaves no team behind, and llama.cpp is built without OpenMP, on a pool of its own.
+On the real models; each caller is a long-lived thread, as the server's thread pool is. Threads are
+counted in Linux's /proc.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from conftest import MODEL
+from conftest import MODEL, bundled_gguf
 from serge.engine.engine import Engine
 from serge.engine.openmp import IDLE_S
 
@@ -37,6 +39,14 @@ def native_threads_settle_at(count: int) -> int:
     while (now := native_threads()) != count and time.monotonic() < settled:
         time.sleep(0.05)
     return now
+
+
+def new_thread_id() -> int:
+    """The id Linux gives a thread started now: ids count up, so two of them tell how many threads started between."""
+    probe = threading.Thread(target=lambda: None)
+    probe.start()
+    probe.join()
+    return probe.native_id
 
 
 def batches_thread_ended() -> None:
@@ -74,3 +84,31 @@ def test_a_load_leaves_no_team_on_its_caller(real_settings):
             assert native_threads_settle_at(before) == before
     finally:
         engine.close()
+
+
+def test_llama_cpp_runs_its_passes_on_a_pool_of_its_own_not_on_openmp(tmp_path_factory):
+    """Built without OpenMP (scripts/llama_build.py), ggml's barriers spin on atomics whatever torch's teams do; a
+    context without a pool attached would start its threads anew for every pass."""
+    import llama_cpp
+
+    from serge.engine.llamacpp.forward import LlamaForward
+    from serge.engine.llamacpp.threadpool import has_openmp
+
+    assert not has_openmp(llama_cpp), "llama-cpp-python was built with OpenMP: `rm .venv/.llama && make install`"
+    forward = LlamaForward(str(bundled_gguf(tmp_path_factory)), threads=2, max_batch=64)
+    forward.size(1, 256)
+    before = set(os.listdir("/proc/self/task"))
+    forward.prepare()
+    try:
+        helpers = set(os.listdir("/proc/self/task")) - before
+        assert len(helpers) == 1  # the pool's second thread; the caller is its first
+        first = new_thread_id()
+        kv = forward.new_kv()
+        forward.prefill(kv, list(range(100, 164)))
+        for _ in range(4):
+            forward.decode([kv], [5])
+        assert new_thread_id() - first <= 2  # no thread started for the five passes (ids count up; one stray allowed)
+        assert helpers <= set(os.listdir("/proc/self/task"))
+    finally:
+        forward.close()
+    assert not helpers & set(os.listdir("/proc/self/task"))  # ended with the context

@@ -51,6 +51,7 @@ from serge.engine.llamacpp.memory import KvType, choose_kv, footprint, kv_layout
 from serge.engine.llamacpp.offload import plan_offload
 from serge.engine.llamacpp.vision import LlamaVision, load_vision
 from serge.engine.llamacpp.options import LlamaOptions
+from serge.engine.llamacpp.threadpool import ThreadPool, has_openmp
 from serge.engine.local import LocalModel, check_chat_template, eos_ids, load_tokenizer
 
 log = logging.getLogger(__name__)
@@ -100,6 +101,7 @@ class LlamaForward:
         self.joins = joins
         self._threads = threads
         self._ctx = None
+        self._pool: ThreadPool | None = None  # a build without OpenMP: llama.cpp's own, attached to the context
         self._batch = None
         self._logits_at, self._logits_views = 0, {}  # llama.cpp's output buffer, and views of its first rows
         self._free_ids: list[int] = []
@@ -144,6 +146,9 @@ class LlamaForward:
         self._ctx = lc.llama_init_from_model(self._model, params)
         if not self._ctx:
             raise RuntimeError(f"llama.cpp could not make a context of {self.slices} x {self.cells} cells")
+        if not has_openmp(lc):
+            self._pool = ThreadPool(lc, self._threads)
+            self._pool.attach(self._ctx)
         self._mem = lc.llama_get_memory(self._ctx)
         self._batch = LlamaBatch(lc, self.max_batch)
         self._free_ids = list(range(self.slices - 1, -1, -1))  # lowest first: a pass's slices stay together
@@ -164,6 +169,9 @@ class LlamaForward:
             self.vision.close()
         self._batch = None  # numpy's arrays: nothing of llama.cpp's to free
         if self._ctx is not None:
+            if self._pool is not None:
+                self._pool.close()
+                self._pool = None
             lc.llama_free(self._ctx)
             self._ctx = None
         if self._model:
