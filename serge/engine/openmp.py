@@ -1,15 +1,15 @@
 """Work that may start OpenMP threads, run on a thread whose OpenMP threads end with it.
 
-libgomp (torch's, which llama.cpp's ggml shares in this process) counts the helper threads of
-every OpenMP team in the process, and a team lives as long as the thread that started it.
-Once that count passes the CPUs, every team's barriers spin ~100 times instead of ~300,000
-before they sleep: llama.cpp's passes (an OpenMP barrier between most of their operations)
-then wait on futexes, and a chat decoded 1.32-1.39x slower after three `/v1/embeddings` calls had
-run torch on a thread of the server's pool (figures: bench/README.md). So a model's worker
-keeps its team for its life, and other work that may run torch or ggml on several threads
-runs here: a model's load on a thread of its own, an embedding model's batches on a thread
-that ends once it has had nothing to do for `IDLE_S` (a fresh thread's first batch costs
-its per-thread set-up again: one text at a time ran at about half the rate).
+libgomp (torch's runtime) counts the helper threads of every OpenMP team in the process, and
+a team lives as long as the thread that started it. Once that count passes the CPUs, every
+team's barriers spin ~100 times instead of ~300,000 before they sleep: a chat on llama.cpp
+built with OpenMP decoded 1.32-1.39x slower after three `/v1/embeddings` calls had run torch
+on a thread of the server's pool (figures: bench/README.md). llama.cpp is built without
+it (`llamacpp/threadpool.py`), but the transformers engine's passes are torch's. So a model's
+worker keeps its team for its life, and other work that may run torch on several threads runs
+here: a model's load on a thread of its own, an embedding model's batches on a thread that
+ends once it has had nothing to do for `IDLE_S` (a fresh thread's first batch costs its
+per-thread set-up again: one text at a time ran at about half the rate).
 """
 
 from __future__ import annotations
