@@ -68,11 +68,6 @@ class PassingThread:
             self._cond.notify()
         return future.result()
 
-    @property
-    def alive(self) -> bool:
-        with self._cond:
-            return self._thread is not None
-
     def _serve(self) -> None:
         while True:
             with self._cond:
