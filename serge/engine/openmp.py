@@ -18,7 +18,7 @@ import collections
 import contextvars
 import threading
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -28,23 +28,9 @@ IDLE_S = 0.5  # seconds without work before a `PassingThread` ends, and its Open
 
 def on_own_thread(work: Callable[[], T], name: str = "serge-openmp") -> T:
     """`work()` on a thread made for it (with the caller's context variables), its result or its exception
-    here; the thread, and any OpenMP team it started, ends before this returns."""
-    context = contextvars.copy_context()
-    outcome: list = []
-
-    def run() -> None:
-        try:
-            outcome.append((True, context.run(work)))
-        except BaseException as exc:  # handed to the caller, who raises it
-            outcome.append((False, exc))
-
-    thread = threading.Thread(target=run, name=name, daemon=True)
-    thread.start()
-    thread.join()
-    done, value = outcome[0]
-    if not done:
-        raise value
-    return value
+    here; the thread, and any OpenMP team it started, ends before this returns (the executor joins it)."""
+    with ThreadPoolExecutor(1, thread_name_prefix=name) as thread:
+        return thread.submit(contextvars.copy_context().run, work).result()
 
 
 class PassingThread:

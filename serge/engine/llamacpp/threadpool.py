@@ -34,7 +34,7 @@ class ThreadPool:
         base.ggml_threadpool_params_default.argtypes, base.ggml_threadpool_params_default.restype = [ctypes.c_int], _Params
         self._cpu.ggml_threadpool_new.argtypes, self._cpu.ggml_threadpool_new.restype = [ctypes.POINTER(_Params)], ctypes.c_void_p
         self._cpu.ggml_threadpool_free.argtypes, self._cpu.ggml_threadpool_free.restype = [ctypes.c_void_p], None
-        self._llama = lc.llama_cpp._lib
+        self._llama = ctypes.CDLL(str(lib / "libllama.so"))
         self._llama.llama_attach_threadpool.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
         self._llama.llama_attach_threadpool.restype = None
         self._llama.llama_detach_threadpool.argtypes, self._llama.llama_detach_threadpool.restype = [ctypes.c_void_p], None
