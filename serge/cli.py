@@ -226,14 +226,18 @@ def _serve(settings: Settings) -> None:
     signal.signal(signal.SIGTERM, _stop)
     try:
         from serge.web.app import build_app
+        from serge.web.server import DrainingServer
 
         print(f"Serge {__version__} on {engine.plan.device} ({engine.plan.dtype_name}): "
               f"http://{settings.host}:{settings.port}", flush=True)
         logging.getLogger().setLevel(settings.log_level.upper())  # main() set up the handler
-        uvicorn.run(build_app(settings, engine), host=settings.host, port=settings.port, log_level=settings.log_level,
-                    access_log=False,  # serge.requests logs each request, without what uvicorn's line shows
-                    proxy_headers=False,  # the app believes SERGE_TRUSTED_PROXIES itself (web.http.auth.ProxiedClient)
-                    timeout_graceful_shutdown=settings.shutdown_timeout_s)  # replies in progress finish first
+        app = build_app(settings, engine)
+        config = uvicorn.Config(
+            app, host=settings.host, port=settings.port, log_level=settings.log_level,
+            access_log=False,  # serge.requests logs each request, without what uvicorn's line shows
+            proxy_headers=False,  # the app believes SERGE_TRUSTED_PROXIES itself (web.http.auth.ProxiedClient)
+            timeout_graceful_shutdown=settings.shutdown_timeout_s)  # replies in progress finish first
+        DrainingServer(config, settings.drain, on_drain=lambda: setattr(app.state, "draining", True)).run()
     finally:
         engine.close()
 

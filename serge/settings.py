@@ -215,6 +215,11 @@ class Settings(BaseSettings):
         60.0, ge=0, le=3600, description="On SIGTERM or Ctrl-C, how long `serge serve` lets replies in progress "
         "finish (it takes no new connections meanwhile) before it stops the rest, their text so far saved.",
     )
+    drain_s: float | None = Field(
+        None, ge=0, le=600, description="On SIGTERM, how long `serge serve` goes on serving while /api/health answers "
+        "503, before it stops taking connections: longer than a load balancer takes to see a failed check. Default: "
+        "2 with a server database (several processes behind a balancer), 0 with SQLite (one process).",
+    )
     session_days: float = Field(30, gt=0, le=366, description="How long a login lasts before the page asks again.")
     trusted_proxies: str = Field(
         "127.0.0.1",
@@ -278,3 +283,9 @@ class Settings(BaseSettings):
     @property
     def database(self) -> str:
         return self.database_url or f"sqlite:///{self.data_dir / 'serge.db'}"
+
+    @property
+    def drain(self) -> float:
+        if self.drain_s is not None:
+            return self.drain_s
+        return 0.0 if self.database.startswith("sqlite") else 2.0

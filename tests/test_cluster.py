@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -131,7 +132,8 @@ def cluster(model_server, tmp_path_factory):
         (folder / "files").symlink_to(shared_files)
     env = {**os.environ, "SERGE_DATABASE_URL": POSTGRES_URL, "SERGE_DEFAULT_MODEL": NAME,
            "SERGE_REMOTE_MODELS": json.dumps({NAME: {"url": f"{model_server}/v1"}}),
-           "SERGE_USER_MAX_STREAMS": str(MAX_STREAMS), "SERGE_SHUTDOWN_TIMEOUT_S": "60", "SERGE_LOG_LEVEL": "info"}
+           "SERGE_USER_MAX_STREAMS": str(MAX_STREAMS), "SERGE_SHUTDOWN_TIMEOUT_S": "60",
+           "SERGE_LOG_LEVEL": "info"}  # SERGE_DRAIN_S: 2 s, as with any server database
     processes = {name: Serve(name, folder, env, base) for name, folder in dirs.items()}
     proxy = None
     try:
@@ -299,10 +301,21 @@ def test_sigterm_lets_one_process_finish_its_replies_while_the_other_takes_new_o
         for thread in threads:
             thread.start()
         time.sleep(1.0)  # both replies streaming, one on each process
+        # A connection the balancer has just opened to a, its request not sent yet: closed unanswered, were a
+        # to stop listening at once (HAProxy answers that with a 502; it retries only a refused connection).
+        just_opened = socket.create_connection(("127.0.0.1", a.port), timeout=10)
         a.process.send_signal(signal.SIGTERM)
         later = []
         deadline = time.monotonic() + 5
         with cluster.client(cluster.bob_key) as bob:
+            def draining() -> bool:  # a itself, still serving
+                health = httpx.get(f"{a.url}/api/health", timeout=5)
+                return (health.status_code, health.json()["status"]) == (503, "draining")
+
+            wait_for(draining, timeout=1.5, what="a's /api/health to say it is draining")
+            just_opened.sendall(b"GET /login HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+            with just_opened:
+                assert just_opened.recv(64).startswith(b"HTTP/1.1 200"), "a closed a connection it had taken"
             while time.monotonic() < deadline:  # new requests meanwhile: all answered, by b
                 later.append(bob.post("/v1/chat/completions", json={"model": NAME, "max_tokens": 4, "messages": [
                     {"role": "user", "content": "hi"}]}))

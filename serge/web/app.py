@@ -125,6 +125,7 @@ def build_app(settings: Settings, engine: Engine) -> FastAPI:
         redoc_url=None,
     )
     app.state.settings = settings
+    app.state.draining = False
     limits = UserLimits(settings.user_max_streams, settings.user_requests_per_minute)
     # Innermost first: every request has a user (or is refused) before routes run, and only
     # after the Host, Origin and body checks (outer) have let it through.
@@ -160,10 +161,13 @@ def build_app(settings: Settings, engine: Engine) -> FastAPI:
     def health(request: Request):
         engine: Engine = request.app.state.engine
         status = engine.status()
-        state = "ok" if status.ready else "error" if request.app.state.load_error else "loading"
+        # draining: stopping soon (web/server.py), a balancer sends new requests elsewhere
+        state = "draining" if request.app.state.draining else "ok" if status.ready else \
+            "error" if request.app.state.load_error else "loading"
+        up = state == "ok"
         if not may_see_details(request):  # load balancers poll this; paths and devices are not theirs to see
             return JSONResponse({"status": state, "version": __version__, "default_model": status.default_model},
-                                status_code=200 if status.ready else 503)
+                                status_code=200 if up else 503)
         body = {
             "status": state,
             "version": __version__,
@@ -179,7 +183,7 @@ def build_app(settings: Settings, engine: Engine) -> FastAPI:
             "error": request.app.state.load_error,
             "models": {name: dataclasses.asdict(snap) for name, snap in status.models.items()},
         }
-        return JSONResponse(body, status_code=200 if status.ready else 503)
+        return JSONResponse(body, status_code=200 if up else 503)
 
     @app.get("/metrics", tags=["system"], response_class=PlainTextResponse,
              summary="Prometheus metrics: requests, tokens, latencies, queue")
