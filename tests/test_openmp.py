@@ -18,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from conftest import MODEL, bundled_gguf
+from serge.engine import ChatRequest, Message, SamplingParams
 from serge.engine.engine import Engine
 from serge.engine.openmp import IDLE_S
 
@@ -94,6 +95,22 @@ def test_a_load_leaves_no_team_on_its_caller(real_settings):
             caller.submit(engine.model, MODEL).result()
             assert engine.unload(MODEL)  # its worker, and the worker's team, gone with it
             assert native_threads_settle_at(before) == before
+    finally:
+        engine.close()
+
+
+def test_a_model_s_worker_ends_its_team_when_idle(real_settings):
+    """A transformers model decoded 1.22x slower while a second one sat loaded and idle, its worker's team
+    alive (bench/README.md)."""
+    engine = Engine(real_settings.model_copy(update={"torch_threads": 2, "engine": "transformers"}))
+    request = ChatRequest([Message("user", "Name a colour.")], SamplingParams(temperature=0, max_new_tokens=4))
+    try:
+        list(engine.chat(MODEL, request))  # what a first load and reply start for good (tokenizer and torch pools)
+        assert engine.unload(MODEL)
+        before = native_threads_settle_at(native_threads())
+        list(engine.chat(MODEL, request))  # loads, then the worker runs the reply with a team of two
+        assert engine.info(MODEL).loaded  # its worker still there, idle
+        assert native_threads_settle_at(before) == before  # idle now: no helper left
     finally:
         engine.close()
 

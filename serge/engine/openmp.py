@@ -6,24 +6,46 @@ team's barriers spin ~100 times instead of ~300,000 before they sleep: a chat on
 built with OpenMP decoded 1.32-1.39x slower after three `/v1/embeddings` calls had run torch
 on a thread of the server's pool (figures: bench/README.md). llama.cpp is built without
 it (`llamacpp/threadpool.py`), but the transformers engine's passes are torch's. So a model's
-worker keeps its team for its life, and other work that may run torch on several threads runs
-here: a model's load on a thread of its own, an embedding model's batches on a thread that
-ends once it has had nothing to do for `IDLE_S` (a fresh thread's first batch costs its
-per-thread set-up again: one text at a time ran at about half the rate).
+worker ends its team whenever it goes idle (`end_team`: a transformers model decoded 1.22x
+slower while a second one sat loaded and idle), and other work that may run torch on several
+threads runs here: a model's load on a thread of its own, an embedding model's batches on a
+thread that ends once it has had nothing to do for `IDLE_S` (a fresh thread's first batch
+costs its per-thread set-up again: one text at a time ran at about half the rate).
 """
 
 from __future__ import annotations
 
 import collections
 import contextvars
+import ctypes
+import functools
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
 from typing import TypeVar
 
 T = TypeVar("T")
 
 IDLE_S = 0.5  # seconds without work before a `PassingThread` ends, and its OpenMP team with it
+OMP_PAUSE_SOFT = 1  # omp.h's omp_pause_resource_t
+
+
+@functools.cache
+def _libgomp() -> ctypes.CDLL | None:
+    """torch's OpenMP runtime on Linux; None elsewhere (macOS's libomp keeps no such count of threads)."""
+    import torch
+
+    path = Path(torch.__file__).parent / "lib" / "libgomp.so.1"
+    return ctypes.CDLL(str(path)) if path.exists() else None
+
+
+def end_team() -> None:
+    """End the OpenMP team this thread started: its helpers exit, and the next parallel region starts
+    another (tens of microseconds). OpenMP 5's omp_pause_resource_all, which libgomp carries out for the
+    calling thread's team alone."""
+    if (libgomp := _libgomp()) is not None:
+        libgomp.omp_pause_resource_all(OMP_PAUSE_SOFT)
 
 
 def on_own_thread(work: Callable[[], T], name: str = "serge-openmp") -> T:

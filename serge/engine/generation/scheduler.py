@@ -57,6 +57,7 @@ from serge.engine.generation.threads import Threads
 from serge.engine.generation.wakeups import Wakeups
 from serge.engine.generation.warming import Warming
 from serge.engine.metrics import EngineMetrics
+from serge.engine.openmp import end_team
 
 log = logging.getLogger(__name__)
 
@@ -196,6 +197,7 @@ class Scheduler:
         while True:
             with self._lock:
                 while not self._closing and not self._waiting and not self._running and not self._warming.pending:
+                    end_team()  # idle, its OpenMP helpers would count against every other team's (`openmp`)
                     self._lock.wait()
                 if self._closing:
                     break
