@@ -6,8 +6,7 @@ step the worker admits what fits in `max_running`, runs one forward pass over ev
 being decoded, prefills about `prefill_chunk` prompt tokens while others decode (every waiting
 prompt when none do), and samples every row at once, each with its own settings and generator
 (that step is `passes.Step`, given the batch and the verbs that change it; the worker holds its
-readers' wake-ups to one per event loop a pass), on as many threads as the machine has free
-(`threads.Threads`).
+readers' wake-ups to one per event loop a pass), on as many threads as the machine has free (`threads.Threads`).
 A sequence that finishes, stops, fails or is cancelled leaves the batch in the same step. What a
 starting reply needs of its prompt is taken, where it is already computed, from the prefix cache,
 a running reply or its choice 0, and what a leaving one computed is kept there (`kv_reuse`). Where
