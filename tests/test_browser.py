@@ -193,3 +193,20 @@ def test_a_reply_says_when_the_model_could_not_see_the_oldest_messages(page, sma
     page.reload()  # the saved reply still says it
     expect(page.locator('[data-role="assistant"]').last.locator(".badge.dropped")).to_have_attribute(
         "data-dropped", count)
+
+
+def test_a_page_served_by_a_draining_process_does_not_say_the_model_is_loading(page, standin_settings,
+                                                                                standin_engine, tmp_path_factory):
+    """Behind a balancer, a process that got SIGTERM answers `/api/health` with `draining` for a moment
+    (web/server.py); the page asks again, and the next answer comes from a process that stays."""
+    own = standin_settings.model_copy(update={"data_dir": tmp_path_factory.mktemp("draining"), "port": held_port()})
+    app = build_app(own, standin_engine)
+    with ServerThread(app, own.port) as running:
+        app.state.draining = True  # as the signal handler sets it
+        with page.expect_response(lambda r: r.url.endswith("/api/health")):
+            page.goto(running.url)
+        with page.expect_response(lambda r: r.url.endswith("/api/health"), timeout=10_000):
+            pass  # the page has read the first answer and asks again
+        expect(page.locator("#status")).to_be_hidden()
+        app.state.draining = False
+        expect(page.get_by_label("Message")).to_be_visible()

@@ -65,6 +65,10 @@ async function watchHealth() {
       showStatus(`The model could not be loaded: ${body.error || "unknown error"}`, "error");
       return;
     }
+    if (body.status === "draining") {  // this process stops soon: behind a balancer, another answers next
+      await sleep(1000);
+      continue;
+    }
     showStatus(`Loading the model ${body.default_model}… replies start once it is ready.`, "loading");
     await sleep(2000);
   }
