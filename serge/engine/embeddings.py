@@ -4,9 +4,9 @@ An embedding model is a library model of its own kind (`facts.kind == "embedding
 a transformers encoder plus the modules its `modules.json` lists, a pooling (mean,
 CLS, max or last token, from its `1_Pooling/config.json`) and, where listed, a
 normalisation. Texts are cut to the model's `max_seq_length`, as sentence-transformers
-cuts them, and run in batches of similar length (little padding) on the model's own thread,
-which ends when idle (`openmp`): an embedding never waits behind a chat's reply (chats have
-their own workers) and leaves no OpenMP team behind to slow theirs. One
+cuts them, and run in batches of similar length (little padding) on the caller's thread,
+which ends its OpenMP team after each (`openmp`): an embedding never waits behind a chat's
+reply (chats have their own workers) and leaves no team behind to slow theirs. One
 batch runs on a model at a time; each takes a turn (`turns.Turns`), round robin between
 parties, so a large request does not hold back another party's small one.
 A GGUF embedding model runs on llama.cpp instead (`llamacpp.embeddings`), behind the
@@ -29,7 +29,7 @@ from serge.engine.devices import DevicePlan
 from serge.engine.generation.schemas import InvalidRequest
 from serge.engine.generation.sampling import SamplingParams
 from serge.engine.info import EngineKind, LoadedInfo, where_loaded
-from serge.engine.openmp import PassingThread
+from serge.engine.openmp import end_team
 from serge.engine.turns import Turns
 
 
@@ -105,7 +105,6 @@ class EmbeddingModel:
         self.device = device  # None: the plan's, where every transformers load goes
         self.gpu_bytes = gpu_bytes
         self._turns = Turns()  # one batch at a time on the model, in turns between parties
-        self._thread = PassingThread(f"serge-embed-{name}")  # where the batches run (`openmp`)
         self._count = threading.Lock()
         self._pending = 0
 
@@ -130,15 +129,14 @@ class EmbeddingModel:
         out = torch.empty(len(ids), self.dimensions)
         with self._count:
             self._pending += 1
-
-        def run(chunk: list[int]) -> None:  # every tensor operation of a batch, its placing included (`openmp`)
-            out[chunk] = self.encoder.vectors([ids[i] for i in chunk])
-
         try:
             for start in range(0, len(order), BATCH):
                 chunk = order[start:start + BATCH]
                 with self._turns.turn(party):
-                    self._thread.run(lambda: run(chunk))
+                    try:
+                        out[chunk] = self.encoder.vectors([ids[i] for i in chunk])
+                    finally:
+                        end_team()  # within the turn: no two batches' teams alive at once (`openmp`)
         finally:
             with self._count:
                 self._pending -= 1

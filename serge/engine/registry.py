@@ -40,7 +40,7 @@ from serge.engine.families import Family, choose_engine, local_families
 from serge.engine.models.library import InstalledModel, ModelLibrary
 from serge.engine.info import EngineKind
 from serge.engine.local import LoadOptions, ModelLoadFailed
-from serge.engine.openmp import on_own_thread
+from serge.engine.openmp import end_team
 from serge.engine.generation.admission import EngineBusy
 
 log = logging.getLogger(__name__)
@@ -327,8 +327,10 @@ class ModelRegistry:
             if victims:
                 log.info("Unloading %s to make room for %s", ", ".join(v.model.name for v in victims), installed.name)
                 self._close(victims)
-            # each family imports its engine only when it loads a model; on a thread of its own (`openmp`)
-            loaded = on_own_thread(lambda: family.load(installed), "serge-load")
+            try:
+                loaded = family.load(installed)  # each family imports its engine only when it loads a model
+            finally:
+                end_team()  # a transformers load runs a pass here (`openmp`)
             self.loads += 1
             return loaded
         except BaseException as exc:
