@@ -66,8 +66,15 @@ def test_cancelling_a_remote_stream_stops_the_far_generation(front, engine):
             time.sleep(0.05)
         assert _far(engine, "serge_requests_total", reason="cancelled") == cancelled + 1, "the far server went on"
         assert 0 < _far(engine, "serge_generated_tokens_total") - generated < 400
-        threads.append({t.ident for t in threading.enumerate()})
-    assert threads[1] <= threads[0], "a cancelled remote stream left a thread behind"
+        threads.append(_threads_but_the_far_servers_pool())
+    assert threads[1] <= threads[0], f"a cancelled remote stream left a thread behind: {threads[1] - threads[0]}"
+
+
+def _threads_but_the_far_servers_pool() -> set[tuple[int, str]]:
+    """This process's threads, less the far server's request pool: anyio's pool starts a worker when a call
+    finds none idle (the last request's may still be closing) and prunes it only at a later call, 10 s on.
+    The front's remote client uses no anyio worker, and the far generation's end is counted above."""
+    return {(t.ident, t.name) for t in threading.enumerate() if t.name != "AnyIO worker thread"}
 
 
 def test_an_unreachable_server_gives_a_clear_error(front):
