@@ -93,6 +93,7 @@ def run(settings: Settings, args: argparse.Namespace) -> None:
 
 async def _list(servers) -> None:
     from serge.tools import ToolServerError
+    from serge.tools.secrets import shown_url
 
     await servers.start()
     try:
@@ -100,7 +101,7 @@ async def _list(servers) -> None:
         if not records:
             print("No MCP servers. Register one with `serge mcp add NAME -- COMMAND` or `serge mcp add NAME --url URL`.")
         for record in records:
-            where = " ".join(record.command) if record.command else record.url
+            where = " ".join(record.command) if record.command else shown_url(record.url)
             secrets = [f"header {h}" for h in record.header_names] + [f"env {e}" for e in record.env_names]
             print(f"{record.name}  {record.transport}  {where}"
                   f"{'  admins only' if record.admins_only else ''}{'  (' + ', '.join(secrets) + ')' if secrets else ''}")

@@ -50,6 +50,11 @@ class ToolServerRecord:
                    admins_only=row.admins_only, created_at=row.created_at)
 
 
+def _host_of(url: str | None) -> str | None:
+    """A URL without what may be secret in it (a password, a query), for a repr."""
+    return None if url is None else url.split("?")[0].split("#")[0].rsplit("@", 1)[-1]
+
+
 @dataclass(frozen=True)
 class ToolServerConnection:
     """What it takes to connect: secrets included. Its repr hides them, so a log line never shows one."""
@@ -61,7 +66,7 @@ class ToolServerConnection:
     env: tuple[tuple[str, str], ...]
 
     def __repr__(self) -> str:
-        return (f"ToolServerConnection(name={self.name!r}, command={self.command!r}, url={self.url!r}, "
+        return (f"ToolServerConnection(name={self.name!r}, command={self.command!r}, url={_host_of(self.url)!r}, "
                 f"headers={[k for k, _ in self.headers]}, env={[k for k, _ in self.env]})")
 
     __str__ = __repr__

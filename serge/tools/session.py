@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import anyio
 
 from serge.store import ToolServerConnection
+from serge.tools.secrets import secrets_of, without_secrets
 from serge.tools.specs import ToolOutcome, ToolServerUnreachable, ToolSpec, cut_outcome, outcome_of, spec_of
 
 log = logging.getLogger(__name__)
@@ -67,6 +68,8 @@ class ServerSession:
         self._failures = 0  # in a row: starts that failed, connections that died
         self._retry_at = 0.0
         self._last_error: str | None = None
+        # what its errors must never show: the URL's password and query values, header and environment values
+        self._secrets = secrets_of(connection.url, [v for _, v in (*connection.headers, *connection.env)])
 
     # --- callers ------------------------------------------------------------------
     async def tools(self) -> list[ToolSpec]:
@@ -161,7 +164,7 @@ class ServerSession:
                         raise  # closed by `close()`
                     if not current.ready.done() and attempt + 1 < len(ways):
                         continue  # not over streamable HTTP: try SSE
-                    reason = _reason(exc)
+                    reason = without_secrets(_reason(exc), self._secrets)
                     self._failed(reason)
                     if not current.ready.done():
                         log.warning("MCP server %r could not be started: %s", self.name, reason)
@@ -204,9 +207,11 @@ class ServerSession:
                     current.over = True
                     current.calls.put_nowait(None)  # this connection is over
             else:
-                outcome = cut_outcome(f"the tool {call.tool!r} failed: {exc.message}", True, self.output_chars)
+                outcome = cut_outcome(f"the tool {call.tool!r} failed: {without_secrets(exc.message, self._secrets)}",
+                                      True, self.output_chars)
         except Exception as exc:  # noqa: BLE001 - the model is told, the reply goes on
-            outcome = cut_outcome(f"the tool {call.tool!r} failed: {_reason(exc)}", True, self.output_chars)
+            outcome = cut_outcome(f"the tool {call.tool!r} failed: {without_secrets(_reason(exc), self._secrets)}",
+                                  True, self.output_chars)
         finally:
             if not call.future.done():
                 call.future.set_result(outcome or ToolOutcome(

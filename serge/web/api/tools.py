@@ -13,8 +13,8 @@ from typing import Annotated
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from serge.chats.chat_tools import SEARCH_KNOWLEDGE
-from serge.chats.tools import KNOWLEDGE_SERVER
+from serge.chats.tools import KNOWLEDGE_SERVER, SEARCH_KNOWLEDGE
+from serge.tools.secrets import shown_url
 from serge.store import ToolServerRecord
 from serge.tools import ToolServerError, ToolServers, ToolSpec
 from serge.web.http.auth import current_user
@@ -46,7 +46,8 @@ def _admin(request: Request) -> None:
 
 def server_out(record: ToolServerRecord) -> dict:
     return {"name": record.name, "transport": record.transport,
-            "command": list(record.command) if record.command else None, "url": record.url,
+            "command": list(record.command) if record.command else None,
+            "url": shown_url(record.url) if record.url else None,
             "headers": list(record.header_names), "env": list(record.env_names), "admins_only": record.admins_only,
             "created_at": record.created_at.isoformat()}
 

@@ -17,6 +17,7 @@ from fastapi.templating import Jinja2Templates
 from serge import __version__
 from serge.accounts import LOCAL_USER
 from serge.tools import ToolServerError
+from serge.tools.secrets import shown_url
 from serge.web.http.auth import current_user
 from serge.web.pages.accounts import TEMPLATES
 
@@ -52,7 +53,8 @@ async def _page(request: Request, status_code: int = 200, **context) -> Response
             tools, error = await servers.tools(record.name), None
         except ToolServerError as exc:
             tools, error = [], exc.message
-        listed.append({"record": record, "tools": tools, "error": error})
+        listed.append({"record": record, "url": shown_url(record.url) if record.url else None, "tools": tools,
+                       "error": error})
     return templates.TemplateResponse(request, "tools.html", {**base, "servers": listed, **context},
                                       status_code=status_code)
 
