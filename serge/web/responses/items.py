@@ -120,13 +120,26 @@ class FunctionCallOutputItem(_Item):
     output: Parts = Field(description="What the function returned, as text (or text parts).")
 
 
+class ToolAnnotations(EchoedItem):
+    read_only: bool | None = None
+
+
+class ListedTool(EchoedItem):
+    """One tool of an mcp_list_tools item sent back, checked as Serge wrote it: it is offered to the model again."""
+
+    name: str = Field(min_length=1, max_length=128)
+    description: str | None = Field(None, max_length=MAX_MESSAGE_CHARS)
+    input_schema: dict | None = None
+    annotations: ToolAnnotations | None = None
+
+
 class McpListToolsItem(_Item):
     """An mcp_list_tools item sent back: the tools a server was listed with, so it is not listed again."""
 
     type: Literal["mcp_list_tools"]
     server_label: str = Field(max_length=64)
-    tools: list[dict] = Field(max_length=1000)
-    error: str | None = None
+    tools: list[ListedTool] = Field(max_length=1000)
+    error: str | None = Field(None, max_length=10_000)
 
 
 class McpApprovalRequestItem(_Item):
