@@ -307,20 +307,20 @@ def test_a_streamed_approval_round_trip(client):
 
 
 def test_a_call_whose_stream_left_its_id_out_is_matched_to_its_item():
-    from serge.chats.mcp_turn import CallDone, CallRunning, McpTool, McpUse
+    from serge.chats.tools import CallDone, CallRunning, OfferedTool
     from serge.engine import Delta, ToolCall
     from serge.engine.generation.stream import ToolCallDelta
     from serge.tools import ToolOutcome, ToolSpec
     from serge.web.responses.mcp_output import McpOutputItems
 
-    tide = McpTool(McpUse("harbour", approve_all=False), ToolSpec("harbour", "tide", "", {}, True))
+    tide = OfferedTool(ToolSpec("harbour", "tide", "", {}, True), needs_approval=False)
     items = McpOutputItems(False, {"tide": tide})
     items.next_pass()
     items.add(Delta(tool_calls=(ToolCallDelta(0, None, "tide", '{"place": '),)))
     items.add(Delta(tool_calls=(ToolCallDelta(0, arguments='"Skerry"}'),)))
     call = ToolCall("call_from_the_record", "tide", '{"place": "Skerry"}')  # a remote server's record names it
     items.running(CallRunning(call, tide))
-    items.called(CallDone(call, tide, ToolOutcome("noon", False, False)))
+    items.called(CallDone(call, tide, ToolOutcome("noon", False, False), "done"))
     [item] = items.output
     assert (item["type"], item["status"], item["output"], item["arguments"]) == (
         "mcp_call", "completed", "noon", '{"place": "Skerry"}')

@@ -37,6 +37,22 @@ SAVE_RETRY_FOR_S = 600.0  # then the next start marks it interrupted
 COMPLETE = {FinishReason.STOP, FinishReason.LENGTH}
 
 
+class _Leaving:
+    """A reply as its page's leaving sees it: stopped, unless a tool call of it waits for the person's Allow or
+    Deny, which a reload of the page or another tab still gives."""
+
+    def __init__(self, stream) -> None:
+        self.stream = stream
+
+    @property
+    def done(self) -> bool:
+        return self.stream.done
+
+    def cancel(self) -> None:
+        if not getattr(self.stream, "waiting", False):
+            self.stream.cancel()
+
+
 class Reply:
     def __init__(self, store: ChatStore, owner: str, chat_id: str, message: MessageRecord,
                  user_message: MessageRecord | None, stream: Stream,
@@ -71,6 +87,10 @@ class Reply:
 
     def cancel(self) -> None:
         self.stream.cancel()
+
+    def leaving(self) -> _Leaving:
+        """What the page that started the reply stops when it goes away (`cancel`, as a stream's reader would)."""
+        return _Leaving(self.stream)
 
     def wait(self, timeout: float = 60.0) -> MessageRecord | None:
         """Block until the reply is saved for good; returns the saved message."""

@@ -20,8 +20,7 @@ from serge.chats.documents import ChatDocuments
 from serge.chats.knowledge import Knowledge
 from serge.chats.presets import Presets
 from serge.chats.replies import Reply
-from serge.chats.tools import ToolLoop
-from serge.chats.chat_tools import ChatTools, knowledge_search
+from serge.chats.tools import ChatTools, knowledge_search
 from serge.chats.conversation import Conversations
 from serge.chats.running import SharedReplies
 from serge.chats.transfer import ChatExport, export_json
@@ -128,11 +127,18 @@ class ChatService:
         return self.store.update_chat(owner, chat_id, **checked)
 
     def decide(self, owner: str, chat_id: str, call_id: str, allow: bool, always: bool = False) -> bool:
-        """The user's Allow or Deny for a tool call of the reply in progress; False when none waits by that id."""
+        """The user's Allow or Deny for a tool call of the reply in progress, in whichever process it runs; False
+        when none waits by that id."""
         self.store.get_chat(owner, chat_id)  # the owner's chat, or ChatNotFound
-        reply = self._active.get(chat_id)
-        stream = reply.stream if reply is not None else None
-        return isinstance(stream, ToolLoop) and stream.decide(call_id, allow, always)
+        return self.tools is not None and self.tools.decisions.decide(owner, chat_id, call_id, allow, always)
+
+    def waiting_calls(self, owner: str, chat_id: str) -> list[dict]:
+        """The tool calls of the chat's reply that wait for an Allow or Deny, for any tab of the chat to show."""
+        self.store.get_chat(owner, chat_id)
+        if self.tools is None:
+            return []
+        return [{"id": d.id, "server": d.server, "tool": d.tool, "arguments": d.arguments, "state": "waiting",
+                 "result": "", "is_error": False, "cut": False} for d in self.tools.decisions.waiting(owner, chat_id)]
 
     def delete(self, owner: str, chat_id: str) -> None:
         self.store.get_chat(owner, chat_id)  # not found before anything stops
@@ -325,7 +331,7 @@ class ChatService:
                 chat = replace(chat, tools=tuple(preset.tools))
             if self.tools is not None and chat.tools:
                 search = knowledge_search(self.documents, owner, [*asked.attached, *asked.collections])
-                stream = self.tools.loop(owner, chat, model, asked.history, caller, search, settings)
+                stream = self.tools.reply(owner, chat, model, asked.history, caller, search, settings)
             else:
                 stream = self.engine.chat(model, ChatRequest(asked.history, SamplingParams(**settings),
                                                              keep_cut=self.warming is not None))

@@ -12,6 +12,7 @@ from serge.store.collections import (CollectionExists, CollectionNotFound, Colle
                                      FileProgress)
 from serge.store.documents import ChunkHit, DocumentNotFound, DocumentRecord, DocumentStore, FileStore, NewChunk
 from serge.store.presets import PresetExists, PresetNotFound, PresetRecord, PresetStore
+from serge.store.decisions import DecisionRecord, DecisionStore
 from serge.store.db import Database, DatabaseUnavailable, exposed, private_dir
 from serge.store.responses import ResponseNotFound, ResponseRecord, ResponseStore
 from serge.store.tools import (ToolServerConnection, ToolServerExists, ToolServerMissing, ToolServerRecord,
@@ -27,5 +28,6 @@ __all__ = [
     "KeyRecord", "LastAdmin", "MessageNotFound", "MessageRecord", "NameTaken", "NewMessage", "ResponseNotFound",
     "ResponseRecord", "ResponseStore", "UserNotFound", "UserRecord", "exposed", "private_dir",
     "ToolServerConnection", "ToolServerExists", "ToolServerMissing", "ToolServerRecord", "ToolServerStore",
+    "DecisionRecord", "DecisionStore",
     "QuotaRecord", "UsageCount", "UsageFilter", "UsageStore", "UsageTotal",
 ]

@@ -330,3 +330,25 @@ class Preset(Base):
 
     # one name per owner; for everyone's presets (owner NULL) the service keeps names apart, since NULLs never clash
     __table_args__ = (Index("ix_presets_owner_name", "owner", "name", unique=True),)
+
+
+class ToolDecision(Base):
+    """A tool call that waits for a person's Allow or Deny, or an approval request a client answers: one row, so
+    an answer reaches whichever process runs the call, and is taken once.
+
+    `id` is the call's id (a chat's) or the approval request's (the Responses API's). `state` goes from "waiting"
+    to "allowed" or "denied" once, by whoever answers first; `taken` is set by the process that acts on it.
+    """
+
+    __tablename__ = "tool_decisions"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    owner: Mapped[str] = mapped_column(String(64), index=True)
+    chat_id: Mapped[str | None] = mapped_column(String(32), index=True)  # None: an API conversation's
+    server: Mapped[str] = mapped_column(String(64))
+    tool: Mapped[str] = mapped_column(String(128))
+    arguments: Mapped[str] = mapped_column(Text, default="")
+    state: Mapped[str] = mapped_column(String(16), default="waiting")
+    always: Mapped[bool] = mapped_column(Boolean, default=False)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=now)
+    decided_at: Mapped[datetime | None] = mapped_column(UTCDateTime)

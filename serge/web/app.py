@@ -27,10 +27,10 @@ from serge.chats.documents import ChatDocuments
 from serge.chats.responses import StoredResponses
 from serge.chats.lookup import Lookup
 from serge.store import (AccountStore, ChatStore, CollectionStore, Database, DocumentStore, FileStore, PresetStore,
-                         ResponseStore, UsageStore)
+                         ResponseStore, UsageStore, DecisionStore)
 from serge.store.tools import ToolServerStore
 from serge.tools import ToolServers
-from serge.chats.chat_tools import ChatTools
+from serge.chats.tools import ChatTools, ToolDecisions
 from serge.web.pages.accounts import build_account_pages
 from serge.web.pages.usage import build_usage_pages
 from serge.web.api.accounts import router as accounts_router
@@ -96,8 +96,9 @@ def build_app(settings: Settings, engine: Engine) -> FastAPI:
         # several processes may share a server database: replies in progress and users' streams are kept there too
         shared = SharedReplies(database) if shared_by_processes(database) else None
         app.state.presets = Presets(PresetStore(database), engine, app.state.knowledge, documents)
-        app.state.chats = ChatService(chat_store, engine, documents, app.state.knowledge,
-                                      ChatTools(app.state.tools, chat_store, engine, steps=settings.tool_steps), shared,
+        app.state.decisions = ToolDecisions(DecisionStore(database))  # answers to tool calls, from any process
+        chat_tools = ChatTools(app.state.tools, chat_store, engine, app.state.decisions, steps=settings.tool_steps)
+        app.state.chats = ChatService(chat_store, engine, documents, app.state.knowledge, chat_tools, shared,
                                       app.state.presets, warm=settings.warm_chats)
         if shared is not None:
             limits.share_streams(shared)

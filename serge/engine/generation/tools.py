@@ -139,6 +139,7 @@ class ToolPlan:
     reader: CallReader | None
 
 
+PLAIN_TEXT = r"/[^{\s](?s:.)*/"  # a text reply of the generic format: it cannot begin like a call
 GENERIC_INTRO = ("You can call these tools; each comes with a JSON schema of its arguments:\n{tools}\n\n")
 GENERIC_AUTO = ('To call a tool, reply with only a JSON object: {"tool_call": {"name": "<tool name>", "arguments": '
                 "{<its arguments>}}}. Otherwise reply to the user in plain text.")
@@ -154,11 +155,14 @@ def plan_reply(fmt: ToolFormat, messages: Sequence[Message], tools: Tools | None
     active = tools is not None and tools.mode != "none" and bool(tools.functions)
     if tools is not None and tools.mode == "required" and not tools.functions:
         raise InvalidRequest("tool_choice requires a tool call, but no tools were given", "tool_choice")
+    called = any(m.tool_calls for m in messages)
     messages = _named_results(messages)
     if fmt.kind == "generic":
         messages = _generic_history(messages)
     plain = f"start: {reply_rule}\n" if reply_rule else None
     if not active:
+        if plain is None and called and fmt.kind == "generic":  # its earlier calls are JSON in the history: a
+            plain = f"start: {PLAIN_TEXT}\n"  # model offered no tool now must not write one more as its answer
         return ToolPlan(messages, None, plain, "response_format", None)
     chosen = tools.chosen()
     forced = tools.mode == "required"
@@ -174,7 +178,7 @@ def plan_reply(fmt: ToolFormat, messages: Sequence[Message], tools: Tools | None
                                  "parameters": json.loads(t.parameters)} for t in chosen])
         messages = _with_system(messages, GENERIC_INTRO.format(tools=described)
                                 + (GENERIC_REQUIRED if forced else GENERIC_AUTO))
-        reply = reply_rule or r"/[^{\s](?s:.)*/"  # plain text cannot begin like a call
+        reply = reply_rule or PLAIN_TEXT
         grammar = f"start: call\ncall: {call}\n" if forced else f"start: call | reply\ncall: {call}\nreply: {reply}\n"
         template_tools = None
     else:

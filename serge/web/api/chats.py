@@ -140,7 +140,8 @@ def reply_events(request: Request, reply: Reply) -> StreamingResponse:
             else:
                 yield _event("done", {"message": message_out(value)})
 
-    return stream_response(events(), reply.stream)  # the client went away: stop, and the partial reply is kept
+    # the client went away: stop, and the partial reply is kept (unless a call waits for its person's answer)
+    return stream_response(events(), reply.leaving())
 
 
 @router.post("", status_code=201, summary="Create a chat")
@@ -250,6 +251,12 @@ class ToolDecision(BaseModel):
 
     allow: bool = Field(description="true runs the call, false tells the model the user denied it.")
     always: bool = Field(False, description="With allow: run this tool in this chat from now on without asking.")
+
+
+@router.get("/{chat_id}/tool-calls", summary="The tool calls of the reply in progress that wait for an answer")
+def waiting_tool_calls(chat_id: str, request: Request):
+    """In any process and any tab: a call waits in the database until someone allows or denies it."""
+    return {"data": service(request).waiting_calls(owner(request), chat_id)}
 
 
 @router.post("/{chat_id}/tool-calls/{call_id}", summary="Allow or deny a tool call the reply in progress waits on")

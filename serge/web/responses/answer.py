@@ -41,8 +41,8 @@ async def answer(body: CreateResponse, request: Request, *, owner: str, model: s
     `reply` (a Stream, or a turn of several) is what a client that leaves cancels."""
     response_id, created, request_echo = new_id("resp"), int(time.time()), echo(body)
 
-    def whole(status: str, done: GenerationRecord | None = None) -> dict:
-        return response_object(response_id, created, model, status, builder.output,
+    def whole(status: str, done: GenerationRecord | None = None, output: list | None = None) -> dict:
+        return response_object(response_id, created, model, status, builder.output if output is None else output,
                                usage(done) if done else None, request_echo, body.previous_response_id)
 
     async def keep(done: GenerationRecord) -> None:
@@ -80,8 +80,9 @@ async def answer(body: CreateResponse, request: Request, *, owner: str, model: s
         return sse({"type": "error", "code": code, "message": message, "param": None})
 
     async def streamed():
-        yield sse({"type": "response.created", "response": whole("in_progress")})
-        yield sse({"type": "response.in_progress", "response": whole("in_progress")})
+        # as it starts: no item yet (each comes in its own output_item.added, listings made already included)
+        yield sse({"type": "response.created", "response": whole("in_progress", output=[])})
+        yield sse({"type": "response.in_progress", "response": whole("in_progress", output=[])})
         try:
             async for event in events():
                 yield sse(event)

@@ -5,7 +5,7 @@ not the registered one is a 400, and nothing a request sends (a URL, headers, a 
 connector) reaches a server or is fetched. The user must be allowed the server (`ToolServers.check`).
 This module reads the tool (`McpToolIn`, `McpChoice`, into `McpUse`) and reads earlier listings
 and approvals back out of a conversation's items; `mcp_output` writes the items and events. The
-loop that runs the calls is `serge.chats.mcp_turn`'s.
+turn that runs the calls is `serge.chats.tools`' one `ToolTurn`, the chat page's too.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
-from serge.chats.mcp_turn import Approved, McpUse, ToolFilter
+from serge.chats.tools import Approved, McpUse, ToolFilter
 from serge.engine import ToolCall
 from serge.store import UserRecord
 from serge.tools import ToolServerError, ToolServers, ToolSpec

@@ -5,12 +5,12 @@ a call of one becomes an `mcp_call` item (Serge runs it: `response.mcp_call.in_p
 `response.mcp_call_arguments.delta`/`.done`, `response.mcp_call.completed`/`.failed`) or, when it
 needs approval, an `mcp_approval_request` item; a server's listing is an `mcp_list_tools` item
 (`response.mcp_list_tools.in_progress`, `.completed`/`.failed`). Calls of the client's own
-functions stay `function_call` items. Nothing here runs a call (serge.chats.mcp_turn does).
+functions stay `function_call` items. Nothing here runs a call (serge.chats.tools' `ToolTurn` does).
 """
 
 from __future__ import annotations
 
-from serge.chats.mcp_turn import CallDone, CallRunning, Listing, McpTool
+from serge.chats.tools import CallDone, CallRunning, Listing, OfferedTool, approval_id
 from serge.engine import Delta, GenerationRecord, ToolCall
 from serge.web.responses.items import new_id
 from serge.web.responses.output import OutputItems, status_of
@@ -29,7 +29,7 @@ class McpOutputItems(OutputItems):
     """`OutputItems` that writes a call of an MCP tool as an `mcp_call` item (run by Serge) or, when it needs
     approval, an `mcp_approval_request` item, instead of a `function_call` for the client."""
 
-    def __init__(self, logprobs: bool, tools: dict[str, McpTool]) -> None:
+    def __init__(self, logprobs: bool, tools: dict[str, OfferedTool]) -> None:
         super().__init__(logprobs)
         self.tools = tools
         self._mcp: dict[int, dict] = {}  # this pass's call index -> its mcp_call or approval item
@@ -79,10 +79,11 @@ class McpOutputItems(OutputItems):
     def _open_mcp(self, call_id: str | None, name: str) -> dict:
         tool = self.tools[name]
         if tool.needs_approval:
-            item = {"type": "mcp_approval_request", "id": new_id("mcpr"), "server_label": tool.use.server,
+            item = {"type": "mcp_approval_request", "id": approval_id(call_id) if call_id else new_id("mcpr"),
+                    "server_label": tool.server,
                     "name": name, "arguments": ""}
         else:
-            item = {"type": "mcp_call", "id": call_id or new_id("mcp"), "server_label": tool.use.server,
+            item = {"type": "mcp_call", "id": call_id or new_id("mcp"), "server_label": tool.server,
                     "name": name, "arguments": "", "status": "in_progress", "output": None, "error": None,
                     "approval_request_id": None}
         self.output.append(item)
@@ -106,9 +107,9 @@ class McpOutputItems(OutputItems):
         """A call about to run: its arguments are whole now (or, approved in this request, its item opens)."""
         item = self._item_of(event.call)
         if item is None:  # approved in this request: the call was asked for in an earlier response
-            item = {"type": "mcp_call", "id": new_id("mcp"), "server_label": event.tool.use.server,
+            item = {"type": "mcp_call", "id": new_id("mcp"), "server_label": event.tool.server,
                     "name": event.call.name, "arguments": event.call.arguments, "status": "in_progress",
-                    "output": None, "error": None, "approval_request_id": event.approval_request_id}
+                    "output": None, "error": None, "approval_request_id": event.approval_id}
             self.output.append(item)
             self._by_call[event.call.id] = item
             index = self._index(item)
@@ -121,6 +122,8 @@ class McpOutputItems(OutputItems):
 
     def called(self, event: CallDone) -> list[dict]:
         item = self._item_of(event.call)
+        if item is None:  # a call of no tool offered: the model is told, the client sees nothing of it
+            return []
         outcome = event.outcome
         if outcome.is_error:
             item["status"], item["error"] = "failed", {"type": "mcp_tool_execution_error",

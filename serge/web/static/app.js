@@ -105,12 +105,23 @@ async function refreshConversation() {
   ui.conversation.innerHTML = await response.text(); // server-rendered and escaped
   addCodeCopyButtons(ui.conversation);
   scrollToEnd();
-  if (!state.busy && $('[data-status="streaming"]', ui.conversation)) {
-    showStatus("A reply to this chat is still being written…", "info");
+  const streaming = $('[data-status="streaming"]', ui.conversation);
+  if (!state.busy && streaming) {
+    await showWaitingCalls(streaming);
+    showStatus(streaming.querySelector(".tool-call[data-state=waiting]")
+      ? "A tool call of this reply waits for your answer." : "A reply to this chat is still being written…", "info");
     setTimeout(refreshConversation, 2000);
   } else if (ui.status.dataset.kind === "info") {
     showStatus("");
   }
+}
+
+// The calls of a reply running elsewhere (another tab, another process, before a reload) that wait for an answer:
+// each with its buttons, whichever tab answers first.
+async function showWaitingCalls(bubble) {
+  const response = await fetch(`/api/chats/${state.chatId}/tool-calls`);
+  if (!response.ok) return;
+  for (const call of (await response.json()).data) toolCallOf(bubble, call);
 }
 
 // --- sending and streaming --------------------------------------------------------
@@ -328,9 +339,11 @@ ui.message.addEventListener("keydown", (event) => {
 });
 ui.stop.addEventListener("click", stop);
 
-// Closing or leaving the page stops a reply in progress (its text so far is kept).
+// Closing or leaving the page stops a reply in progress (its text so far is kept), unless it waits for the
+// person's Allow or Deny: that call keeps waiting, for this page reloaded or another tab to answer.
 window.addEventListener("pagehide", () => {
-  if (state.busy && state.chatId) navigator.sendBeacon(`/api/chats/${state.chatId}/stop`);
+  const waiting = $(".tool-call[data-state=waiting]", ui.conversation);
+  if (state.busy && state.chatId && !waiting) navigator.sendBeacon(`/api/chats/${state.chatId}/stop`);
 });
 window.addEventListener("popstate", () => location.reload());
 
