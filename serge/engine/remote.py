@@ -112,6 +112,7 @@ class RemoteClient:
             self._thread = threading.Thread(target=self._loop.run_forever, name="serge-remote", daemon=True)
             self._thread.start()
         stream = Stream()
+        stream.max_new_tokens = params.max_new_tokens
         asyncio.run_coroutine_threadsafe(self._run(url, headers, body, stream, params), self._loop)
         return stream
 
