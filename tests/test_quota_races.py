@@ -29,7 +29,8 @@ import documents as files
 from serge.accounts import Accounts
 from serge.accounts.usage import Usage
 from serge.engine.generation.scheduler import SchedulerLimits
-from serge.settings import Settings
+from serge.engine import Engine
+from serge.settings import RemoteModel, Settings
 from serge.store import AccountStore, QuotaRecord, UsageCount, UsageFilter, UsageStore
 from serge.web.app import build_app
 
@@ -170,6 +171,25 @@ def test_n_choices_hold_n_replies_budgets_while_they_run(site):
     message = second.json()["error"]["message"]
     held = int(re.search(r"([\d,]+) of them held by requests still running", message)[1].replace(",", ""))
     assert 8 * 1000 < held < 8 * 1000 + 500, message  # the prompt once, and eight replies of 1,000
+
+
+def test_a_remote_models_reply_holds_its_prompt_as_well_as_its_longest_reply(engine, tmp_path_factory):
+    far, _ = serve(engine, tmp_path_factory.mktemp("far"))  # no accounts: it answers this machine
+    with far:
+        own = Settings(data_dir=tmp_path_factory.mktemp("front"), models_dir=models_dir(), default_model="far",
+                       port=held_port(), remote_models={"far": RemoteModel(url=f"{far.url}/v1", model=MODEL)})
+        with Engine(own) as front, ServerThread(app := build_app(own, front), own.port) as running:
+            key = capped({"app": app}, "remote", tokens_per_day=420)  # a reply of 400 fits; with its prompt, not
+            body = {"model": "far", "messages": [{"role": "user", "content": "Tell me a long story."}],
+                    "max_tokens": 400, "stream": True}
+            with httpx.stream("POST", f"{running.url}/v1/chat/completions", json=body, timeout=120,
+                              headers={"Authorization": f"Bearer {key}"}) as first:
+                assert first.status_code == 200
+                lines = first.iter_lines()
+                next(line for line in lines if '"content"' in line)
+                second = chat(running.url, key, 1, model="far")
+            assert second.status_code == 429, second.text
+            assert "held by requests still running" in second.json()["error"]["message"]
 
 
 def test_a_search_over_mcp_is_a_model_request_counted_and_capped(site):

@@ -76,9 +76,11 @@ def metering(reservations: Reservations, ticket: Ticket | None) -> Iterator[None
 
 
 def stream_budget(stream: Budgeted) -> tuple[int, int]:
-    """(prompt tokens, longest reply times choices) of a generation, as the engine started it (a stand-in for
-    a stream that does not say, such as a tool loop's: its prompt unknown, one reply of the engine's default)."""
-    prompt, longest = getattr(stream, "prompt_tokens", None), getattr(stream, "max_new_tokens", None)
+    """(prompt tokens, longest reply times choices) of a generation, as the engine started it: a remote model's
+    prompt, which its server counts, by the bytes sent for it; a stream that does not say (a tool loop's): no
+    prompt, one reply of the engine's default."""
+    prompt = getattr(stream, "prompt_tokens", None) or getattr(stream, "prompt_bound", None)  # a remote model's
+    longest = getattr(stream, "max_new_tokens", None)
     return prompt or 0, (longest or UNSAID_REPLY_TOKENS) * max(1, getattr(stream, "choices", 1))
 
 
