@@ -138,6 +138,21 @@ def test_twenty_requests_at_once_against_a_300_token_day_serve_the_quota_plus_on
     assert ledger_of(site, key) == (ok, served)  # each settled to what it was told
 
 
+def test_chat_replies_of_the_page_at_once_serve_a_token_day_plus_one_replys_budget_at_most(site):
+    key = capped(site, "page-300", tokens_per_day=300)
+    headers = {"Authorization": f"Bearer {key}"}
+    chats = [httpx.post(f"{site['url']}/api/chats", json={"settings": {"max_new_tokens": 20, "temperature": 0}},
+                        headers=headers).json()["id"] for _ in range(10)]
+    answers = at_once(10, lambda i: httpx.post(f"{site['url']}/api/chats/{chats[i]}/messages",
+                                               json={"content": "Say hello."}, headers=headers, timeout=300))
+    saved = [httpx.Response(200, content=[line for line in a.text.splitlines() if line.startswith("data:")][-1][5:])
+             .json()["message"] for a in answers if a.status_code == 200]
+    assert saved, [a.text for a in answers]
+    served = sum(m["prompt_tokens"] + m["completion_tokens"] for m in saved)
+    assert served <= 300 + saved[0]["prompt_tokens"] + 20, (served, [a.status_code for a in answers])
+    assert_refused(answers, "your quota of 300 tokens a day is used up")
+
+
 def test_embeddings_at_once_past_a_token_day_are_refused_in_both_dialects(site):
     key = capped(site, "embed-100", tokens_per_day=100)
     texts = [f"line {i} of a list that an agent embeds all at once" for i in range(32)]
