@@ -8,7 +8,8 @@ never both pass a cap that one of them reaches. `settle` removes a request's row
 usage to the ledger in one transaction; a row already gone (settled by another process as a dead
 one's) adds nothing. `beat` renews the rows of this process's requests still running and settles
 rows whose heartbeat is older than the lease at their reserved amount, so tokens a client was streamed
-by a process that died are still counted (and a row whose settling failed is not held for ever). Which caps apply, and what a refusal says, is `serge.accounts.reservations`'s.
+by a process that died are still counted (and a row whose settling failed is not held for ever).
+Which caps apply, and what a refusal says, is `serge.accounts.reservations`'s.
 """
 
 from __future__ import annotations
@@ -87,7 +88,8 @@ class ReservationStore:
         with self.db.session() as session, session.begin():
             self._lock_user(session, user_id)
             check(lambda key: self._spent(session, user_id, key, period))
-            session.execute(delete(UsageMinute).where(UsageMinute.minute < period.minute - MINUTES_KEPT))
+            session.execute(delete(UsageMinute).where(UsageMinute.user_id == user_id,  # only rows this lock holds
+                                                      UsageMinute.minute < period.minute - MINUTES_KEPT))
             for key in ("", key_id) if key_id else ("",):
                 statement = insert(UsageMinute).values(user_id=user_id, key_id=key, minute=period.minute, requests=1)
                 session.execute(statement.on_conflict_do_update(
