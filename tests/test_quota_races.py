@@ -295,7 +295,7 @@ def pair(tmp_path_factory):
             wait_for(process.healthy, timeout=180, what=f"serge serve {process.name} to become healthy")
         for process in processes:  # the model loaded in each, so the requests race each other, not the load
             assert chat(process.url, None, 1, model=REAL_MODEL).status_code == 200
-        yield {**site, "urls": [p.url for p in processes]}
+        yield {**site, "urls": [p.url for p in processes], "processes": processes}
     finally:
         for process in processes:
             process.stop()
@@ -324,3 +324,22 @@ def test_two_processes_on_postgresql_serve_a_300_token_day_plus_one_replys_budge
     assert_refused(answers, "your quota of 300 tokens a day is used up")
     ok = sum(a.status_code == 200 for a in answers)
     assert 1 <= ok < 20 and ledger_of(pair, key) == (ok, served)
+
+
+@pytest.mark.postgres
+def test_a_reply_whose_process_is_killed_is_counted_at_its_budget_by_the_other_process(pair):
+    """Last in the module: it kills the first process."""
+    key = capped(pair, "pg-killed")
+    killed = pair["processes"][0]
+    body = {"model": REAL_MODEL, "messages": [{"role": "user", "content": "Write a long story about the sea."}],
+            "max_tokens": 1500, "temperature": 0, "stream": True}
+    with httpx.stream("POST", f"{killed.url}/v1/chat/completions", json=body, timeout=60,
+                      headers={"Authorization": f"Bearer {key}"}) as response:
+        lines = response.iter_lines()
+        next(line for line in lines if '"content"' in line)  # the client is being streamed the reply
+        killed.process.kill()
+        killed.process.wait()
+    assert ledger_of(pair, key) == (0, 0)  # the reply never ended where its process could settle it
+    requests, tokens = wait_for(lambda: ledger_of(pair, key)[0] and ledger_of(pair, key), timeout=60,
+                                what="the other process to settle the dead process's reservation")
+    assert requests == 1 and 1500 < tokens < 1500 + 200  # its prompt, and the longest reply it was allowed
