@@ -343,7 +343,8 @@ def test_the_usage_migration_goes_down_and_up_again(database):
     usage.record(UsageCount("u1", "", MODEL, "openai", 1, 0, 1))
     with database.engine.begin() as connection:
         migrate_to(connection, "0008", down=True)
-    assert not {"usage_days", "usage_minutes", "quotas"} & set(inspect(database.engine).get_table_names())
+    assert not {"usage_days", "usage_minutes", "quotas", "usage_reservations"} & set(
+        inspect(database.engine).get_table_names())
     database.migrate()
     assert usage.totals("day", UsageFilter()) == []
     usage.set_user_quota("u1", QuotaRecord(tokens_per_day=5))
