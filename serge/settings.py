@@ -195,7 +195,9 @@ class Settings(BaseSettings):
         "(a request for n choices is one).",
     )
     user_requests_per_minute: int = Field(
-        120, ge=1, description="Requests one signed-in user (all their keys together) may make per minute.",
+        120, ge=1, description="Requests other than model requests (pages, listings, /mcp) one signed-in user (all "
+        "their keys together) may make per minute on each process: a flood guard. Model requests are capped by "
+        "the requests-a-minute quota, counted in the database (docs/usage-and-quotas.md).",
     )
     tool_timeout_s: float = Field(
         30.0, gt=0, le=3600, description="Longest one call of an MCP server's tool may take; past it the call is "

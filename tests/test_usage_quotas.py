@@ -22,8 +22,10 @@ from test_chats_api import wait_for
 from test_anthropic_api import anthropic_client
 
 from serge.accounts import QuotaExceeded, Usage
+from serge.accounts.reservations import Reservations
 from serge.settings import Settings
 from serge.store import QuotaRecord, UsageCount, UsageFilter, UsageStore
+from serge.store.reservations import ReservationStore
 from serge.web.app import build_app
 
 settings, engine = stand_in("settings", "engine")
@@ -234,6 +236,11 @@ def ledger(database):
     return Usage(UsageStore(database), clock=lambda: clock[0]), clock
 
 
+def admit(usage: Usage, user_id: str = "u1") -> None:
+    """Admit a model request of the user as every route's is: its caps checked, the request counted."""
+    Reservations(usage, ReservationStore(usage.store.db, "test", lease_s=20)).open(user_id)
+
+
 def spend(usage: Usage, tokens: int, key: str = "") -> None:
     usage.record(UsageCount("u1", key, MODEL, "openai", tokens, 0, 0))
 
@@ -241,19 +248,19 @@ def spend(usage: Usage, tokens: int, key: str = "") -> None:
 def test_a_days_cap_resets_at_utc_midnight_and_a_months_at_the_months_end(ledger):
     usage, clock = ledger
     usage.set_user_quota("u1", QuotaRecord(tokens_per_day=100, tokens_per_month=150))
-    usage.admit("u1")
+    admit(usage)
     spend(usage, 100)
     with pytest.raises(QuotaExceeded) as refused:
-        usage.admit("u1")
+        admit(usage)
     assert refused.value.retry_after_s == 30 and refused.value.quota == "tokens_per_day"
     clock[0] = datetime(2026, 2, 1, 0, 0, 0, tzinfo=UTC)  # a new day, and a new month
-    usage.admit("u1")
+    admit(usage)
     spend(usage, 100)
     clock[0] = datetime(2026, 2, 2, 0, 0, 1, tzinfo=UTC)
-    usage.admit("u1")  # 100 this month: under 150
+    admit(usage)  # 100 this month: under 150
     spend(usage, 60)
     with pytest.raises(QuotaExceeded) as refused:
-        usage.admit("u1")
+        admit(usage)
     assert refused.value.quota == "tokens_per_month"
     assert refused.value.retry_after_s == (datetime(2026, 3, 1, tzinfo=UTC) - clock[0]).total_seconds()
     assert "resets at 2026-03-01 00:00 UTC" in str(refused.value)
@@ -262,13 +269,13 @@ def test_a_days_cap_resets_at_utc_midnight_and_a_months_at_the_months_end(ledger
 def test_a_requests_a_minute_cap_resets_at_the_next_minute(ledger):
     usage, clock = ledger
     usage.set_default_quota(QuotaRecord(requests_per_minute=2))  # the account-wide default applies to u1
-    usage.admit("u1")
-    usage.admit("u1")
+    admit(usage)
+    admit(usage)
     with pytest.raises(QuotaExceeded) as refused:
-        usage.admit("u1")
+        admit(usage)
     assert refused.value.retry_after_s == 30
     clock[0] += timedelta(seconds=30)
-    usage.admit("u1")
+    admit(usage)
 
 
 def test_the_day_a_request_is_recorded_on_is_utcs(ledger):
@@ -336,7 +343,8 @@ def test_the_usage_migration_goes_down_and_up_again(database):
     usage.record(UsageCount("u1", "", MODEL, "openai", 1, 0, 1))
     with database.engine.begin() as connection:
         migrate_to(connection, "0008", down=True)
-    assert not {"usage_days", "usage_minutes", "quotas"} & set(inspect(database.engine).get_table_names())
+    assert not {"usage_days", "usage_minutes", "quotas", "usage_reservations"} & set(
+        inspect(database.engine).get_table_names())
     database.migrate()
     assert usage.totals("day", UsageFilter()) == []
     usage.set_user_quota("u1", QuotaRecord(tokens_per_day=5))

@@ -1,19 +1,18 @@
 """`Usage`: what each user and key spent, and the caps that stop them before a request runs.
 
-A request that runs a model is admitted (`admit`) before it runs and recorded (`record`) with the tokens
-its client was told, once it has ended; both go through the database, so every process sharing it
-counts the same. Tokens are prompt plus generated tokens (cached ones are part of the prompt's); a day
-and a month are UTC's, read from an injected clock. The request that crosses a cap finishes: a cap is
-checked against what was spent before the request, never cut mid-reply. A key's cap applies on top of
-its user's. Nothing here knows about HTTP or a dialect's error shape.
+The ledger (`record`, `totals`) and the caps as they apply (a user's own, else the default's; a key's on
+top of its user's). A model request is admitted and its budget held against the caps by
+`serge.accounts.reservations`, which settles it into this ledger when it ends; everything goes through
+the database, so every process sharing it counts the same. Tokens are prompt plus generated tokens
+(cached ones are part of the prompt's); a day and a month are UTC's, read from an injected clock.
+Nothing here knows about HTTP or a dialect's error shape.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, date, datetime, timedelta
+from datetime import UTC, date, datetime
 
 from serge.accounts.service import InvalidAccountInput
 from serge.store.usage import QuotaRecord, UsageCount, UsageFilter, UsageStore, UsageTotal
@@ -44,15 +43,15 @@ def utc_now() -> datetime:
     return datetime.now(UTC)
 
 
-def _month_start(day: date) -> date:
+def month_start(day: date) -> date:
     return day.replace(day=1)
 
 
-def _next_month(day: date) -> date:
+def next_month(day: date) -> date:
     return date(day.year + day.month // 12, day.month % 12 + 1, 1)
 
 
-def _midnight(day: date) -> datetime:
+def utc_midnight(day: date) -> datetime:
     return datetime(day.year, day.month, day.day, tzinfo=UTC)
 
 
@@ -76,43 +75,7 @@ class Usage:
         self.store = store
         self.clock = clock
 
-    # --- before and after a request --------------------------------------------------
-    def admit(self, user_id: str, key_id: str = "") -> None:
-        """Let a model request of this user (and key, "" for none) through and count it, or raise `QuotaExceeded`."""
-        now = self.clock().astimezone(UTC)
-        minute = int(now.timestamp() // 60)
-        checks = [("your", self.user_quota(user_id).applied, None)]
-        if key_id and (own := self.store.quota("key", key_id)) is not None:
-            checks.append(("this API key's", own, key_id))
-        for whose, quota, key in checks:
-            self._check(whose, quota, user_id, key, now, minute)
-        self.store.count_request(user_id, key_id, minute)
-
-    def _check(self, whose: str, quota: QuotaRecord, user_id: str, key_id: str | None, now: datetime,
-               minute: int) -> None:
-        today = now.date()
-        if quota.requests_per_minute is not None:
-            used = self.store.requests_in(user_id, key_id or "", minute)
-            if used >= quota.requests_per_minute:
-                reset = datetime.fromtimestamp((minute + 1) * 60, UTC)
-                self._refuse(f"{whose} quota of {quota.requests_per_minute:,} model requests a minute is used up",
-                             reset, now, "requests_per_minute")
-        if quota.tokens_per_day is not None:
-            used = self.store.tokens_since(user_id, key_id, today)
-            if used >= quota.tokens_per_day:
-                self._refuse(f"{whose} quota of {quota.tokens_per_day:,} tokens a day is used up ({used:,} used "
-                             f"today)", _midnight(today + timedelta(days=1)), now, "tokens_per_day")
-        if quota.tokens_per_month is not None:
-            used = self.store.tokens_since(user_id, key_id, _month_start(today))
-            if used >= quota.tokens_per_month:
-                self._refuse(f"{whose} quota of {quota.tokens_per_month:,} tokens a month is used up ({used:,} "
-                             f"used this month)", _midnight(_next_month(today)), now, "tokens_per_month")
-
-    @staticmethod
-    def _refuse(what: str, reset: datetime, now: datetime, quota: str) -> None:
-        wait = max(1, math.ceil((reset - now).total_seconds()))
-        raise QuotaExceeded(f"{what}; it resets at {reset:%Y-%m-%d %H:%M} UTC, in {wait} s", wait, quota)
-
+    # --- after a request (`serge.accounts.reservations` admits it and holds its budget) -------------
     def record(self, count: UsageCount) -> None:
         """Add a finished request's tokens to today's (UTC) row of its user, key, model and dialect."""
         self.store.add(self.clock().astimezone(UTC).date(), count)

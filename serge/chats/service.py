@@ -11,6 +11,7 @@ It knows nothing of HTTP: callers get records, `Reply` handles, `ChatBusy` and
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import replace
 
 from serge.chats.active import ActiveReplies
@@ -26,7 +27,7 @@ from serge.chats.running import SharedReplies
 from serge.chats.transfer import ChatExport, export_json
 from serge.chats.warming import LOAD_WAIT_S, ChatWarming
 from serge.documents import MAX_FILES_PER_MESSAGE
-from serge.engine import ChatRequest, Engine, ModelNotFound, SamplingParams
+from serge.engine import ChatRequest, Engine, ModelNotFound, SamplingParams, Stream
 from serge.engine.party import current as current_party
 from serge.store import (ChatRecord, ChatStore, DatabaseUnavailable, DocumentNotFound, DocumentRecord, MessageRecord,
                          NewMessage)
@@ -37,8 +38,10 @@ log = logging.getLogger(__name__)
 class ChatService:
     def __init__(self, store: ChatStore, engine: Engine, documents: ChatDocuments | None = None,
                  knowledge: Knowledge | None = None, tools: ChatTools | None = None,
-                 shared: SharedReplies | None = None, presets: Presets | None = None, warm: bool = False) -> None:
+                 shared: SharedReplies | None = None, presets: Presets | None = None, warm: bool = False,
+                 reserve: Callable[[Stream], None] = lambda stream: None) -> None:
         self.store = store
+        self.reserve = reserve  # holds a reply's budget against its user's caps, or raises (it cancels the stream)
         self.engine = engine
         self.documents = documents  # None: this service takes no files
         self.knowledge = knowledge  # None: nor collections
@@ -335,6 +338,7 @@ class ChatService:
             else:
                 stream = self.engine.chat(model, ChatRequest(asked.history, SamplingParams(**settings),
                                                              keep_cut=self.warming is not None))
+            self.reserve(stream)
         except Exception as exc:
             self.store.finish_message(owner, placeholder.id, finish_reason="error", complete=False, error=str(exc))
             raise

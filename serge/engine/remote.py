@@ -92,7 +92,10 @@ class RemoteBackend:
         if response_format is not None:
             body["response_format"] = response_format.model_dump(mode="json", exclude_none=True)
         headers = {"Authorization": f"Bearer {self._remote.api_key}"} if self._remote.api_key else {}
-        return self._client.start(f"{self._remote.url.rstrip('/')}/chat/completions", headers, body, params)
+        stream = self._client.start(f"{self._remote.url.rstrip('/')}/chat/completions", headers, body, params)
+        # its server counts the prompt; until it says, the bytes of what is sent stand for it (a quota's budget)
+        stream.prompt_bound = len(json.dumps([body["messages"], body.get("tools")]).encode())
+        return stream
 
 
 class RemoteClient:
@@ -112,6 +115,7 @@ class RemoteClient:
             self._thread = threading.Thread(target=self._loop.run_forever, name="serge-remote", daemon=True)
             self._thread.start()
         stream = Stream()
+        stream.max_new_tokens = params.max_new_tokens
         asyncio.run_coroutine_threadsafe(self._run(url, headers, body, stream, params), self._loop)
         return stream
 

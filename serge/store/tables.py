@@ -294,6 +294,23 @@ class UsageMinute(Base):
     requests: Mapped[int] = mapped_column(Integer)
 
 
+class UsageReservation(Base):
+    """A model request in progress: the tokens it may still spend, counted against its user's and key's caps until
+    it settles to its real usage (the row removed, the ledger added to). Renewed by its process's heartbeat."""
+
+    __tablename__ = "usage_reservations"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    user_id: Mapped[str] = mapped_column(String(64), index=True)
+    key_id: Mapped[str] = mapped_column(String(32))  # "" for a login session's request
+    model: Mapped[str] = mapped_column(String(200))
+    dialect: Mapped[str] = mapped_column(String(16))
+    prompt_tokens: Mapped[int] = mapped_column(BigInteger)
+    completion_tokens: Mapped[int] = mapped_column(BigInteger)  # the budget: longest reply times choices
+    process: Mapped[str] = mapped_column(String(64), index=True)
+    heartbeat_at: Mapped[datetime] = mapped_column(UTCDateTime, default=now)
+
+
 class Quota(Base):
     """A cap: the account-wide default (kind "default", subject ""), a user's or a key's; null: no cap of that kind."""
 

@@ -1,4 +1,4 @@
-"""The usage ledger and the caps: tokens per (UTC day, user, key, model, dialect), model requests per minute, quotas.
+"""The usage ledger and the caps: tokens per (UTC day, user, key, model, dialect), and the quotas.
 
 It adds up counts and reads them back; it never sees a message's text, and it decides nothing (which
 cap applies, when a day ends: that is `serge.accounts.usage`). Every write is one upsert, so several
@@ -15,10 +15,10 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from serge.store.db import Database
-from serge.store.tables import Quota, UsageDay, UsageMinute
+from serge.store.tables import Quota, UsageDay
 
 GROUPS = ("day", "user", "key", "model", "dialect")
-MINUTES_KEPT = 5  # per-minute rows older than this are cleared as new ones come
+MINUTES_KEPT = 5  # per-minute request counts older than this are cleared as new ones come (serge/store/reservations.py)
 
 
 @dataclass(frozen=True)
@@ -65,6 +65,19 @@ class QuotaRecord:
         return self.tokens_per_day is None and self.tokens_per_month is None and self.requests_per_minute is None
 
 
+def ledger_add(insert, day: date, count: UsageCount):
+    """The upsert that adds one finished request to its day's row (made on the first); `insert`: the dialect's."""
+    values = {"day": day, "user_id": count.user_id, "key_id": count.key_id, "model": count.model[:200],
+              "dialect": count.dialect, "requests": 1, "prompt_tokens": count.prompt_tokens,
+              "cached_tokens": count.cached_tokens, "completion_tokens": count.completion_tokens}
+    statement = insert(UsageDay).values(**values)
+    excluded = statement.excluded
+    return statement.on_conflict_do_update(
+        index_elements=["day", "user_id", "key_id", "model", "dialect"],
+        set_={name: getattr(UsageDay, name) + getattr(excluded, name)
+              for name in ("requests", "prompt_tokens", "cached_tokens", "completion_tokens")})
+
+
 class UsageStore:
     def __init__(self, db: Database) -> None:
         self.db = db
@@ -75,17 +88,8 @@ class UsageStore:
     # --- the ledger -------------------------------------------------------------
     def add(self, day: date, count: UsageCount) -> None:
         """Add one finished request to its day's row (made on the first)."""
-        values = {"day": day, "user_id": count.user_id, "key_id": count.key_id, "model": count.model[:200],
-                  "dialect": count.dialect, "requests": 1, "prompt_tokens": count.prompt_tokens,
-                  "cached_tokens": count.cached_tokens, "completion_tokens": count.completion_tokens}
-        statement = self._insert()(UsageDay).values(**values)
-        excluded = statement.excluded
-        statement = statement.on_conflict_do_update(
-            index_elements=["day", "user_id", "key_id", "model", "dialect"],
-            set_={name: getattr(UsageDay, name) + getattr(excluded, name)
-                  for name in ("requests", "prompt_tokens", "cached_tokens", "completion_tokens")})
         with self.db.session() as session, session.begin():
-            session.execute(statement)
+            session.execute(ledger_add(self._insert(), day, count))
 
     def tokens_since(self, user_id: str, key_id: str | None, first_day: date) -> int:
         """Prompt and generated tokens of a user (of one key of theirs, given `key_id`) from `first_day` on."""
@@ -114,24 +118,6 @@ class UsageStore:
         with self.db.session() as session:
             return [UsageTotal(group=str(value), requests=int(r), prompt_tokens=int(p), cached_tokens=int(c),
                                completion_tokens=int(g)) for value, r, p, c, g in session.execute(query)]
-
-    # --- requests per minute ------------------------------------------------------
-    def requests_in(self, user_id: str, key_id: str, minute: int) -> int:
-        """Model requests of a user (`key_id` "") or of one key in `minute`."""
-        with self.db.session() as session:
-            found = session.scalar(select(UsageMinute.requests).where(
-                UsageMinute.user_id == user_id, UsageMinute.key_id == key_id, UsageMinute.minute == minute))
-            return found or 0
-
-    def count_request(self, user_id: str, key_id: str, minute: int) -> None:
-        """Count one model request in `minute` for the user, and for the key when there is one."""
-        insert = self._insert()
-        with self.db.session() as session, session.begin():
-            session.execute(delete(UsageMinute).where(UsageMinute.minute < minute - MINUTES_KEPT))
-            for key in ("", key_id) if key_id else ("",):
-                statement = insert(UsageMinute).values(user_id=user_id, key_id=key, minute=minute, requests=1)
-                session.execute(statement.on_conflict_do_update(
-                    index_elements=["user_id", "key_id", "minute"], set_={"requests": UsageMinute.requests + 1}))
 
     # --- quotas -------------------------------------------------------------------
     def quota(self, kind: str, subject: str) -> QuotaRecord | None:

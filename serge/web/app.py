@@ -20,7 +20,8 @@ from fastapi.staticfiles import StaticFiles
 from serge import __version__
 from serge.accounts import Accounts, LoginSessions, Usage, load_secret
 from serge.chats import ChatService, Indexer, Knowledge, Presets
-from serge.chats.running import SharedReplies, shared_by_processes
+from serge.accounts.reservations import LEASE_S, Reservations, reserve_streams
+from serge.chats.running import SharedReplies, process_name, shared_by_processes
 from serge.engine import Engine
 from serge.settings import Settings
 from serge.chats.documents import ChatDocuments
@@ -28,6 +29,7 @@ from serge.chats.responses import StoredResponses
 from serge.chats.lookup import Lookup
 from serge.store import (AccountStore, ChatStore, CollectionStore, Database, DocumentStore, FileStore, PresetStore,
                          ResponseStore, UsageStore, DecisionStore)
+from serge.store.reservations import ReservationStore
 from serge.store.tools import ToolServerStore
 from serge.tools import ToolServers
 from serge.chats.tools import ChatTools, ToolDecisions
@@ -83,6 +85,9 @@ def build_app(settings: Settings, engine: Engine) -> FastAPI:
         accounts = AccountStore(database)
         app.state.accounts = Accounts(accounts)
         app.state.usage = Usage(UsageStore(database))
+        # a model request's budget, held against its user's caps while it runs (settled by any process, should this die)
+        app.state.reservations = Reservations(app.state.usage, ReservationStore(database, process_name(),
+                                                                                  LEASE_S)).start()
         app.state.sessions = LoginSessions(accounts, load_secret(settings.data_dir),
                                            timedelta(days=settings.session_days))
         store = DocumentStore(database, FileStore(settings.data_dir / "files"))
@@ -99,7 +104,7 @@ def build_app(settings: Settings, engine: Engine) -> FastAPI:
         app.state.decisions = ToolDecisions(DecisionStore(database))  # answers to tool calls, from any process
         chat_tools = ChatTools(app.state.tools, chat_store, engine, app.state.decisions, steps=settings.tool_steps)
         app.state.chats = ChatService(chat_store, engine, documents, app.state.knowledge, chat_tools, shared,
-                                      app.state.presets, warm=settings.warm_chats)
+                                      app.state.presets, warm=settings.warm_chats, reserve=reserve_streams)
         if shared is not None:
             limits.share_streams(shared)
         app.state.chats.recover()  # replies cut off by a crash are shown as interrupted
@@ -114,6 +119,7 @@ def build_app(settings: Settings, engine: Engine) -> FastAPI:
             app.state.chats.close()  # replies in progress are stopped and saved as incomplete
             await app.state.tools.close()  # the MCP servers Serge started stop with it
             indexer.close()  # between two batches: the next start goes on from there
+            app.state.reservations.close()
             database.close()
         loader.join()
 

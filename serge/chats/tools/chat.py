@@ -46,6 +46,7 @@ class ToolReply:
         self.tool_log: list[dict] = list(notes)  # each call, as stored with the message
         self.waiting = False  # a call waits for the person's answer
         self.model, self.dropped_messages = turn.model, turn.dropped_messages
+        self.prompt_tokens, self.max_new_tokens, self.choices = turn.prompt_tokens, turn.max_new_tokens, 1
 
     @property
     def done(self) -> bool:

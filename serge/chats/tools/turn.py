@@ -211,6 +211,11 @@ class ToolTurn:
         self._stream = self._begin(ask)  # the first pass starts now: its refusals are the caller's
         self.model = self._stream.model
         self.dropped_messages = self._stream.dropped_messages
+        # its first pass's budget, as a stream's (serge.accounts.reservations holds it against the user's caps)
+        self.prompt_tokens = self._stream.prompt_tokens
+        self.prompt_bound = getattr(self._stream, "prompt_bound", None)  # a remote model's
+        self.max_new_tokens = getattr(self._stream, "max_new_tokens", None)
+        self.choices = 1
 
     # --- as a stream, for whoever meters, watches or stops it ----------------------------------
     @property

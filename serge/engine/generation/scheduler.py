@@ -133,6 +133,7 @@ class Scheduler:
         if params.logprobs is not None:
             self.vocabulary.prepare()  # token bytes: a second's work, here rather than on the worker
         stream = Stream(n, self._wakeups)
+        stream.max_new_tokens = params.max_new_tokens  # resolved: the most a choice may take (a quota's budget)
         group = Sequence.choices(prompt, params, stream, self._tokenizer, self._eos, self.vocabulary,
                                  (grammar, grammar_param) if grammar is not None else None, reader, finish_json,
                                  thinking, n, images)

@@ -139,6 +139,8 @@ class Stream:
         # Messages of the conversation left out of the prompt to fit the context (set by the engine).
         self.dropped_messages = 0
         self.model: str | None = None  # the name of the model that answers, set by the engine
+        self.max_new_tokens: int | None = None  # each choice's longest reply, where the engine knows it
+        self.prompt_bound: int | None = None  # where the prompt is not counted before it runs: an estimate of it
 
     # --- the worker's side -------------------------------------------------
     @property

@@ -7,7 +7,9 @@ made on this machine are the local user, as before accounts existed, and others
 are refused. Once any account exists, everything but the login page, static
 files, the health status and the metrics (whose routes decide what to show)
 needs one of the two: a page sends the browser to /login, anything else gets
-401. What a user may see is not decided here: routes pass the user's id to the
+401. A user's requests other than model requests are metered here per process
+(SERGE_USER_REQUESTS_PER_MINUTE, a flood guard); model requests are counted by
+their quota, in the database (`UsageMeter`). What a user may see is not decided here: routes pass the user's id to the
 chat service as the owner of every query. Everything the engine does for the
 request counts as that user's (or, without accounts, the client address's) in its
 fair share (`party`).
@@ -28,6 +30,7 @@ from serge.accounts import LOCAL_USER, Accounts, LoginSessions
 from serge.engine.party import asking
 from serge.store import DatabaseUnavailable, UserRecord
 from serge.web.http.errors import ApiError, error_body, problem
+from serge.web.http.usage_meter import dialect_of
 from serge.web.http.user_limits import UserLimits
 
 SESSION_COOKIE = "serge_session"
@@ -172,10 +175,12 @@ class Authenticate:
             return await self._metered(user, scope, receive, send)
 
     async def _metered(self, user: UserRecord, scope, receive, send):
-        wait = self.limits.take(user.id)
+        model_request = scope["method"] == "POST" and dialect_of(scope["path"]) is not None
+        wait = 0 if model_request else self.limits.take(user.id)  # a model request's minute is the quota's (UsageMeter)
         if wait:
-            return await self._refuse(scope, receive, send, 429, f"more than {self.limits.per_minute} requests in a "
-                                      f"minute (SERGE_USER_REQUESTS_PER_MINUTE); retry in {wait} s", "rate_limited",
+            return await self._refuse(scope, receive, send, 429, f"more than {self.limits.per_minute} requests "
+                                      f"other than model requests in a minute on this server "
+                                      f"(SERGE_USER_REQUESTS_PER_MINUTE); retry in {wait} s", "rate_limited",
                                       {"Retry-After": str(wait)})
         streaming = scope["method"] == "POST" and STREAMING.fullmatch(scope["path"]) is not None
         stream = None

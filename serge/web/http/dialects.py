@@ -15,6 +15,7 @@ from fastapi import Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
+from serge.accounts.reservations import reserve_streams
 from serge.engine import ChatRequest, GenerationRecord, Stream
 from serge.web.http.auth import current_user
 from serge.web.http.errors import ApiError, describe_validation
@@ -89,13 +90,15 @@ def refused_settings(exc: ValidationError, names: Mapping[str, str]) -> ApiError
     return ApiError(400, message, code="invalid_value", param=names.get(param, param))
 
 
-def start_chat(request: Request, name: str | None, ask: ChatRequest) -> Stream:
+def start_chat(request: Request, name: str | None, ask: ChatRequest, counted: bool = True) -> Stream:
     """The engine's stream for `ask` sent to `name`, a model's or a preset's (`serge.chats.presets` makes the
-    preset's request); the stream names what the client asked for. Blocking: call it in the thread pool."""
+    preset's request), its budget reserved (`serge.accounts.reservations`); the stream names what the client
+    asked for. Blocking: call it in the thread pool."""
     applied = request.app.state.presets.apply(current_user(request).id, name, ask)
     stream = request.app.state.engine.chat(applied.model, applied.request)
     if applied.preset is not None:
         stream.model = applied.preset.name
+    reserve_streams(stream, counted=counted)  # its budget held against the user's caps, or QuotaExceeded (the stream cancelled)
     return stream
 
 

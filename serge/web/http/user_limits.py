@@ -1,8 +1,10 @@
 """Per-user budgets: requests per minute and replies generating at once.
 
-`UserLimits` belongs to one app (no module state, no Redis). Requests are
-metered in this process by a token bucket (a burst of a minute's worth, then a
-steady rate), so the wait it names in Retry-After is exact. Replies generating
+`UserLimits` belongs to one app (no module state, no Redis). Requests other
+than model requests are metered in this process by a token bucket (a burst of a
+minute's worth, then a steady rate): a flood guard, so the wait it names in
+Retry-After is exact; model requests are counted by their quota, in the database
+(`serge.accounts.reservations`). Replies generating
 are counted here too, until `share_streams` hands the count to the database
 several processes share (`SharedReplies`): then a user has their streams once
 across all of them. It knows nothing of HTTP.

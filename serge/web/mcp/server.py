@@ -7,13 +7,15 @@ lives in one process's memory. It is a route like any other: the Host, Origin an
 Bearer sk-serge-...`, or the local user while Serge has no accounts) and every tool passes that user's id as
 the owner to `serge.chats.lookup.Lookup`. The SDK's own DNS-rebinding check is off because Serge's guard
 (SERGE_ALLOWED_HOSTS) already made that decision for every route. A tool's refusal (an unknown collection,
-an empty query) is a tool error the agent reads, never an HTTP 500. It holds no business rules of its own.
+an empty query, a quota used up) is a tool error the agent reads, never an HTTP 500. A search that embeds
+its query is a model request of its user, admitted, reserved and counted as every dialect's
+(`serge.accounts.reservations`). It holds no business rules of its own.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from typing import Annotated, TypeVar
 
 from fastapi import FastAPI
@@ -25,6 +27,7 @@ from pydantic import Field
 from starlette.requests import Request
 
 from serge import __version__
+from serge.accounts import LOCAL_USER, QuotaExceeded
 from serge.chats import ChatNotFound, InvalidChatInput, InvalidCollectionInput
 from serge.chats.lookup import MAX_PASSAGES, ChatSummary, ChatText, CollectionSummary, Lookup, Passage
 from serge.store import CollectionNotFound
@@ -49,17 +52,31 @@ def _owner(ctx: Context) -> str:
     return user.id
 
 
-def knowledge_server(lookup: Callable[[], Lookup]) -> MCPServer:
+@contextmanager
+def _metered(ctx: Context, app: FastAPI, texts: list[str] | None) -> Iterator[None]:
+    """A tool that embeds `texts` is a model request of its user: admitted against their caps and counted."""
+    request = ctx.request_context.request
+    user, reservations = request.state.user, getattr(app.state, "reservations", None)
+    if texts is None or reservations is None or user is LOCAL_USER:
+        yield
+        return
+    with reservations.embedding(user.id, getattr(request.state, "key_id", None) or "", "mcp",
+                                app.state.settings.default_embedding_model, texts):
+        yield
+
+
+def knowledge_server(lookup: Callable[[], Lookup], app: FastAPI) -> MCPServer:
     """The tools over the running app's `lookup()`; each runs in a worker thread (the SDK's way with plain
-    functions), as Serge's queries block."""
+    functions), as Serge's queries block. A search that embeds its query is metered like any model request."""
     server = MCPServer("serge", title="Serge", version=__version__, instructions=INSTRUCTIONS,
                        log_level="WARNING")
 
-    def _answer(ctx: Context, ask: Callable[[Lookup, str], T]) -> T:
+    def _answer(ctx: Context, ask: Callable[[Lookup, str], T], embeds: list[str] | None = None) -> T:
         owner = _owner(ctx)
         try:
-            return ask(lookup(), owner)
-        except REFUSALS as exc:  # what the agent can fix: said to it, as the JSON API would say it
+            with _metered(ctx, app, embeds):
+                return ask(lookup(), owner)
+        except (*REFUSALS, QuotaExceeded) as exc:  # what the agent can fix: said to it, as the JSON API would say it
             raise ToolError(str(exc)) from exc
 
     @server.tool(annotations=READ_ONLY)
@@ -77,7 +94,7 @@ def knowledge_server(lookup: Callable[[], Lookup]) -> MCPServer:
     ) -> list[Passage]:
         """The passages of one collection that best answer `query` (searched by meaning and by words, the ranks
         fused), each with its file, page and score."""
-        return _answer(ctx, lambda lookup, owner: lookup.search_knowledge(owner, collection, query, limit))
+        return _answer(ctx, lambda lookup, owner: lookup.search_knowledge(owner, collection, query, limit), [query])
 
     @server.tool(annotations=READ_ONLY)
     def search_chats(query: Annotated[str, Field(description="words the title or a message holds",
@@ -99,8 +116,8 @@ class McpEndpoint:
     """The ASGI app at `/mcp`. The SDK's session manager runs once per start, so a new one is made each time
     the app starts (`running`, from Serge's lifespan)."""
 
-    def __init__(self) -> None:
-        self.server = knowledge_server(self._lookup)
+    def __init__(self, app: FastAPI) -> None:
+        self.server = knowledge_server(self._lookup, app)
         self._app = None
         self._running_lookup: Lookup | None = None
 
@@ -129,7 +146,7 @@ class McpEndpoint:
 
 def install_mcp(app: FastAPI) -> McpEndpoint:
     """Route `/mcp` to the endpoint; the caller runs `endpoint.running()` in the app's lifespan."""
-    endpoint = McpEndpoint()
+    endpoint = McpEndpoint(app)
     # POST only: stateless, there is no session to DELETE and nothing to push on a GET stream, which would only
     # hold a connection open; MCP's spec has such a server answer 405, which clients expect.
     app.router.add_route(PATH, endpoint, methods=["POST"], include_in_schema=False)

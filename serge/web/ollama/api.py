@@ -22,6 +22,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
+from serge.accounts.reservations import reserve_inputs, reserve_streams
 from serge.engine import (ChatRequest, Engine, FinishReason, GenerationRecord, ModelNotFound, Stream,
                           TokenLogprob)
 from serge.chats import Presets
@@ -112,6 +113,7 @@ async def _answer(request: Request, stream: Stream, *, chat: bool, streamed: boo
     """The reply as Ollama writes it: a record per piece of text (`message` on /api/chat, `response` on
     /api/generate), the tool calls in one record, then the last one with the statistics; or all in one object.
     `shown`: the name the client asked for, where it is not the model's (a preset's)."""
+    await run_in_threadpool(reserve_streams, stream)  # its budget held, or QuotaExceeded (the stream cancelled)
     base = stream.model
     name = shown or base
     note_generation(request, name, stream)
@@ -276,6 +278,7 @@ def _texts(texts: list[str]) -> list[str]:
 async def _embed(request: Request, model: str | None, texts: list[str], dimensions: int | None = None):
     engine = _engine(request)
     name = library_name(engine, model or engine.settings.default_embedding_model)
+    await run_in_threadpool(reserve_inputs, name, texts)  # held against the user's caps, or QuotaExceeded
     result = await run_in_threadpool(engine.embed, name, texts, dimensions)
     note_embedding(request, result.model, result.prompt_tokens)
     return result

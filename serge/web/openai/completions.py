@@ -20,6 +20,7 @@ from fastapi import APIRouter, Request
 from pydantic import Field, ValidationError, field_validator
 from starlette.concurrency import run_in_threadpool
 
+from serge.accounts.reservations import reserve_streams
 from serge.engine import ContextTooLong, FinishReason, GenerationRecord, SamplingParams, Stream, TokenLogprob
 from serge.web.pages.docs import TEXT_COMPLETION
 from serge.web.http.errors import ApiError
@@ -126,6 +127,7 @@ async def completions(body: CompletionRequest, request: Request):
     try:
         for text in prompts:  # all queued at once: they decode in one batch
             streams.append(await run_in_threadpool(engine.complete, body.model, text, params, body.suffix, body.n))
+        await run_in_threadpool(reserve_streams, *streams)  # their budgets held, or QuotaExceeded
     except BaseException as exc:
         for stream in streams:
             stream.cancel()

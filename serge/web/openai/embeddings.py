@@ -13,6 +13,7 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from starlette.concurrency import run_in_threadpool
 
+from serge.accounts.reservations import reserve_inputs
 from serge.web.http.errors import ApiError
 from serge.web.http.request_log import note_embedding
 
@@ -63,7 +64,9 @@ class EmbeddingRequest(BaseModel):
 
 @router.post("/embeddings", summary="Create embeddings: one vector per input text, from an embedding model")
 async def embeddings(body: EmbeddingRequest, request: Request):
-    result = await run_in_threadpool(request.app.state.engine.embed, body.model, body.texts(), body.dimensions)
+    texts = body.texts()
+    await run_in_threadpool(reserve_inputs, body.model, texts)  # held against the user's caps, or QuotaExceeded
+    result = await run_in_threadpool(request.app.state.engine.embed, body.model, texts, body.dimensions)
     note_embedding(request, result.model, result.prompt_tokens)
     rows = result.vectors
     if body.encoding_format == "base64":

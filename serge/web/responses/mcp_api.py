@@ -86,10 +86,13 @@ async def mcp_response(body: CreateResponse, request: Request, history: list[dic
     ask = ChatRequest(messages, body.sampling(), offer, body.response_format(), trim=body.truncation == "auto",
                       think=body.think())
     steps = request.app.state.settings.tool_steps
+
+    def start(pass_ask: ChatRequest):  # each pass's budget held; the turn, noted whole, reports their tokens
+        return start_chat(request, body.model, pass_ask, counted=False)
+
     try:
-        turn = await run_in_threadpool(
-            lambda: ToolTurn(lambda pass_ask: start_chat(request, body.model, pass_ask), ask, tools, run,
-                             decisions.client(user.id), steps=steps, functions=frozenset(functions), made=made))
+        turn = await run_in_threadpool(lambda: ToolTurn(start, ask, tools, run, decisions.client(user.id), steps=steps,
+                                                        functions=frozenset(functions), made=made))
     except ContextTooLong as exc:
         raise too_long(exc) from None
     except InvalidRequest as exc:
