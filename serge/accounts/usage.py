@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 
 from serge.accounts.service import InvalidAccountInput
+from serge.accounts.waits import in_words
 from serge.store.usage import QuotaRecord, UsageCount, UsageFilter, UsageStore, UsageTotal
 
 DEFAULT = ("default", "")
@@ -111,7 +112,7 @@ class Usage:
     @staticmethod
     def _refuse(what: str, reset: datetime, now: datetime, quota: str) -> None:
         wait = max(1, math.ceil((reset - now).total_seconds()))
-        raise QuotaExceeded(f"{what}; it resets at {reset:%Y-%m-%d %H:%M} UTC, in {wait} s", wait, quota)
+        raise QuotaExceeded(f"{what}; it resets at {reset:%Y-%m-%d %H:%M} UTC, in {in_words(wait)}", wait, quota)
 
     def record(self, count: UsageCount) -> None:
         """Add a finished request's tokens to today's (UTC) row of its user, key, model and dialect."""
