@@ -188,8 +188,11 @@ class ChatService:
         preset = self.presets.exported(owner, chat.model) if self.presets is not None else None
         return export_json(chat, self.store.all_messages(owner, chat_id), preset)
 
-    def import_chat(self, owner: str, data: ChatExport) -> ChatRecord:
+    def import_chat(self, owner: str, data: ChatExport, user=None) -> ChatRecord:
+        """`user`: the account importing, whose tool servers the chat keeps (those it may not use are left out)."""
         chat = data.chat
+        usable = set(self.tools.usable(user)) if self.tools is not None else set()
+        tools = [name for name in dict.fromkeys(chat.tools) if name in usable]
         settings = check_settings(chat.settings)
         adopt = None  # the preset the chat used, to be made the importer's own once the rest is checked
         try:
@@ -209,7 +212,8 @@ class ChatService:
             return self.store.import_chat(
                 owner,
                 {**chat.model_dump(exclude={"preset"}),
-                 "title": chat.title.strip()[:MAX_TITLE_CHARS] or DEFAULT_TITLE, "model": model, "settings": settings},
+                 "title": chat.title.strip()[:MAX_TITLE_CHARS] or DEFAULT_TITLE, "model": model, "settings": settings,
+                 "tools": tools, "tool_approvals": [a for a in chat.tool_approvals if a.split("/", 1)[0] in tools]},
                 [m.model_dump() for m in data.messages],
                 data.current_id,
             )
