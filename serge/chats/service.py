@@ -19,6 +19,7 @@ from serge.chats.checks import (DEFAULT_TITLE, MAX_MESSAGE_CHARS, MAX_SYSTEM_PRO
 from serge.chats.documents import ChatDocuments
 from serge.chats.knowledge import Knowledge
 from serge.chats.presets import Presets
+from serge.chats.budget_words import in_chat_words
 from serge.chats.replies import Reply
 from serge.chats.tools import ToolLoop
 from serge.chats.chat_tools import ChatTools, knowledge_search
@@ -326,7 +327,8 @@ class ChatService:
                                                   "Regenerate once that is fixed") from exc
         try:
             if preset is not None and preset.tools and not chat.tools:  # a preset's servers, where the chat ticks none
-                chat = replace(chat, tools=tuple(preset.tools))
+                chat = replace(chat, tools=tuple(preset.tools),  # and its tool choice, where the chat left it at auto
+                               tool_choice=preset.tool_choice if chat.tool_choice == "auto" else chat.tool_choice)
             if self.tools is not None and chat.tools:
                 search = knowledge_search(self.documents, owner, [*asked.attached, *asked.collections])
                 stream = self.tools.loop(owner, chat, model, asked.history, caller, search, settings)
@@ -334,8 +336,11 @@ class ChatService:
                 stream = self.engine.chat(model, ChatRequest(asked.history, SamplingParams(**settings),
                                                              keep_cut=self.warming is not None))
         except Exception as exc:
-            self.store.finish_message(owner, placeholder.id, finish_reason="error", complete=False, error=str(exc))
-            raise
+            said = in_chat_words(exc, chat, preset)  # a budget too small for the first tool call: in the chat's words
+            self.store.finish_message(owner, placeholder.id, finish_reason="error", complete=False, error=str(said))
+            if said is exc:
+                raise
+            raise said from exc
         # the engine counts what it left out of `history`; the page counts messages on the branch
         dropped = asked.places[stream.dropped_messages - 1] + 1 if stream.dropped_messages else 0
         reply = Reply(self.store, owner, chat_id, placeholder, user, stream, self._active.release, dropped,

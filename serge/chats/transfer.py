@@ -48,6 +48,7 @@ class ExportedPreset(BaseModel):
     settings: dict = Field(default_factory=dict)
     knowledge: list[str] = Field(default_factory=list, max_length=8)
     tools: list[str] = Field(default_factory=list, max_length=16)
+    tool_choice: Literal["auto", "first", "always"] = "auto"
 
 
 class ExportedChat(BaseModel):
