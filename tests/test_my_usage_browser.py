@@ -177,3 +177,10 @@ def test_the_model_picker_offers_no_embedding_model(real_site, narrow_or_wide, w
     offered = page.locator("#set-model option").all_text_contents()
     assert any(REAL in o for o in offered), offered
     assert not any(name in o for name in embedding for o in offered), offered
+
+
+def test_without_accounts_my_usage_shows_no_caps_since_none_applies(settings, engine, tmp_path_factory):
+    with own_server(settings, engine, tmp_path_factory.mktemp("no-accounts")) as url:
+        assert httpx.put(f"{url}/api/quotas/default", json={"tokens_per_day": 5}).status_code == 200
+        mine = httpx.get(f"{url}/api/usage/mine").json()
+        assert mine["user"] == "local" and mine["today"]["cap"] is None and mine["requests_per_minute"] is None

@@ -52,11 +52,12 @@ def _against(when: str, spent: Spent, cap: int | None, resets: str) -> str:
             f"{left:,} are left, and the count starts again at {resets}.")
 
 
-def my_usage(usage: Usage, user_id: str) -> MyUsage:
-    """`user_id`'s spending this UTC day and month, and the caps that apply to them."""
+def my_usage(usage: Usage, user_id: str, capped: bool = True) -> MyUsage:
+    """`user_id`'s spending this UTC day and month, and the caps that apply to them (none when not `capped`:
+    the requests made while Serge has no accounts, which no cap stops)."""
     now = usage.clock().astimezone(UTC)
     today = now.date()
-    caps = usage.user_quota(user_id).applied
+    caps = usage.user_quota(user_id).applied if capped else QuotaRecord()
 
     def spent(start) -> Spent:
         rows = usage.totals("user", UsageFilter(user_id=user_id, start=start, end=today))

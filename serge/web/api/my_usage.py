@@ -10,6 +10,7 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 
+from serge.accounts import LOCAL_USER
 from serge.accounts.my_usage import MyUsage, my_usage
 from serge.web.http.auth import current_user
 
@@ -46,5 +47,5 @@ def usage_out(name: str, mine: MyUsage) -> MyUsageOut:
             summary="Your own tokens and requests today and this month, against your caps (every user)")
 async def read_my_usage(request: Request) -> MyUsageOut:
     user = current_user(request)
-    mine = await run_in_threadpool(my_usage, request.app.state.usage, user.id)
+    mine = await run_in_threadpool(my_usage, request.app.state.usage, user.id, user is not LOCAL_USER)
     return usage_out(user.name, mine)

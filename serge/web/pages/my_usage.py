@@ -23,6 +23,6 @@ templates = Jinja2Templates(directory=str(TEMPLATES))
 @router.get("/usage")
 async def my_usage_page(request: Request) -> Response:
     user = current_user(request)
-    mine = await run_in_threadpool(my_usage, request.app.state.usage, user.id)
+    mine = await run_in_threadpool(my_usage, request.app.state.usage, user.id, user is not LOCAL_USER)
     return templates.TemplateResponse(request, "my_usage.html", {
         "user": user, "local": user is LOCAL_USER, "version": __version__, "mine": mine})
