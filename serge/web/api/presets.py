@@ -65,7 +65,8 @@ def preset_out(view: PresetView) -> dict:
     p = view.preset
     return {"id": p.id, "name": p.name, "shared": p.shared, "model": p.model, "state": view.state,
             "system_prompt": p.system_prompt, "settings": p.settings, "knowledge": list(p.knowledge),
-            "tools": list(p.tools), "tool_choice": p.tool_choice, "created_at": p.created_at.isoformat(), "updated_at": p.updated_at.isoformat()}
+            "tools": list(p.tools), "tool_choice": p.tool_choice, "created_at": p.created_at.isoformat(),
+            "updated_at": p.updated_at.isoformat()}
 
 
 def _settings(value: SamplingParams | None) -> dict | None:

@@ -74,9 +74,9 @@ function showPreset() {
   }
   const { system, tools, toolChoice } = option.dataset;
   const shown = system.length > 300 ? `${system.slice(0, 300)}…` : system;
+  const choice = CHOICES[toolChoice] ? ` (${CHOICES[toolChoice]})` : "";
   const parts = [system ? `System prompt: “${shown}”` : "No system prompt",
-                 tools ? `Tools: ${tools.split(",").join(", ")}${CHOICES[toolChoice] ? ` (${CHOICES[toolChoice]})` : ""}`
-                       : "No tools"];
+                 tools ? `Tools: ${tools.split(",").join(", ")}${choice}` : "No tools"];
   info.textContent = `Preset ${option.value}. ${parts.join(". ")}.`;  // as text, never as markup
   info.hidden = false;
 }
