@@ -249,7 +249,8 @@ def test_a_chat_exported_carries_its_preset_and_an_import_makes_it_the_importers
     send(alice, f"/api/chats/{chat['id']}/messages", {"content": "Hello"})
     exported = alice.get(f"/api/chats/{chat['id']}/export", params={"format": "json"}).json()
     assert exported["chat"]["preset"] == {"name": "alices-voice", "model": NAME, "system_prompt": "Speak like alice.",
-                                          "settings": {"max_new_tokens": 2}, "knowledge": [], "tools": ["wiki"]}
+                                          "settings": {"max_new_tokens": 2}, "knowledge": [], "tools": ["wiki"],
+                                          "tool_choice": "auto"}
     assert "alices-voice" not in [p["name"] for p in bob.get("/api/presets").json()["data"]]
     imported = bob.post("/api/chats/import", json=exported)
     assert imported.status_code == 201, imported.text

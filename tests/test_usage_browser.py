@@ -50,7 +50,7 @@ def test_a_capped_user_reads_in_the_chat_which_quota_refused_them_and_the_admin_
 
     page.context.clear_cookies()
     sign_in(page, url, "alice")
-    page.get_by_role("link", name="Usage").click()
+    page.get_by_role("link", name="Usage", exact=True).click()
     chart = page.get_by_role("img", name="Tokens per day (UTC), last 30 days")
     expect(chart).to_be_visible()
     assert chart.bounding_box()["height"] > 100

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
+from serge.accounts.waits import in_words
 from serge.accounts.usage import QuotaExceeded, Usage, month_start, next_month, utc_midnight
 from serge.store import QuotaRecord, UsageCount
 from serge.store.reservations import Check, Period, Read, ReservationStore, Spent
@@ -233,4 +234,4 @@ def refuse(whose: str, quota: QuotaRecord, spent: Spent, now: datetime, period: 
 
 def _refuse(what: str, reset: datetime, now: datetime, quota: str) -> None:
     wait = max(1, math.ceil((reset - now).total_seconds()))
-    raise QuotaExceeded(f"{what}; it resets at {reset:%Y-%m-%d %H:%M} UTC, in {wait} s", wait, quota)
+    raise QuotaExceeded(f"{what}; it resets at {reset:%Y-%m-%d %H:%M} UTC, in {in_words(wait)}", wait, quota)

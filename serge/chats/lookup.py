@@ -47,7 +47,18 @@ class ChatSummary:
     id: str
     title: str
     updated_at: datetime
-    match: str | None  # a little of the first message that holds the query, or None when the title did
+    match: str | None  # a little of the title where it holds the query, else of the first message that does
+
+
+@dataclass(frozen=True)
+class ChatToolCall:
+    """A tool a reply called, as the page shows it folded: which, with what, and what came back."""
+
+    server: str
+    tool: str
+    arguments: str  # JSON text, as the model wrote it
+    state: str  # done, error, denied, stopped, waiting or running
+    result: str
 
 
 @dataclass(frozen=True)
@@ -55,6 +66,7 @@ class ChatMessage:
     role: str
     content: str
     created_at: datetime
+    tool_calls: tuple[ChatToolCall, ...] = ()  # a reply's, in the order it made them
 
 
 @dataclass(frozen=True)
@@ -108,7 +120,7 @@ class Lookup:
         found = []
         for chat in self.chats.store.list_chats(owner, query, limit=MAX_CHATS):
             if query.lower() in chat.title.lower():
-                found.append(ChatSummary(chat.id, chat.title, chat.updated_at, None))
+                found.append(ChatSummary(chat.id, chat.title, chat.updated_at, _snippet(chat.title, query)))
                 continue
             holding = next((m.content for m in self.chats.store.all_messages(owner, chat.id)
                             if query.lower() in (m.content or "").lower()), None)
@@ -122,9 +134,13 @@ class Lookup:
         messages, room = [], MAX_CHAT_CHARS
         for m in chat.messages:
             content = m.content or ""
-            if len(content) > room:
+            calls = tuple(ChatToolCall(str(c.get("server", "")), str(c.get("tool", "")), str(c.get("arguments", "")),
+                                       str(c.get("state", "done")), str(c.get("result", "")))
+                          for c in m.tool_calls or ())
+            size = len(content) + sum(len(c.arguments) + len(c.result) for c in calls)
+            if size > room:
                 messages.append(ChatMessage(m.role, content[:room] + " [cut: the chat goes on]", m.created_at))
                 return ChatText(chat.id, chat.title, tuple(messages), True)
-            room -= len(content)
-            messages.append(ChatMessage(m.role, content, m.created_at))
+            room -= size
+            messages.append(ChatMessage(m.role, content, m.created_at, calls))
         return ChatText(chat.id, chat.title, tuple(messages), False)

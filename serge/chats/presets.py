@@ -29,6 +29,7 @@ from serge.store import PresetNotFound, PresetRecord, PresetStore
 NAME = re.compile(r"[A-Za-z0-9][\w.-]{0,63}")
 MAX_PRESETS = 200  # a user's own; and as many for everyone
 MAX_TOOLS = 16
+TOOL_CHOICES = ("auto", "first", "always")  # as a chat's: when the model decides, first in every reply, every step
 TOOL_NAME = re.compile(r"[\w.-]{1,64}")
 TAG = ":latest"  # how Ollama's clients spell a name with no tag
 
@@ -70,6 +71,13 @@ def check_name(name: str) -> str:
                                  f"letter or digit (it is what a request puts in `model`); {name[:80]!r} is not",
                                  "name")
     return name
+
+
+def _tool_choice(choice: str | None) -> str:
+    if (choice or "auto") not in TOOL_CHOICES:
+        raise InvalidPresetInput(f"tool_choice is one of {', '.join(TOOL_CHOICES)}; not {str(choice)[:20]!r}",
+                                 "tool_choice")
+    return choice or "auto"
 
 
 def _tools(names: Sequence[str] | None) -> list[str]:
@@ -142,7 +150,7 @@ class Presets:
 
     def create(self, user: str, admin: bool, *, name: str, model: str, system_prompt: str | None = None,
                settings: dict | None = None, knowledge: Sequence[str] | None = None,
-               tools: Sequence[str] | None = None, shared: bool = False) -> PresetRecord:
+               tools: Sequence[str] | None = None, shared: bool = False, tool_choice: str = "auto") -> PresetRecord:
         """A preset of `user`'s own, or (`shared`, admins only) one for everyone."""
         if shared and not admin:
             raise PresetForbidden("only admins make presets for everyone; leave `shared` out to make your own")
@@ -154,7 +162,8 @@ class Presets:
         return self.store.create(
             name=name, owner=None if shared else user, author=user, model=self._check_model(model),
             system_prompt=check_text(system_prompt, "system_prompt", MAX_SYSTEM_PROMPT_CHARS) or None,
-            settings=check_settings(settings), knowledge=self._collections(user, knowledge), tools=_tools(tools))
+            settings=check_settings(settings), knowledge=self._collections(user, knowledge), tools=_tools(tools),
+            tool_choice=_tool_choice(tool_choice))
 
     def list(self, user: str) -> list[PresetView]:
         return [PresetView(p, self._state(p)) for p in self.store.list(user)]
@@ -184,7 +193,7 @@ class Presets:
         return preset
 
     def update(self, user: str, admin: bool, preset_id: str, changes: dict) -> PresetRecord:
-        """Change the fields given (name, model, system_prompt, settings, knowledge, tools)."""
+        """Change the fields given (name, model, system_prompt, settings, knowledge, tools, tool_choice)."""
         preset = self._changeable(user, admin, preset_id)
         checked: dict = {}
         if "name" in changes:
@@ -202,6 +211,9 @@ class Presets:
             checked["knowledge"], checked["author"] = self._collections(user, changes["knowledge"]), user
         if "tools" in changes:
             checked["tools"] = _tools(changes["tools"])
+        if "tool_choice" in changes:
+            choice = _tool_choice(changes["tool_choice"])
+            checked["tool_choice"] = None if choice == "auto" else choice
         return self.store.update(user, preset_id, **checked)
 
     def delete(self, user: str, admin: bool, preset_id: str) -> None:
@@ -217,7 +229,7 @@ class Presets:
         names = self.knowledge.searchable(preset.author, list(preset.knowledge))[1] if self.knowledge else {}
         return {"name": preset.name, "model": preset.model, "system_prompt": preset.system_prompt,
                 "settings": preset.settings, "knowledge": [names[c] for c in preset.knowledge if c in names],
-                "tools": list(preset.tools)}
+                "tools": list(preset.tools), "tool_choice": preset.tool_choice}
 
     def adopt(self, user: str, exported) -> str:
         """An imported chat's preset (`ExportedPreset`), made `user`'s own; its name. Collections `user` has no
@@ -226,7 +238,8 @@ class Presets:
         try:
             return self.create(user, False, name=exported.name, model=exported.model,
                                system_prompt=exported.system_prompt, settings=exported.settings,
-                               knowledge=[k for k in exported.knowledge if k in mine], tools=exported.tools).name
+                               knowledge=[k for k in exported.knowledge if k in mine], tools=exported.tools,
+                               tool_choice=exported.tool_choice).name
         except (InvalidChatInput, ModelNotFound) as exc:
             raise InvalidPresetInput(f"chat.preset: {exc}", "chat.preset") from None
 

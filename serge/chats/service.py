@@ -20,6 +20,7 @@ from serge.chats.checks import (DEFAULT_TITLE, MAX_MESSAGE_CHARS, MAX_SYSTEM_PRO
 from serge.chats.documents import ChatDocuments
 from serge.chats.knowledge import Knowledge
 from serge.chats.presets import Presets
+from serge.chats.budget_words import in_chat_words
 from serge.chats.replies import Reply
 from serge.chats.tools import ChatTools, knowledge_search
 from serge.chats.conversation import Conversations
@@ -197,8 +198,11 @@ class ChatService:
         preset = self.presets.exported(owner, chat.model) if self.presets is not None else None
         return export_json(chat, self.store.all_messages(owner, chat_id), preset)
 
-    def import_chat(self, owner: str, data: ChatExport) -> ChatRecord:
+    def import_chat(self, owner: str, data: ChatExport, user=None) -> ChatRecord:
+        """`user`: the account importing, whose tool servers the chat keeps (those it may not use are left out)."""
         chat = data.chat
+        usable = set(self.tools.usable(user)) if self.tools is not None else set()
+        tools = [name for name in dict.fromkeys(chat.tools) if name in usable]
         settings = check_settings(chat.settings)
         adopt = None  # the preset the chat used, to be made the importer's own once the rest is checked
         try:
@@ -218,7 +222,8 @@ class ChatService:
             return self.store.import_chat(
                 owner,
                 {**chat.model_dump(exclude={"preset"}),
-                 "title": chat.title.strip()[:MAX_TITLE_CHARS] or DEFAULT_TITLE, "model": model, "settings": settings},
+                 "title": chat.title.strip()[:MAX_TITLE_CHARS] or DEFAULT_TITLE, "model": model, "settings": settings,
+                 "tools": tools, "tool_approvals": [a for a in chat.tool_approvals if a.split("/", 1)[0] in tools]},
                 [m.model_dump() for m in data.messages],
                 data.current_id,
             )
@@ -331,7 +336,8 @@ class ChatService:
                                                   "Regenerate once that is fixed") from exc
         try:
             if preset is not None and preset.tools and not chat.tools:  # a preset's servers, where the chat ticks none
-                chat = replace(chat, tools=tuple(preset.tools))
+                chat = replace(chat, tools=tuple(preset.tools),  # and its tool choice, where the chat left it at auto
+                               tool_choice=preset.tool_choice if chat.tool_choice == "auto" else chat.tool_choice)
             if self.tools is not None and chat.tools:
                 search = knowledge_search(self.documents, owner, [*asked.attached, *asked.collections])
                 stream = self.tools.reply(owner, chat, model, asked.history, caller, search, settings)
@@ -340,8 +346,11 @@ class ChatService:
                                                              keep_cut=self.warming is not None))
             self.reserve(stream)
         except Exception as exc:
-            self.store.finish_message(owner, placeholder.id, finish_reason="error", complete=False, error=str(exc))
-            raise
+            said = in_chat_words(exc, chat, preset)  # a budget too small for the first tool call: in the chat's words
+            self.store.finish_message(owner, placeholder.id, finish_reason="error", complete=False, error=str(said))
+            if said is exc:
+                raise
+            raise said from exc
         # the engine counts what it left out of `history`; the page counts messages on the branch
         dropped = asked.places[stream.dropped_messages - 1] + 1 if stream.dropped_messages else 0
         reply = Reply(self.store, owner, chat_id, placeholder, user, stream, self._active.release, dropped,

@@ -48,6 +48,7 @@ class ExportedPreset(BaseModel):
     settings: dict = Field(default_factory=dict)
     knowledge: list[str] = Field(default_factory=list, max_length=8)
     tools: list[str] = Field(default_factory=list, max_length=16)
+    tool_choice: Literal["auto", "first", "always"] = "auto"
 
 
 class ExportedChat(BaseModel):
@@ -58,6 +59,11 @@ class ExportedChat(BaseModel):
     preset: ExportedPreset | None = None  # where `model` names a preset
     system_prompt: str | None = None
     settings: dict = Field(default_factory=dict)
+    # the MCP servers its replies may call, whether a reply must call one, and the tools "always allowed" in it
+    # (`server/tool`): an import keeps those of the servers the importer may use here
+    tools: list[str] = Field(default_factory=list, max_length=16)
+    tool_choice: Literal["auto", "first", "always"] = "auto"
+    tool_approvals: list[str] = Field(default_factory=list, max_length=256)
     created_at: datetime | None = None
     updated_at: datetime | None = None
 
@@ -130,6 +136,9 @@ def export_json(chat: ChatRecord, messages: list[MessageRecord], preset: dict | 
             "preset": preset,
             "system_prompt": chat.system_prompt,
             "settings": chat.settings,
+            "tools": list(chat.tools),
+            "tool_choice": chat.tool_choice,
+            "tool_approvals": list(chat.tool_approvals),
             "created_at": chat.created_at.isoformat(),
             "updated_at": chat.updated_at.isoformat(),
         },

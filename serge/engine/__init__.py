@@ -12,7 +12,7 @@ from serge.engine.models.errors import (InvalidModelName, InvalidSource, ModelNo
 from serge.engine.models.hub import PullProgress
 from serge.engine.models.library import ModelLibrary, check_name
 from serge.engine.metrics import EngineMetrics, ModelSnapshot
-from serge.engine.generation.schemas import GrammarError, InvalidRequest, ResponseFormat
+from serge.engine.generation.schemas import BudgetTooSmall, GrammarError, InvalidRequest, ResponseFormat
 from serge.engine.generation.images import MAX_IMAGES, Image, ImageRefused, ImageTooLarge, read_image
 from serge.engine.generation.prompts import ContextTooLong, Message, ToolCall
 from serge.engine.generation.request import ChatRequest
@@ -51,6 +51,7 @@ __all__ = [
     "ImageTooLarge",
     "InvalidModelName",
     "InvalidRequest",
+    "BudgetTooSmall",
     "InvalidSource",
     "LoadedInfo",
     "MAX_IMAGES",

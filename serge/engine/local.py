@@ -19,7 +19,7 @@ from serge.engine.models.library import InstalledModel
 from serge.engine.devices import DevicePlan
 from serge.engine.info import EngineKind, LoadedInfo, where_loaded
 from serge.engine.generation.request import ChatRequest
-from serge.engine.generation.schemas import InvalidRequest
+from serge.engine.generation.schemas import BudgetTooSmall, InvalidRequest
 from serge.engine.metrics import EngineMetrics
 from serge.engine.generation.prompts import ContextTooLong, Message, build_prompt, count_tokens, placed
 from serge.engine.generation.template import TemplateOptions, template_takes_mid_system
@@ -116,8 +116,8 @@ class LocalModel:
         if self.thinks:  # does the prompt leave the reply inside <think> (the template opened it)?
             thinking = Thinking(inside=opens_thinking(self.tokenizer.decode(prompt.ids[-16:])))
         json_only = plan.grammar is not None and (rule is not None or (tools is not None and tools.mode == "required"))
-        if json_only and not request.cap and params.max_new_tokens is not None:
-            self._fits(plan.grammar, plan.grammar_param, params.max_new_tokens)
+        if json_only and params.max_new_tokens is not None:  # every dialect's budget, capped to the window or not
+            self._fits(plan.grammar, plan.grammar_param, params.max_new_tokens, request.budget_name)
         stream = self.scheduler.submit(ids, params.resolved(room), plan.grammar, plan.reader,
                                        plan.grammar_param, finish_json=json_only, thinking=thinking,
                                        n=request.n, images=pixels, party=request.party or "")
@@ -152,17 +152,15 @@ class LocalModel:
                              None)[1].ids for probe in PROBES)
         return a[: next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))]
 
-    def _fits(self, grammar: str, param: str, budget: int) -> None:
-        """InvalidRequest naming max_tokens when the shortest reply `grammar` allows takes more than `budget` tokens
-        (a capped request, Anthropic's or Ollama's, is cut as before instead)."""
+    def _fits(self, grammar: str, param: str, budget: int, budget_name: str) -> None:
+        """BudgetTooSmall naming the budget (`budget_name`, the dialect's word) when the shortest reply `grammar`
+        allows takes more than `budget` tokens."""
         vocabulary = self.scheduler.vocabulary
         least = vocabulary.matcher(grammar, param).distance(vocabulary.closers(), budget + FITS_SLACK)
         if budget < least <= budget + FITS_SLACK:  # the walk found an end, past the budget
             # (a walk that finds none within the slack proves nothing: it is greedy, and a pattern such as
             # ^(a|aa)+b$ sends it round for ever; such a request runs, steered as best it can be)
-            raise InvalidRequest(f"max_tokens={budget} is fewer than the {least} tokens the shortest reply this "
-                                 f"{'tool call' if param == 'tools' else 'schema'} allows takes; ask for at least "
-                                 f"{least}", "max_tokens")
+            raise BudgetTooSmall(budget_name, budget, least, "tool call" if param == "tools" else "schema")
 
     def _with_images(self, prompt, messages: Sequence[Message]) -> tuple[list[int], dict | None, int]:
         """The prompt's ids with its images' tokens, their pixel inputs (None: no image), and the room left."""

@@ -324,6 +324,8 @@ class ChatStore:
             stamp = now()
             row = Chat(id=new_id(), owner=owner, title=chat["title"], model=chat.get("model"),
                        system_prompt=chat.get("system_prompt"), settings=chat.get("settings") or {},
+                       tools=chat.get("tools") or None, tool_approvals=chat.get("tool_approvals") or None,
+                       tool_choice=chat.get("tool_choice") if chat.get("tool_choice") != "auto" else None,
                        created_at=chat.get("created_at") or stamp, updated_at=chat.get("updated_at") or stamp)
             session.add(row)
             session.flush()

@@ -88,7 +88,3 @@ class DecisionStore:
         """A chat's call is over (run, denied, stopped): its row goes."""
         with self.db.session() as session, session.begin():
             session.execute(delete(ToolDecision).where(ToolDecision.id == id))
-
-    def forget_chat(self, chat_id: str) -> None:
-        with self.db.session() as session, session.begin():
-            session.execute(delete(ToolDecision).where(ToolDecision.chat_id == chat_id))

@@ -40,6 +40,7 @@ class PresetRecord:
     tools: tuple[str, ...]  # MCP servers by name
     created_at: datetime
     updated_at: datetime
+    tool_choice: str = "auto"  # or "first"/"always", as a chat's: a reply under it must call a tool
 
     @property
     def shared(self) -> bool:
@@ -48,10 +49,11 @@ class PresetRecord:
     @classmethod
     def of(cls, row: Preset) -> PresetRecord:
         return cls(row.id, row.name, row.owner, row.author, row.model, row.system_prompt, dict(row.settings or {}),
-                   tuple(row.knowledge or ()), tuple(row.tools or ()), row.created_at, row.updated_at)
+                   tuple(row.knowledge or ()), tuple(row.tools or ()), row.created_at, row.updated_at,
+                   row.tool_choice or "auto")
 
 
-FIELDS = ("name", "model", "system_prompt", "settings", "knowledge", "tools")
+FIELDS = ("name", "model", "system_prompt", "settings", "knowledge", "tools", "tool_choice")
 
 
 class PresetStore:
@@ -79,13 +81,14 @@ class PresetStore:
             raise PresetExists(f"there is already a preset named {name!r}; pick another name")
 
     def create(self, *, name: str, owner: str | None, author: str, model: str, system_prompt: str | None,
-               settings: dict, knowledge: list[str], tools: list[str]) -> PresetRecord:
+               settings: dict, knowledge: list[str], tools: list[str], tool_choice: str = "auto") -> PresetRecord:
         try:
             with self.db.session() as session, session.begin():
                 self._clash(session, owner, name)
                 stamp = now()
                 row = Preset(id=new_id(), name=name, owner=owner, author=author, model=model,
                              system_prompt=system_prompt, settings=settings, knowledge=knowledge, tools=tools,
+                             tool_choice=None if tool_choice == "auto" else tool_choice,
                              created_at=stamp, updated_at=stamp)
                 session.add(row)
         except IntegrityError:  # made at the same moment by another request

@@ -342,6 +342,7 @@ class Preset(Base):
     settings: Mapped[dict] = mapped_column(JSON, default=dict)
     knowledge: Mapped[list] = mapped_column(JSON, default=list)
     tools: Mapped[list] = mapped_column(JSON, default=list)  # MCP servers by their registered names
+    tool_choice: Mapped[str | None] = mapped_column(String(16))  # None/auto, first or always, as a chat's
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=now)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=now)
 

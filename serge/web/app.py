@@ -35,6 +35,7 @@ from serge.tools import ToolServers
 from serge.chats.tools import ChatTools, ToolDecisions
 from serge.web.pages.accounts import build_account_pages
 from serge.web.pages.usage import build_usage_pages
+from serge.web.pages.my_usage import router as my_usage_page
 from serge.web.api.accounts import router as accounts_router
 from serge.web.anthropic.api import router as anthropic_router
 from serge.web.anthropic.errors import ANTHROPIC_ERRORS
@@ -51,6 +52,7 @@ from serge.web.api.models import router as models_router
 from serge.web.api.tools import router as tools_router
 from serge.web.pages.tools import router as tool_pages
 from serge.web.api.usage import router as usage_router
+from serge.web.api.my_usage import router as my_usage_router
 from serge.web.api.presets import router as presets_router
 from serge.web.ollama.api import router as ollama_router
 from serge.web.openai.chat import router as openai_router
@@ -156,10 +158,12 @@ def build_app(settings: Settings, engine: Engine) -> FastAPI:
     app.include_router(accounts_router)
     app.include_router(tools_router)
     app.include_router(tool_pages)
+    app.include_router(my_usage_router)
     app.include_router(usage_router)
     app.include_router(build_pages())
     app.include_router(build_account_pages(limits))
     app.include_router(build_usage_pages())
+    app.include_router(my_usage_page)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
     mcp = install_mcp(app)  # /mcp: the user's knowledge, for other agents
 

@@ -28,3 +28,4 @@ class ChatRequest:
     window: int | None = None  # the reply gets at most what this many tokens leave after the prompt (num_ctx)
     party: str | None = None  # who asks (opaque), for a fair share of the slots; None: `party.current()`'s
     keep_cut: bool = False  # a long chat's cut depends on the turns before the last user message alone (`build_prompt`)
+    budget_name: str = "max_tokens"  # the dialect's own name for max_new_tokens, which a refusal names

@@ -33,6 +33,16 @@ class InvalidRequest(ValueError):
         self.param = param
 
 
+class BudgetTooSmall(InvalidRequest):
+    """A reply budget below the `least` tokens the shortest reply a schema or a forced tool call allows takes:
+    the same refusal in every dialect, naming the budget by the dialect's own name (`param`)."""
+
+    def __init__(self, param: str, budget: int, least: int, what: str) -> None:
+        super().__init__(f"{param}={budget} is fewer than the {least} tokens the shortest reply this {what} allows "
+                         f"takes; ask for at least {least}", param)
+        self.budget, self.least, self.what = budget, least, what
+
+
 class GrammarError(InvalidRequest):
     """A schema or grammar that cannot be compiled; the message says why."""
 

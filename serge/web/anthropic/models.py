@@ -21,7 +21,7 @@ from serge.engine import ANTHROPIC_NAMES, MAX_STOP_STRINGS, Image, Message, Resp
 from serge.documents import marked
 from serge.web.http.errors import ApiError
 from serge.web.http.file_parts import file_text, image, named, refuse_address
-from serge.web.http.dialects import EchoedItem, StrictRequest, refused_settings
+from serge.web.http.dialects import EchoedItem, StrictRequest, TOOL_TEXT, refused_settings
 
 
 MAX_MESSAGES_PER_REQUEST = 500
@@ -136,7 +136,7 @@ class MessageIn(EchoedItem):
 
 class ToolIn(_Strict):
     name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,128}$")
-    description: str | None = Field(None, max_length=10_000)
+    description: str | None = Field(None, description=TOOL_TEXT)
     input_schema: dict[str, Any] = Field(description="The input's JSON schema; a tool_use is constrained to it.")
     type: Literal["custom"] | None = None
     strict: bool | None = Field(None, description="Enforced either way; strict also refuses schema keywords "

@@ -157,7 +157,7 @@ def list_chats(request: Request, q: str | None = Query(None, max_length=200)):
 
 @router.post("/import", status_code=201, summary="Import a chat from a JSON export")
 def import_chat(body: ChatExport, request: Request):
-    return chat_out(service(request).import_chat(owner(request), body))
+    return chat_out(service(request).import_chat(owner(request), body, current_user(request)))
 
 
 @router.get("/{chat_id}", summary="A chat with the messages of the branch on screen; its next reply's prompt is "

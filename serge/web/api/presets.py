@@ -9,6 +9,8 @@ to a request is `serge.chats.presets`'; this module parses and formats.
 
 from __future__ import annotations
 
+from typing import Literal
+
 from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -35,6 +37,9 @@ class PresetIn(BaseModel):
                                              "question asked of the preset, whoever asks.")
     tools: list[str] = Field(default_factory=list, max_length=MAX_TOOLS,
                              description="MCP servers by their registered names, offered with the preset.")
+    tool_choice: Literal["auto", "first", "always"] = Field(
+        "auto", description="As a chat's: when the model decides, or a tool call first in every reply, or at every "
+                            "step; a chat under the preset that sets none of its own takes it.")
     shared: bool = Field(False, description="For everyone (admins only); else your own, seen by you alone.")
 
 
@@ -49,6 +54,7 @@ class PresetPatch(BaseModel):
     settings: SamplingParams | None = None
     knowledge: list[str] | None = Field(None, max_length=MAX_KNOWLEDGE_PER_MESSAGE)
     tools: list[str] | None = Field(None, max_length=MAX_TOOLS)
+    tool_choice: Literal["auto", "first", "always"] | None = None
 
 
 def presets(request: Request) -> Presets:
@@ -59,7 +65,8 @@ def preset_out(view: PresetView) -> dict:
     p = view.preset
     return {"id": p.id, "name": p.name, "shared": p.shared, "model": p.model, "state": view.state,
             "system_prompt": p.system_prompt, "settings": p.settings, "knowledge": list(p.knowledge),
-            "tools": list(p.tools), "created_at": p.created_at.isoformat(), "updated_at": p.updated_at.isoformat()}
+            "tools": list(p.tools), "tool_choice": p.tool_choice, "created_at": p.created_at.isoformat(),
+            "updated_at": p.updated_at.isoformat()}
 
 
 def _settings(value: SamplingParams | None) -> dict | None:
@@ -71,7 +78,7 @@ def create(body: PresetIn, request: Request):
     user, service = current_user(request), presets(request)
     made = service.create(user.id, user.admin, name=body.name, model=body.model, system_prompt=body.system_prompt,
                           settings=_settings(body.settings), knowledge=body.knowledge, tools=body.tools,
-                          shared=body.shared)
+                          shared=body.shared, tool_choice=body.tool_choice)
     return preset_out(service.get(user.id, made.id))
 
 

@@ -8,7 +8,7 @@ parses in Python but cannot be stored, streamed or tokenized), no NaN or Infinit
 integers within 64 bits (what the database stores). Each is a 400 naming the field, for
 every route at once, instead of a 500 deep inside one. Routes still check the shape. A
 body sent to the JSON APIs without any content type is a 415 saying to send JSON, but on
-Ollama's routes, which read it as JSON as Ollama does (`reads_bare_json` says why that is safe).
+Ollama's routes, which read it (and a curl -d form) as JSON as Ollama does (any_body.py says when).
 
 It does not decide who may send (guard.py does).
 """
@@ -24,6 +24,7 @@ from starlette.responses import JSONResponse
 
 from serge.documents import MAX_FILE_BYTES, FileTooLarge
 from serge.web.http.errors import error_body, shape_of
+from serge.web.http.any_body import as_json, reads_any_body_as_json
 from serge.web.http.asgi import HttpMiddleware
 
 MAX_INT = 2**63 - 1
@@ -116,15 +117,6 @@ def is_upload(path: str, content_type: str | None) -> bool:
     return bool(UPLOADS.fullmatch(path)) and (content_type or "").lower().startswith("multipart/form-data")
 
 
-def reads_bare_json(scope: dict) -> bool:
-    """Ollama's routes read a body without a Content-Type as JSON, as Ollama does (litellm's Ollama providers
-    send none): the dialect says so where it registers (`ErrorShape.bare_json`). Still no page can drive them
-    cross-site: a browser sends `Origin` (and `Sec-Fetch-Site`) with every cross-site POST, whatever its body,
-    and guard.py refuses those before the body is read."""
-    shape = shape_of(scope)
-    return shape is not None and shape.bare_json
-
-
 def is_json(content_type: str) -> bool:
     media = content_type.split(";", 1)[0].strip().lower()
     return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
@@ -166,9 +158,9 @@ class BodyCheck(HttpMiddleware):
         body = b"".join(chunks)
 
         content_type = headers.get("content-type")
-        if body and content_type is None and reads_bare_json(scope):
-            content_type = "application/json"  # said for the route below, which would read it as bytes
-            scope = {**scope, "headers": [*scope["headers"], (b"content-type", b"application/json")]}
+        if body and reads_any_body_as_json(scope, headers):  # Ollama's routes (any_body.py says when)
+            content_type = "application/json"  # said for the route below, which would read it as bytes or a form
+            scope = as_json(scope)
         if body and content_type is None and scope["path"].startswith(JSON_APIS):
             return await _refuse(scope, 415, "the body has no Content-Type; this API reads JSON: send it with "
                                       "Content-Type: application/json", "unsupported_media_type")(scope, receive, send)

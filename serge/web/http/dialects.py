@@ -23,6 +23,11 @@ from serge.web.http.errors import ApiError, describe_validation
 log = logging.getLogger(__name__)
 
 BUSY_RETRY_S = 5  # Retry-After for a request that waited out the queue: slots free as replies end
+# A tool's description has no cap of its own (Claude Code's Workflow tool carries ~19,000 characters): the body's
+# size (SERGE_MAX_REQUEST_BYTES) and the model's context window are the limits, and a prompt too long is a 400
+# naming the window.
+TOOL_TEXT = ("What the tool does, for the model; no length limit of its own (the body's size and the model's "
+             "window apply).")
 
 
 class StrictRequest(BaseModel):

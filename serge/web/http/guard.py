@@ -8,7 +8,8 @@ Any page can make the browser send requests to 127.0.0.1. Before any route runs:
   scheme, host and port; nor one in SERGE_CORS_ORIGINS), or that the browser marks
   `Sec-Fetch-Site: cross-site`/`same-site` (whatever its Origin says, unless that is a CORS origin),
   is refused (403). The JSON APIs take only application/json bodies (415 otherwise), which no page
-  can send to another origin without a CORS preflight, and CORS is off unless configured. Together
+  can send to another origin without a CORS preflight, and CORS is off unless configured (Ollama's
+  routes read a `curl -d` form as JSON too, but only from a caller that sends neither header). Together
   these stand in for a CSRF token: the page's own forms are sent by its script as JSON.
 Requests with neither header (curl, SDKs, scripts) are not a browser acting for a page and pass.
 
@@ -32,6 +33,7 @@ from serge.documents import MAX_FILE_BYTES
 from serge.settings import Settings
 from serge.web.http.errors import error_body
 from serge.web.http.headers import SecurityHeaders
+from serge.web.http.any_body import reads_any_body_as_json
 from serge.web.http.bodies import JSON_APIS, UPLOAD_OVERHEAD_BYTES, BodyCheck, is_json, is_upload
 
 STATE_CHANGING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
@@ -86,8 +88,10 @@ class HostPolicy:
     def serves(self, name: str) -> bool:
         return self.any_host or name in self.names or _is_address(name)
 
-    def check(self, method: str, path: str, headers: Headers, scheme: str = "http") -> Refusal | None:
-        """Why this request is refused, or None when it may go on; `scheme` is the one the request came by."""
+    def check(self, method: str, path: str, headers: Headers, scheme: str = "http",
+              any_body: bool = False) -> Refusal | None:
+        """Why this request is refused, or None when it may go on; `scheme` is the one the request came by;
+        `any_body`: its route reads this body as JSON whatever its type (any_body.py)."""
         host = headers.get("host")
         place = split_host(host) if host is not None else None
         if host is not None and place is None:
@@ -113,7 +117,7 @@ class HostPolicy:
                            "cross_origin")
         content_type = headers.get("content-type")
         if (path.startswith(JSON_APIS) and content_type is not None and not is_json(content_type)
-                and not is_upload(path, content_type)):
+                and not is_upload(path, content_type) and not any_body):
             return Refusal(415, f"this API reads JSON, not {content_type.split(';')[0][:100]!r}; "
                                 "send application/json", "unsupported_media_type")
         return None
@@ -142,8 +146,9 @@ class Guard:
 
     async def __call__(self, scope, receive, send):
         if scope["type"] == "http":
-            refusal = self.policy.check(scope["method"], scope["path"], Headers(scope=scope),
-                                        scope.get("scheme", "http"))
+            headers = Headers(scope=scope)
+            refusal = self.policy.check(scope["method"], scope["path"], headers, scope.get("scheme", "http"),
+                                        reads_any_body_as_json(scope, headers))
             if refusal is not None:
                 return await refusal.response(scope)(scope, receive, send)
         await self.app(scope, receive, send)

@@ -226,7 +226,8 @@ async def chat(body: OllamaChatRequest, request: Request):
     params, num_ctx = body.sampling()
     response_format = body.response_format()
     ask = ChatRequest(messages, params, tools, response_format, trim=body.truncate is not False,
-                      think=None if body.think is None else body.think is not False, cap=True, window=num_ctx)
+                      think=None if body.think is None else body.think is not False, cap=True, window=num_ctx,
+                      budget_name="num_predict")
     ask = await run_in_threadpool(_preset_ask, request, preset, ask)
     stream = await run_in_threadpool(engine.chat, name, ask)
     return await _answer(request, stream, chat=True, streamed=body.streamed, logprobs=bool(body.logprobs),
@@ -260,7 +261,8 @@ async def generate(body: OllamaGenerateRequest, request: Request):
         stream = await run_in_threadpool(engine.complete, name, body.prompt or "", params, body.suffix)
     else:
         messages = await run_in_threadpool(body.conversation)
-        ask = ChatRequest(messages, params, response_format=response_format, cap=True, window=num_ctx)
+        ask = ChatRequest(messages, params, response_format=response_format, cap=True, window=num_ctx,
+                          budget_name="num_predict")
         ask = await run_in_threadpool(_preset_ask, request, preset, ask)
         stream = await run_in_threadpool(engine.chat, name, ask)
     return await _answer(request, stream, chat=False, streamed=body.streamed, logprobs=bool(body.logprobs),

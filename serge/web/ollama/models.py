@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from serge.chats import MAX_MESSAGE_CHARS
 from serge.engine import (MAX_IMAGES, MAX_STOP_STRINGS, OLLAMA_OPTIONS, Engine, Message, ModelNotFound, ResponseFormat,
                           SamplingParams, Tool, ToolCall, Tools)
-from serge.web.http.dialects import refused_settings
+from serge.web.http.dialects import TOOL_TEXT, refused_settings
 from serge.web.http.errors import ApiError
 from serge.web.http.file_parts import image
 
@@ -156,7 +156,7 @@ class OllamaMessage(_Open):
 
 class OllamaFunction(_Open):
     name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
-    description: str | None = Field(None, max_length=10_000)
+    description: str | None = Field(None, description=TOOL_TEXT)
     parameters: dict | None = Field(None, description="The arguments' JSON schema; a call is constrained to it.")
 
 

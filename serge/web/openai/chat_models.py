@@ -16,7 +16,7 @@ from pydantic import Field, ValidationError
 
 from serge.chats import MAX_MESSAGE_CHARS
 from serge.engine import MAX_TOP_LOGPROBS, OPENAI_NAMES, Image, Message, ResponseFormat, SamplingParams, Tool, ToolCall, Tools
-from serge.web.http.dialects import EchoedItem, StrictRequest, refused_settings
+from serge.web.http.dialects import EchoedItem, StrictRequest, TOOL_TEXT, refused_settings
 from serge.web.http.errors import ApiError
 from serge.web.http.file_parts import file_text, image, refuse_address
 
@@ -118,7 +118,7 @@ class ChatMessageIn(EchoedItem):
 
 class FunctionDefinition(StrictRequest):
     name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
-    description: str | None = Field(None, max_length=10_000)
+    description: str | None = Field(None, description=TOOL_TEXT)
     parameters: dict | None = Field(None, description="The arguments' JSON schema; the call is constrained to it.")
     strict: bool | None = Field(None, description="Enforced either way; strict also refuses schema keywords "
                                                   "that cannot be enforced.")

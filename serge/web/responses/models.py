@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, Validatio
 
 from serge.chats import MAX_MESSAGE_CHARS
 from serge.engine import MAX_TOP_LOGPROBS, RESPONSES_NAMES, ResponseFormat, SamplingParams, Tool, Tools
-from serge.web.http.dialects import StrictRequest, refused_settings, think_for
+from serge.web.http.dialects import StrictRequest, TOOL_TEXT, refused_settings, think_for
 from serge.web.http.errors import describe_validation
 from serge.web.openai.chat_models import MAX_TOOLS, NO_EFFECT
 from serge.web.responses.items import InputItem, ReasoningItem, canonical, invalid, or_a_string
@@ -39,7 +39,7 @@ LOGPROBS = "message.output_text.logprobs"
 class FunctionTool(StrictRequest):
     type: Literal["function"]
     name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
-    description: str | None = Field(None, max_length=10_000)
+    description: str | None = Field(None, description=TOOL_TEXT)
     parameters: dict | None = Field(None, description="The arguments' JSON schema; a call is constrained to it.")
     strict: bool | None = Field(None, description="Enforced either way; strict also refuses schema keywords that "
                                                   "cannot be enforced.")

@@ -150,6 +150,7 @@ async function ensureChat() {
   return true;
 }
 
+// Resolves to true when the server refused the request before any reply began (a quota, a full queue, ...).
 async function streamReply(url, body) {
   setBusy(true);
   await settings.flush(); // settings changed a moment ago apply to this reply
@@ -167,7 +168,7 @@ async function streamReply(url, body) {
       const told = code === "quota_exceeded" ? `Quota reached: ${reason}` // which cap, and when it resets
         : busy ? `The model is busy: ${reason}` : `Error: ${reason}`;
       showStatus(told, "error");
-      return;
+      return true;
     }
     showStatus("");
     for await (const { event, data } of readEvents(response)) {
@@ -210,13 +211,28 @@ async function send() {
   const content = ui.message.value;
   if (state.busy || !content.trim()) return;
   await settings.flush();
+  const created = !state.chatId;
   if (!(await ensureChat())) return;
   const attached = files.count ? await files.upload(state.chatId) : [];
   if (attached === null) return; // a file was refused: the message stays in the box
   ui.message.value = "";
-  appendMessage("user", content);
-  await streamReply(`/api/chats/${state.chatId}/messages`,
-                    { content, attachments: attached, knowledge: tags.named(content) });
+  const asked = appendMessage("user", content);
+  const refused = await streamReply(`/api/chats/${state.chatId}/messages`,
+                                    { content, attachments: attached, knowledge: tags.named(content) });
+  if (refused) await keepWhatWasTyped(content, asked, created);
+}
+
+// A refused message goes back in the box, and a chat made for it alone goes away (no empty "New chat" left).
+async function keepWhatWasTyped(content, asked, created) {
+  if (!ui.message.value) ui.message.value = content;
+  asked.remove();
+  if (!created || !state.chatId) return;
+  const response = await fetch(`/api/chats/${state.chatId}`, { method: "DELETE" });
+  if (!response.ok) return;
+  state.chatId = null;
+  delete document.body.dataset.chatId;
+  history.replaceState(null, "", "/");
+  await chats.refresh();
 }
 
 async function stop() {

@@ -1,7 +1,7 @@
 """Usage reservations: the budget of each model request in progress, counted against the caps until it settles.
 
 Revision ID: 0017
-Revises: 0012
+Revises: 0015
 Create Date: 2026-12-07
 
 Frozen like every migration: it names its own column types and imports nothing from serge.
@@ -15,7 +15,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0017"
-down_revision = "0012"
+down_revision = "0015"
 branch_labels = None
 depends_on = None
 
