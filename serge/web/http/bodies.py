@@ -23,7 +23,7 @@ from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
 
 from serge.documents import MAX_FILE_BYTES, FileTooLarge
-from serge.web.http.errors import error_body, shape_of
+from serge.web.http.errors import error_body
 from serge.web.http.any_body import as_json, reads_any_body_as_json
 from serge.web.http.asgi import HttpMiddleware
 

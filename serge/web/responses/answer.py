@@ -12,18 +12,35 @@ import itertools
 import json
 import time
 from collections.abc import AsyncIterator, Callable
+from typing import TypeVar
 from datetime import UTC, datetime
 
 from fastapi import Request
 from starlette.concurrency import run_in_threadpool
 
-from serge.engine import ContextTooLong, FinishReason, GenerationRecord
+from serge.engine import ContextTooLong, FinishReason, GenerationRecord, InvalidRequest
 from serge.store import DatabaseUnavailable
 from serge.web.http.dialects import cancel_on_disconnect, failure, stream_response
 from serge.web.http.errors import ApiError
 from serge.web.responses.items import new_id
 from serge.web.responses.models import CreateResponse
 from serge.web.responses.output import echo, response_object, status_of, usage
+
+
+T = TypeVar("T")
+
+
+async def started(begin: Callable[[], T]) -> T:
+    """`begin()` (a reply's first generation, started in the thread pool), its refusals in this API's words."""
+    try:
+        return await run_in_threadpool(begin)
+    except ContextTooLong as exc:
+        raise too_long(exc) from None
+    except InvalidRequest as exc:
+        if exc.param != "max_tokens":
+            raise
+        raise ApiError(400, str(exc).replace("max_tokens", "max_output_tokens"), code="invalid_value",
+                       param="max_output_tokens") from None
 
 
 def too_long(exc: ContextTooLong) -> ApiError:

@@ -16,7 +16,7 @@ from typing import Literal
 from fastapi import APIRouter, Query, Request
 from starlette.concurrency import run_in_threadpool
 
-from serge.engine import ChatRequest, ContextTooLong, Engine, InvalidRequest, Stream
+from serge.engine import ChatRequest, Engine, Stream
 from serge.chats.responses import StoredResponses
 from serge.store import ResponseNotFound, ResponseRecord
 from serge.web.http.auth import owner
@@ -25,7 +25,7 @@ from serge.web.http.errors import ApiError
 from serge.web.http.dialects import start_chat
 from serge.web.http.request_log import note_generation, note_tools_left_out
 from serge.web.responses.items import conversation
-from serge.web.responses.answer import answer, too_long
+from serge.web.responses.answer import answer, started
 from serge.web.responses.mcp_api import mcp_response
 from serge.web.responses.models import HARMLESS, HOSTED, CreateResponse
 from serge.web.responses.output import (DeletedResponse, InputItemList, OutputItems, ResponseOut, response_object)
@@ -112,17 +112,8 @@ async def _start(body: CreateResponse, request: Request, user: str) -> tuple[Str
                        param="input")
     tools, response_format, params = body.tool_offer(), body.response_format(), body.sampling()
     note_tools_left_out(request, body.left_out())
-    try:
-        ask = ChatRequest(messages, params, tools, response_format, trim=body.truncation == "auto",
-                          think=body.think())
-        stream = await run_in_threadpool(start_chat, request, body.model, ask)
-    except ContextTooLong as exc:
-        raise too_long(exc) from None
-    except InvalidRequest as exc:
-        if exc.param != "max_tokens":
-            raise
-        raise ApiError(400, str(exc).replace("max_tokens", "max_output_tokens"), code="invalid_value",
-                       param="max_output_tokens") from None
+    ask = ChatRequest(messages, params, tools, response_format, trim=body.truncation == "auto", think=body.think())
+    stream = await started(lambda: start_chat(request, body.model, ask))
     note_generation(request, stream.model, stream)
     return stream, items
 

@@ -18,12 +18,12 @@ from starlette.concurrency import run_in_threadpool
 
 from serge.chats.tools import (AlreadyAnswered, ApprovalAsked, CallDone, CallRunning, Generated, PassStarted,
                                ToolNameClash, ToolTurn, TurnEnded, catalog, list_tools, run_approved)
-from serge.engine import ChatRequest, ContextTooLong, GenerationRecord, InvalidRequest
+from serge.engine import ChatRequest, GenerationRecord
 from serge.web.http.auth import current_user
 from serge.web.http.dialects import start_chat
 from serge.web.http.errors import ApiError
 from serge.web.http.request_log import note_generation, note_tools_left_out
-from serge.web.responses.answer import answer, too_long
+from serge.web.responses.answer import answer, started
 from serge.web.responses.items import conversation, invalid
 from serge.web.responses.mcp import approvals, checked_uses, earlier_listings
 from serge.web.responses.mcp_output import McpOutputItems
@@ -90,16 +90,8 @@ async def mcp_response(body: CreateResponse, request: Request, history: list[dic
     def start(pass_ask: ChatRequest):  # each pass's budget held; the turn, noted whole, reports their tokens
         return start_chat(request, body.model, pass_ask, counted=False)
 
-    try:
-        turn = await run_in_threadpool(lambda: ToolTurn(start, ask, tools, run, decisions.client(user.id), steps=steps,
-                                                        functions=frozenset(functions), made=made))
-    except ContextTooLong as exc:
-        raise too_long(exc) from None
-    except InvalidRequest as exc:
-        if exc.param != "max_tokens":
-            raise
-        raise ApiError(400, str(exc).replace("max_tokens", "max_output_tokens"), code="invalid_value",
-                       param="max_output_tokens") from None
+    turn = await started(lambda: ToolTurn(start, ask, tools, run, decisions.client(user.id), steps=steps,
+                                          functions=frozenset(functions), made=made))
     note_generation(request, turn.model, turn)  # every pass is metered: the turn's record sums them
     ended: list[GenerationRecord] = []
 
