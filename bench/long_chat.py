@@ -42,7 +42,7 @@ def prompt_build_seconds(model_dir: Path, sizes: tuple[int, ...] = (600, 1200), 
     """Best of `repeats` wall times of `build_prompt` for a conversation of each size, plus what was kept."""
     from transformers import AutoTokenizer
 
-    from serge.engine.generation.prompts import Message, build_prompt
+    from serge.engine.generation.prompting.prompts import Message, build_prompt
 
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     window = int(json.loads((model_dir / "config.json").read_text()).get("max_position_embeddings", 8192))

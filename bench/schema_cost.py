@@ -65,7 +65,7 @@ def _grammar_us_per_token(engine, vocabulary, grammar: str, text: str) -> float:
 @contextmanager
 def _steering(on: bool):
     """The closing steering on (as shipped) or off, for the replies started inside."""
-    from serge.engine.generation import sequence
+    from serge.engine.generation.batching import sequence
 
     shipped = sequence.STEER_TO_CLOSE
     sequence.STEER_TO_CLOSE = shipped and on

@@ -87,8 +87,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from bench.workload import single_prompt_messages
     from serge.engine import Engine, SamplingParams
-    from serge.engine.generation import passes as passes_module
-    from serge.engine.generation import sequence as sequence_module
+    from serge.engine.generation.batching import passes as passes_module
+    from serge.engine.generation.batching import sequence as sequence_module
     from serge.engine.generation import stream as stream_module
     from serge.engine.llamacpp.forward import LlamaForward
     from serge.settings import Settings

@@ -45,8 +45,8 @@ import torch
 from serge.engine import Engine
 from serge.engine.generation.forward import Forward, OutOfKV
 from serge.engine.generation.sampling import SamplingParams
-from serge.engine.generation.scheduler import Scheduler, SchedulerLimits
-from serge.engine.generation.threads import ladder
+from serge.engine.generation.batching.scheduler import Scheduler, SchedulerLimits
+from serge.engine.generation.batching.threads import ladder
 from serge.engine.local import LocalModel, eos_ids
 from serge.engine.metrics import EngineMetrics
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from serge.engine.generation.sampling import SamplingParams
-from serge.engine.generation.scheduler import Scheduler, SchedulerLimits
+from serge.engine.generation.batching.scheduler import Scheduler, SchedulerLimits
 from serge.engine.local import LocalModel, eos_ids
 from standin import _TEXT, CONTEXT_WINDOW, IM_END, StandInForward, StandInKV, _prefer, byte_tokenizer, next_logits
 

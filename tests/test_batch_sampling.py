@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from serge.engine.generation.batch_sampling import Sampler, choose_rows
+from serge.engine.generation.batching.batch_sampling import Sampler, choose_rows
 from serge.engine.generation.sampling import Penalties, SamplingParams, choose_next
 
 VOCAB = 500

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from serge.engine import ChatRequest, FinishReason, Message, ModelLibrary, SamplingParams
-from serge.engine.generation.passes import kept
-from serge.engine.generation.prompts import build_prompt
+from serge.engine.generation.batching.passes import kept
+from serge.engine.generation.prompting.prompts import build_prompt
 
 # One definition, run on the stand-in there and on each real engine here:
 from test_scheduler import test_prefix_reuse_gives_the_cold_text_and_prefills_only_what_is_new  # noqa: F401

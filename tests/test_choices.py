@@ -16,8 +16,8 @@ import pytest
 from openai import OpenAI
 
 from serge.engine import ChatRequest, Message, SamplingParams
-from serge.engine.generation import prompts
-from serge.engine.generation.scheduler import SchedulerLimits
+from serge.engine.generation.prompting import prompts
+from serge.engine.generation.batching.scheduler import SchedulerLimits
 from serge.web.openai.chat_models import MAX_CHOICES
 
 from conftest import MODEL as REAL_MODEL, own_server

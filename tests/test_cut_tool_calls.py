@@ -18,7 +18,7 @@ import pytest
 from conftest import server_of_its_own
 from standin import NAME as MODEL, stand_in
 
-from serge.engine.generation.tool_calls import CallReader, ToolFormat
+from serge.engine.generation.prompting.tool_calls import CallReader, ToolFormat
 
 settings, engine = stand_in("settings", "engine")
 server = server_of_its_own()

@@ -17,7 +17,7 @@ from conftest import ServerThread, held_port
 from serge.accounts import Accounts
 from serge.engine import Engine, EngineMetrics, Message, SamplingParams, SchedulerLimits
 from serge.engine.embeddings import BATCH, EmbeddingModel
-from serge.engine.generation.prompts import build_prompt
+from serge.engine.generation.prompting.prompts import build_prompt
 from serge.engine.turns import Turns
 from serge.settings import Settings
 from serge.store import AccountStore, Database
@@ -96,7 +96,7 @@ def test_replies_that_gave_their_slot_back_finish_with_the_texts_they_had_alone(
             model.close()
 
     alone = bobs(others=False)
-    with caplog.at_level(logging.INFO, "serge.engine.generation.scheduler"):
+    with caplog.at_level(logging.INFO, "serge.engine.generation.batching.scheduler"):
         shared = bobs(others=True)
     assert any("gave back" in r.getMessage() for r in caplog.records), "no slot was given back: proves nothing"
     assert shared == alone
@@ -105,7 +105,7 @@ def test_replies_that_gave_their_slot_back_finish_with_the_texts_they_had_alone(
 def test_a_party_gives_back_only_the_slots_another_needs(caplog):
     model = _model(max_running=4)
     try:
-        with caplog.at_level(logging.INFO, "serge.engine.generation.scheduler"):
+        with caplog.at_level(logging.INFO, "serge.engine.generation.batching.scheduler"):
             bob = model.scheduler.submit(_prompt("Story"), LONG, n=4, party="bob")
             _running(bob)
             model.scheduler.submit(_prompt("Hi"), SHORT, party="alice").text()

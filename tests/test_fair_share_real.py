@@ -124,7 +124,7 @@ def test_greedy_replies_that_give_their_slot_back_keep_the_text_they_have_alone(
     continues, on each engine, to the very text it has alone."""
     from conftest import registry_for
     from serge.engine import ChatRequest, Message, SamplingParams
-    from serge.engine.generation.prompts import build_prompt
+    from serge.engine.generation.prompting.prompts import build_prompt
 
     registry = registry_for(engines(kind), kind, max_running=2)
     try:
@@ -141,7 +141,7 @@ def test_greedy_replies_that_give_their_slot_back_keep_the_text_they_have_alone(
                 deadline = time.monotonic() + 120
                 while any(s.queue_position is not None for s in streams) and time.monotonic() < deadline:
                     time.sleep(0.001)  # both of bob's replies hold a slot
-                with caplog.at_level(logging.INFO, "serge.engine.generation.scheduler"):
+                with caplog.at_level(logging.INFO, "serge.engine.generation.batching.scheduler"):
                     model.submit(ChatRequest([Message("user", "Hi")], SamplingParams(temperature=0, max_new_tokens=4),
                                              party="alice")).text()
                 assert any("'bob' gave back 1" in r.getMessage() for r in caplog.records), "no slot given back"

@@ -17,7 +17,7 @@ from standin import standin_model
 
 from serge.engine import ChatRequest, EngineMetrics, Message, SamplingParams
 from serge.engine.devices import DevicePlan
-from serge.engine.generation.admission import SchedulerLimits
+from serge.engine.generation.batching.admission import SchedulerLimits
 from serge.engine.local import LoadOptions
 from serge.engine.registry import Budget, ModelRegistry
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from serge.engine import ChatRequest, Engine, Message, SamplingParams
-from serge.engine.generation.kv_store import MIN_TOKENS
+from serge.engine.generation.kv.kv_store import MIN_TOKENS
 
 from conftest import MODEL
 
@@ -85,7 +85,7 @@ def test_keys_and_values_llama_cpp_cannot_read_back_are_ignored_with_a_warning(r
     with np.load(entry) as arrays:
         ids, kv, logits = arrays["ids"], arrays["kv"], arrays["logits"]
     np.savez(entry, ids=ids, kv=kv[: len(kv) // 2], logits=logits)  # cut short, as by a full disk
-    with caplog.at_level(logging.WARNING, logger="serge.engine.generation.kv_store"):
+    with caplog.at_level(logging.WARNING, logger="serge.engine.generation.kv.kv_store"):
         text, _, cached = _turn(_settings(real_settings, tmp_path), kept[1])
     assert (cached, text) == (0, fresh)
     assert "ignored" in caplog.text

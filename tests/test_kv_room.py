@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from serge.engine import FinishReason, Message, SamplingParams, SchedulerLimits
-from serge.engine.generation.prompts import build_prompt
+from serge.engine.generation.prompting.prompts import build_prompt
 
 from standin import StandInForward, shared_tokenizer, standin_model
 

@@ -10,7 +10,7 @@ import torch
 
 from serge.engine.llamacpp import memory as llama_memory
 from serge.engine.devices import DevicePlan
-from serge.engine.generation.scheduler import SchedulerLimits
+from serge.engine.generation.batching.scheduler import SchedulerLimits
 from serge.engine.llamacpp.memory import KV_TYPES, choose_kv, kv_layout, kv_type, planned_layout
 from serge.engine.llamacpp.options import LlamaOptions
 from serge.engine.metrics import EngineMetrics

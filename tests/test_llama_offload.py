@@ -15,7 +15,7 @@ import torch
 from serge.engine.llamacpp import memory as llama_memory, offload as llama_offload
 from serge.engine.devices import DevicePlan
 from serge.engine.engine import Engine
-from serge.engine.generation.scheduler import SchedulerLimits
+from serge.engine.generation.batching.scheduler import SchedulerLimits
 from serge.engine.llamacpp.offload import GPU_RESERVE, Gpu, offload_for, plan_offload
 from serge.engine.llamacpp.options import LlamaOptions
 from serge.engine.metrics import EngineMetrics

@@ -17,7 +17,7 @@ from tiny_vlm import b64, data_url, png
 from serge.engine import (ChatRequest, EngineMetrics, InvalidRequest, Message, ModelLibrary, SamplingParams,
                           read_image)
 from serge.engine.devices import resolve_device
-from serge.engine.generation.admission import SchedulerLimits
+from serge.engine.generation.batching.admission import SchedulerLimits
 from serge.engine.llamacpp import memory as llama_memory
 from serge.engine.llamacpp.vision import mtmd_available
 from serge.engine.llamacpp.options import LlamaOptions

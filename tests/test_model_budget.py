@@ -7,9 +7,9 @@ import pytest
 from serge.engine import EngineBusy, EngineMetrics, Message, ModelLibrary, ModelTooLarge, SamplingParams
 from serge.engine.devices import resolve_device
 from serge.engine.local import LoadOptions
-from serge.engine.generation.prompts import build_prompt
+from serge.engine.generation.prompting.prompts import build_prompt
 from serge.engine.registry import Budget, ModelInUse, ModelRegistry, resident_bytes
-from serge.engine.generation.scheduler import SchedulerLimits
+from serge.engine.generation.batching.scheduler import SchedulerLimits
 
 from conftest import MODEL, models_dir
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from serge.engine.generation.prefix_cache import PrefixCache
+from serge.engine.generation.kv.prefix_cache import PrefixCache
 from serge.engine.hf.paged import BlockPool, OutOfBlocks, tables
 
 LAYERS, HEADS, DIM, SIZE = 2, 2, 4, 4

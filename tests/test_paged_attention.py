@@ -80,7 +80,7 @@ def test_a_pass_that_does_not_fit_the_pool_changes_no_sequence(model):
 @pytest.mark.real_model
 def test_greedy_tokens_on_the_real_model_are_the_same_alone_and_beside_fifteen_others(engines):
     from serge.engine import Message
-    from serge.engine.generation.prompts import build_prompt
+    from serge.engine.generation.prompting.prompts import build_prompt
 
     loaded = engines("transformers").model()
     forward = BatchForward(loaded.model, max_rows=16, pool_blocks=16 * 8 + 1)

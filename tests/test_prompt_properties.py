@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from serge.engine import ContextTooLong, Message
-from serge.engine.generation.prompts import DEFAULT_REPLY_ROOM, build_prompt
+from serge.engine.generation.prompting.prompts import DEFAULT_REPLY_ROOM, build_prompt
 
 pytestmark = pytest.mark.real_model
 

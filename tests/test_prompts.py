@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from serge.engine import ContextTooLong, Message
-from serge.engine.generation.prompts import build_prompt
+from serge.engine.generation.prompting.prompts import build_prompt
 
 from conftest import MODEL
 

@@ -28,7 +28,7 @@ from test_knowledge import indexed, make, put
 import documents as files
 from serge.accounts import Accounts
 from serge.accounts.usage import Usage
-from serge.engine.generation.scheduler import SchedulerLimits
+from serge.engine.generation.batching.scheduler import SchedulerLimits
 from serge.engine import Engine
 from serge.settings import RemoteModel, Settings
 from serge.store import AccountStore, QuotaRecord, UsageCount, UsageFilter, UsageStore

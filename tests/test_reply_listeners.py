@@ -15,7 +15,7 @@ from standin import NAME as MODEL, stand_in, standin_engine
 
 from serge.chats import ChatService
 from serge.engine import ChatRequest, Engine, Message, SamplingParams
-from serge.engine.generation.prompts import build_prompt
+from serge.engine.generation.prompting.prompts import build_prompt
 from serge.settings import Settings
 from serge.store import ChatStore, Database
 from serge.web.app import build_app

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from serge.engine import ChatRequest, EngineBusy, FinishReason, Message, SamplingParams, SchedulerLimits
-from serge.engine.generation.prompts import build_prompt
+from serge.engine.generation.prompting.prompts import build_prompt
 
 from standin import standin_model
 

@@ -15,7 +15,7 @@ import pytest
 from standin import NAME as MODEL, stand_in
 
 from serge.engine import ChatRequest, FinishReason, Message, ResponseFormat, SamplingParams
-from serge.engine.generation.schemas import json_rule
+from serge.engine.generation.constraints.schemas import json_rule
 
 settings, engine = stand_in("settings", "engine")
 

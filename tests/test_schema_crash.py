@@ -19,8 +19,8 @@ from conftest import server_of_its_own
 from hypothesis import HealthCheck, Phase, given, settings as hsettings, strategies as st
 from standin import NAME as MODEL, stand_in
 
-from serge.engine.generation import schemas
-from serge.engine.generation.grammar_check import GrammarCheck
+from serge.engine.generation.constraints import schemas
+from serge.engine.generation.constraints.grammar_check import GrammarCheck
 
 settings, engine = stand_in("settings", "engine")
 server = server_of_its_own()

@@ -13,8 +13,8 @@ import time
 import pytest
 
 from serge.engine import FinishReason, Message, SamplingParams, SchedulerLimits
-from serge.engine.generation.prompts import build_prompt
-from serge.engine.generation.shared_prefix import MIN_SHARED
+from serge.engine.generation.prompting.prompts import build_prompt
+from serge.engine.generation.kv.shared_prefix import MIN_SHARED
 
 from standin import StandInForward, standin_model
 
@@ -69,7 +69,7 @@ def _system_runs(forward: CountingForward, system: list[int]) -> int:
 
 @pytest.mark.parametrize("joins", [0, 256], ids=["passes-apart", "joined-passes"])
 def test_many_replies_sharing_a_long_prompt_prefix_run_it_through_the_model_once(joins, caplog):
-    caplog.set_level(logging.INFO, "serge.engine.generation.shared_prefix")
+    caplog.set_level(logging.INFO, "serge.engine.generation.kv.shared_prefix")
     forward = CountingForward(reply_tokens=None, step_s=0.002, joins=joins)
     model = _model("shared", forward)
     try:

@@ -9,8 +9,8 @@ import torch
 
 from serge.engine import ChatRequest, Message, SamplingParams
 from serge.engine.generation.forward import KV, Forward
-from serge.engine.generation.prefix_cache import PrefixCache
-from serge.engine.generation.prompts import build_prompt
+from serge.engine.generation.kv.prefix_cache import PrefixCache
+from serge.engine.generation.prompting.prompts import build_prompt
 from serge.engine.generation.assembler import TextAssembler
 
 from standin import IM_END, IM_START, StandInForward, StandInKV, byte_tokenizer, next_logits

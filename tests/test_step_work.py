@@ -12,7 +12,7 @@ import torch
 from standin import VOCAB, StandInForward, shared_tokenizer, standin_model
 
 from serge.engine import FinishReason, SamplingParams, SchedulerLimits
-from serge.engine.generation import batch_sampling
+from serge.engine.generation.batching import batch_sampling
 
 
 class CountingLoop(asyncio.SelectorEventLoop):

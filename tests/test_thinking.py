@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from serge.engine import Engine
-from serge.engine.generation.thinking import Thinking, opens_thinking, template_thinks
+from serge.engine.generation.prompting.thinking import Thinking, opens_thinking, template_thinks
 from serge.web.app import build_app
 
 from conftest import MODEL, ServerThread, held_port

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import pytest
 
-from serge.engine.generation import threads as t
+from serge.engine.generation.batching import threads as t
 from serge.engine.generation.sampling import SamplingParams
-from serge.engine.generation.scheduler import Scheduler
-from serge.engine.generation.threads import Threads, ladder
+from serge.engine.generation.batching.scheduler import Scheduler
+from serge.engine.generation.batching.threads import Threads, ladder
 from serge.engine.local import eos_ids
 from tests.standin import StandInForward, shared_tokenizer
 

@@ -14,9 +14,9 @@ from openai import OpenAI
 from pydantic import BaseModel, Field
 
 from serge.engine import GrammarError, Message, Tool, Tools
-from serge.engine.generation.grammar import Vocabulary
-from serge.engine.generation.tool_calls import ToolFormat
-from serge.engine.generation.tools import plan_reply
+from serge.engine.generation.constraints.grammar import Vocabulary
+from serge.engine.generation.prompting.tool_calls import ToolFormat
+from serge.engine.generation.prompting.tools import plan_reply
 
 from conftest import MODEL as REAL, server_of_its_own
 from standin import NAME as MODEL, byte_tokenizer, stand_in

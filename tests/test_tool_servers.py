@@ -168,7 +168,7 @@ def test_mcp_server_git_answers_about_a_temporary_repository(tmp_path):
 
 def test_a_tools_result_reaches_the_prompt_as_text_never_as_control_tokens(engine):
     from serge.engine import Message, ToolCall
-    from serge.engine.generation.prompts import build_prompt
+    from serge.engine.generation.prompting.prompts import build_prompt
 
     tokenizer = byte_tokenizer()
     specials = set(tokenizer.added_tokens_decoder)

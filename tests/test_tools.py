@@ -7,11 +7,11 @@ import json
 
 import pytest
 from serge.engine import GrammarError, Message, Tool, ToolCall, Tools
-from serge.engine.generation.grammar import Vocabulary
-from serge.engine.generation.jsonspans import JsonSpans
-from serge.engine.generation.prompts import build_prompt
-from serge.engine.generation.tool_calls import CallReader, ToolFormat, find_tool_format
-from serge.engine.generation.tools import plan_reply
+from serge.engine.generation.constraints.grammar import Vocabulary
+from serge.engine.generation.constraints.jsonspans import JsonSpans
+from serge.engine.generation.prompting.prompts import build_prompt
+from serge.engine.generation.prompting.tool_calls import CallReader, ToolFormat, find_tool_format
+from serge.engine.generation.prompting.tools import plan_reply
 
 from standin import byte_tokenizer
 
@@ -168,7 +168,7 @@ def test_grammars_are_compiled_once_and_the_oldest_forgotten(tokenizer):
 
 @pytest.mark.parametrize("pattern", ["^a{1000000}$", "^(ab){20000,}$", "x{3,50000}"])
 def test_a_pattern_repeating_past_the_limit_is_refused_before_it_is_compiled(pattern):
-    from serge.engine.generation.schemas import MAX_REPEAT, json_rule
+    from serge.engine.generation.constraints.schemas import MAX_REPEAT, json_rule
 
     with pytest.raises(GrammarError, match=f"more than Serge compiles \\({MAX_REPEAT}\\)") as refused:
         json_rule({"type": "object", "properties": {"code": {"type": "string", "pattern": pattern}}})

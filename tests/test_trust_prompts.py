@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 from conftest import MODEL
 
-from serge.engine.generation.prompts import Message, ToolCall, build_prompt
+from serge.engine.generation.prompting.prompts import Message, ToolCall, build_prompt
 
 pytestmark = pytest.mark.real_model  # the real model on a real server: the product's own promises
 

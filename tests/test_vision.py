@@ -20,7 +20,7 @@ from test_chats_api import events_of
 from tiny_vlm import IMAGE_TOKENS, NAME, b64, data_url, png
 from serge.engine import (ChatRequest, Engine, ImageRefused, ImageTooLarge, Message, ModelLibrary, SamplingParams,
                           read_image)
-from serge.engine.generation.images import MAX_IMAGE_BYTES, MAX_IMAGE_PIXELS
+from serge.engine.generation.prompting.images import MAX_IMAGE_BYTES, MAX_IMAGE_PIXELS
 from serge.engine.models.facts import read_facts
 from serge.settings import Settings
 

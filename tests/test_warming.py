@@ -1,6 +1,6 @@
 """Warming a chat's next prompt on the stand-in: never in a reply's way, stopped by one, taken by the next.
 
-The scheduler's rules for a warm (`serge.engine.generation.warming`) do not depend on the model's numbers;
+The scheduler's rules for a warm (`serge.engine.generation.kv.warming`) do not depend on the model's numbers;
 that a warmed reply is the reply a cold one is, on the real model, is tests/test_warming_real.py's.
 """
 
@@ -9,8 +9,8 @@ from __future__ import annotations
 import time
 
 from serge.engine import ChatRequest, FinishReason, Message, SamplingParams, SchedulerLimits
-from serge.engine.generation.prompts import build_prompt
-from serge.engine.generation.warming import MOST_WARMS
+from serge.engine.generation.prompting.prompts import build_prompt
+from serge.engine.generation.kv.warming import MOST_WARMS
 
 from standin import standin_model
 
@@ -164,7 +164,7 @@ def test_a_warmed_chat_prefills_only_its_new_message_through_the_engine():
 
 
 def test_a_vision_prompt_is_never_warmed():
-    from serge.engine.generation.images import Image
+    from serge.engine.generation.prompting.images import Image
 
     model = _model("warm-images", step_s=0.0)
     try:

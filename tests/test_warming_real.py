@@ -11,7 +11,7 @@ import time
 import pytest
 
 from serge.engine import ChatRequest, Engine, Message, SamplingParams
-from serge.engine.generation.prompts import HEADROOM_SHARE, build_prompt
+from serge.engine.generation.prompting.prompts import HEADROOM_SHARE, build_prompt
 from serge.settings import Settings
 
 from conftest import MODEL

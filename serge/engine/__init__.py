@@ -12,18 +12,18 @@ from serge.engine.models.errors import (InvalidModelName, InvalidSource, ModelNo
 from serge.engine.models.hub import PullProgress
 from serge.engine.models.library import ModelLibrary, check_name
 from serge.engine.metrics import EngineMetrics, ModelSnapshot
-from serge.engine.generation.schemas import BudgetTooSmall, GrammarError, InvalidRequest, ResponseFormat
-from serge.engine.generation.images import MAX_IMAGES, Image, ImageRefused, ImageTooLarge, read_image
-from serge.engine.generation.prompts import ContextTooLong, Message, ToolCall
+from serge.engine.generation.constraints.schemas import BudgetTooSmall, GrammarError, InvalidRequest, ResponseFormat
+from serge.engine.generation.prompting.images import MAX_IMAGES, Image, ImageRefused, ImageTooLarge, read_image
+from serge.engine.generation.prompting.prompts import ContextTooLong, Message, ToolCall
 from serge.engine.generation.request import ChatRequest
 from serge.engine.models.pulls import PullStatus
 from serge.engine.local import ModelLoadFailed
 from serge.engine.registry import ModelInUse, ModelTooLarge
 from serge.engine.generation.sampling import (ANTHROPIC_NAMES, MAX_STOP_STRINGS, MAX_TOP_LOGPROBS, OLLAMA_OPTIONS,
                                              OPENAI_NAMES, RESPONSES_NAMES, SamplingParams)
-from serge.engine.generation.admission import EngineBusy, SchedulerLimits
+from serge.engine.generation.batching.admission import EngineBusy, SchedulerLimits
 from serge.engine.generation.stream import Delta, FinishReason, GenerationError, GenerationRecord, Stream, TokenLogprob
-from serge.engine.generation.tools import Tool, Tools
+from serge.engine.generation.prompting.tools import Tool, Tools
 
 __all__ = [
     "ANTHROPIC_NAMES",

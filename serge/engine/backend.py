@@ -16,11 +16,11 @@ from typing import Protocol
 
 from serge.engine.devices import DevicePlan
 from serge.engine.embeddings import Embeddings
-from serge.engine.generation.prompts import Message
+from serge.engine.generation.prompting.prompts import Message
 from serge.engine.generation.request import ChatRequest
 from serge.engine.generation.sampling import SamplingParams
 from serge.engine.generation.stream import Stream
-from serge.engine.generation.tools import Tools
+from serge.engine.generation.prompting.tools import Tools
 from serge.engine.info import EngineKind, LoadedInfo
 
 

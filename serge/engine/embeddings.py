@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from serge.engine.devices import DevicePlan
-from serge.engine.generation.schemas import InvalidRequest
+from serge.engine.generation.constraints.schemas import InvalidRequest
 from serge.engine.generation.sampling import SamplingParams
 from serge.engine.info import EngineKind, LoadedInfo, where_loaded
 from serge.engine.openmp import end_team

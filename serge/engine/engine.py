@@ -31,8 +31,8 @@ from serge.engine.models.errors import ModelNotFound
 from serge.engine.models.library import InstalledModel, ModelLibrary
 from serge.engine.local import LoadOptions
 from serge.engine.metrics import EngineMetrics
-from serge.engine.generation.images import MAX_IMAGES, ImageTooLarge
-from serge.engine.generation.prompts import Message
+from serge.engine.generation.prompting.images import MAX_IMAGES, ImageTooLarge
+from serge.engine.generation.prompting.prompts import Message
 from serge.engine.generation.request import ChatRequest
 from serge.engine.models.pulls import Pulls, PullStatus
 from serge.engine.families import local_families, prefers_gguf
@@ -40,12 +40,12 @@ from serge.engine.llamacpp.options import LlamaOptions
 from serge.engine.registry import Budget, ModelInUse, ModelRegistry, resident_bytes
 from serge.engine.remote import RemoteClient
 from serge.engine.embeddings import Embeddings
-from serge.engine.generation.schemas import InvalidRequest
+from serge.engine.generation.constraints.schemas import InvalidRequest
 from serge.engine.generation.sampling import SamplingParams
-from serge.engine.generation.admission import SchedulerLimits
+from serge.engine.generation.batching.admission import SchedulerLimits
 from serge.engine.generation.stream import Stream
 from serge.engine.party import of as party_of
-from serge.engine.generation.tools import Tools
+from serge.engine.generation.prompting.tools import Tools
 from serge.settings import Settings
 
 

@@ -19,17 +19,17 @@ from serge.engine.models.library import InstalledModel
 from serge.engine.devices import DevicePlan
 from serge.engine.info import EngineKind, LoadedInfo, where_loaded
 from serge.engine.generation.request import ChatRequest
-from serge.engine.generation.schemas import BudgetTooSmall, InvalidRequest
+from serge.engine.generation.constraints.schemas import BudgetTooSmall, InvalidRequest
 from serge.engine.metrics import EngineMetrics
-from serge.engine.generation.prompts import ContextTooLong, Message, build_prompt, count_tokens, placed
-from serge.engine.generation.template import TemplateOptions, template_takes_mid_system
-from serge.engine.generation.thinking import Thinking, opens_thinking, template_thinks
+from serge.engine.generation.prompting.prompts import ContextTooLong, Message, build_prompt, count_tokens, placed
+from serge.engine.generation.prompting.template import TemplateOptions, template_takes_mid_system
+from serge.engine.generation.prompting.thinking import Thinking, opens_thinking, template_thinks
 from serge.engine.generation.sampling import SamplingParams
-from serge.engine.generation.admission import SchedulerLimits
-from serge.engine.generation.scheduler import Scheduler
+from serge.engine.generation.batching.admission import SchedulerLimits
+from serge.engine.generation.batching.scheduler import Scheduler
 from serge.engine.generation.stream import Stream
-from serge.engine.generation.tool_calls import ToolFormat, find_tool_format
-from serge.engine.generation.tools import Tools, plan_reply
+from serge.engine.generation.prompting.tool_calls import ToolFormat, find_tool_format
+from serge.engine.generation.prompting.tools import Tools, plan_reply
 
 log = logging.getLogger(__name__)
 

@@ -41,7 +41,7 @@ from serge.engine.models.library import InstalledModel, ModelLibrary
 from serge.engine.info import EngineKind
 from serge.engine.local import LoadOptions, ModelLoadFailed
 from serge.engine.openmp import end_team
-from serge.engine.generation.admission import EngineBusy
+from serge.engine.generation.batching.admission import EngineBusy
 
 log = logging.getLogger(__name__)
 

@@ -23,12 +23,12 @@ from collections.abc import Sequence
 
 import httpx
 
-from serge.engine.generation.prompts import Message, ToolCall
+from serge.engine.generation.prompting.prompts import Message, ToolCall
 from serge.engine.generation.request import ChatRequest
-from serge.engine.generation.schemas import InvalidRequest
+from serge.engine.generation.constraints.schemas import InvalidRequest
 from serge.engine.generation.sampling import OPENAI_NAMES, SamplingParams
 from serge.engine.generation.stream import FinishReason, GenerationRecord, Stream, TokenLogprob, ToolCallDelta, TopLogprob
-from serge.engine.generation.tools import Tools
+from serge.engine.generation.prompting.tools import Tools
 from serge.settings import RemoteModel
 
 def request_fields(params: SamplingParams) -> dict:

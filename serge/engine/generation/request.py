@@ -9,10 +9,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from serge.engine.generation.prompts import Message
+from serge.engine.generation.prompting.prompts import Message
 from serge.engine.generation.sampling import SamplingParams
-from serge.engine.generation.schemas import ResponseFormat
-from serge.engine.generation.tools import Tools
+from serge.engine.generation.constraints.schemas import ResponseFormat
+from serge.engine.generation.prompting.tools import Tools
 
 
 @dataclass(frozen=True)

@@ -29,8 +29,8 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from enum import StrEnum
 
-from serge.engine.generation.prompts import ToolCall
-from serge.engine.generation.wakeups import LoopWake, Wakeups
+from serge.engine.generation.prompting.prompts import ToolCall
+from serge.engine.generation.batching.wakeups import LoopWake, Wakeups
 
 
 class FinishReason(StrEnum):

@@ -38,13 +38,13 @@ from serge.engine.hf.decoder import Decoder
 from serge.engine.generation.forward import OutOfKV
 from serge.engine.hf.kv import SequenceKV
 from serge.engine.hf.paged import BLOCK_SIZE, BlockPool, PagedKV
-from serge.engine.generation.passes import MOST_CHUNKS
-from serge.engine.generation.scheduler import Scheduler
+from serge.engine.generation.batching.passes import MOST_CHUNKS
+from serge.engine.generation.batching.scheduler import Scheduler
 from serge.engine.generation.sampling import SamplingParams
 from serge.engine.local import LoadOptions, LocalModel, ModelLoadFailed, check_chat_template, eos_ids
 from serge.engine.models.library import InstalledModel
 from serge.engine.hf.paged_attention import PagedPass
-from serge.engine.generation.threads import ladder
+from serge.engine.generation.batching.threads import ladder
 from serge.engine.hf.rows import RowPlan, joinable_rows, joins_rows, measure_rows, pack_for_onednn, same_across_threads
 from serge.engine.hf.vision import image_token_id, on_device
 

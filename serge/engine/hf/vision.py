@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 import torch
 
-from serge.engine.generation.images import Image
+from serge.engine.generation.prompting.images import Image
 
 # Where a processor's outputs are the model's inputs besides the token ids (pixel_values, image_sizes, ...).
 _NOT_MODEL_INPUTS = frozenset({"input_ids", "attention_mask", "token_type_ids", "mm_token_type_ids"})

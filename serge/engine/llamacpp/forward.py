@@ -40,11 +40,11 @@ import numpy as np
 import torch
 
 from serge.engine.models.library import InstalledModel
-from serge.engine.generation.kv_store import KvStore
-from serge.engine.generation.passes import kept
+from serge.engine.generation.kv.kv_store import KvStore
+from serge.engine.generation.batching.passes import kept
 from serge.engine.generation.sampling import SamplingParams
-from serge.engine.generation.scheduler import Scheduler
-from serge.engine.generation.threads import ladder
+from serge.engine.generation.batching.scheduler import Scheduler
+from serge.engine.generation.batching.threads import ladder
 from serge.engine.llamacpp.batch import LlamaBatch
 from serge.engine.llamacpp.kv import LlamaKV, host_pages
 from serge.engine.llamacpp.memory import KvType, choose_kv, footprint, kv_layout, kv_type, placement

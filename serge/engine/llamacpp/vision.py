@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from serge.engine.generation.images import Image
+from serge.engine.generation.prompting.images import Image
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import io
 from dataclasses import dataclass, field
 
-from serge.engine.generation.schemas import InvalidRequest
+from serge.engine.generation.constraints.schemas import InvalidRequest
 
 MAX_IMAGE_BYTES = 10 * 2**20  # one image's encoded bytes
 MAX_IMAGE_PIXELS = 4096 * 4096  # one image's width x height (Pillow's own bomb guard is 89 million)

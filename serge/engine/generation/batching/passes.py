@@ -23,10 +23,10 @@ import numpy as np
 import torch
 
 from serge.engine.generation.forward import Forward, OutOfKV
-from serge.engine.generation.sequence import Sequence, choose_all
+from serge.engine.generation.batching.sequence import Sequence, choose_all
 from serge.engine.generation.stream import FinishReason
-from serge.engine.generation.threads import Threads
-from serge.engine.generation.wakeups import Wakeups
+from serge.engine.generation.batching.threads import Threads
+from serge.engine.generation.batching.wakeups import Wakeups
 from serge.engine.metrics import ModelMetrics
 
 log = logging.getLogger(__name__)

@@ -2,7 +2,7 @@
 
 Messages go through the tokenizer's own chat template (never a hard-coded
 format), with the tools a request offers when the template knows tools
-(`serge.engine.generation.tools` rewrites the conversation for templates that do not).
+(`serge.engine.generation.prompting.tools` rewrites the conversation for templates that do not).
 When the conversation is too long, whole turns are dropped from the oldest end,
 the system prompt is kept, and the reply always has room (or, for APIs whose
 clients manage their own context, `trim=False` refuses it with the counts).
@@ -29,9 +29,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from serge.engine.generation.images import Image
-from serge.engine.generation.jsonspans import json_or_text
-from serge.engine.generation.template import render
+from serge.engine.generation.prompting.images import Image
+from serge.engine.generation.constraints.jsonspans import json_or_text
+from serge.engine.generation.prompting.template import render
 
 Role = Literal["system", "user", "assistant", "tool"]
 

@@ -18,7 +18,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from serge.engine.generation.schema_limits import guidance_problem, pointer, schema_problem
+from serge.engine.generation.constraints.schema_limits import guidance_problem, pointer, schema_problem
 
 # Compact, conventional JSON: no free whitespace (a small model can pad with
 # newlines forever), separators as json.dumps writes them.

@@ -14,8 +14,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Literal
 
-from serge.engine.generation.jsonspans import JsonSpans
-from serge.engine.generation.prompts import ToolCall
+from serge.engine.generation.constraints.jsonspans import JsonSpans
+from serge.engine.generation.prompting.prompts import ToolCall
 from serge.engine.generation.stream import ToolCallDelta
 
 FormatKind = Literal["hermes", "json", "generic"]

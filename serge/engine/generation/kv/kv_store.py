@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from serge.engine.generation.forward import KV
-from serge.engine.generation.prefix_cache import PrefixCache
+from serge.engine.generation.kv.prefix_cache import PrefixCache
 
 log = logging.getLogger(__name__)
 

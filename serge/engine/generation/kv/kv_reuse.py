@@ -14,10 +14,10 @@ import logging
 from collections.abc import Callable
 
 from serge.engine.generation.forward import Forward
-from serge.engine.generation.passes import failure_message
-from serge.engine.generation.prefix_cache import PrefixCache
-from serge.engine.generation.sequence import Sequence
-from serge.engine.generation.shared_prefix import SharedPrefixes
+from serge.engine.generation.batching.passes import failure_message
+from serge.engine.generation.kv.prefix_cache import PrefixCache
+from serge.engine.generation.batching.sequence import Sequence
+from serge.engine.generation.kv.shared_prefix import SharedPrefixes
 from serge.engine.generation.stream import FinishReason
 from serge.engine.metrics import ModelMetrics
 

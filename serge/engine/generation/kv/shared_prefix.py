@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from serge.engine.generation.forward import Forward
-from serge.engine.generation.sequence import Sequence
+from serge.engine.generation.batching.sequence import Sequence
 from serge.engine.generation.stream import FinishReason
 from serge.engine.metrics import ModelMetrics
 

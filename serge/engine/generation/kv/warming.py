@@ -21,7 +21,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from serge.engine.generation.forward import KV, Forward, OutOfKV
-from serge.engine.generation.prefix_cache import PrefixCache
+from serge.engine.generation.kv.prefix_cache import PrefixCache
 from serge.engine.metrics import ModelMetrics
 
 log = logging.getLogger(__name__)

@@ -21,7 +21,7 @@ import torch
 from serge.engine.generation.stream import FinishReason
 
 if TYPE_CHECKING:
-    from serge.engine.generation.sequence import Sequence
+    from serge.engine.generation.batching.sequence import Sequence
 
 
 class EngineBusy(RuntimeError):

@@ -31,8 +31,8 @@ from collections import OrderedDict
 
 import torch
 
-from serge.engine.generation.grammar_check import GrammarCheck
-from serge.engine.generation.schemas import GrammarError, InvalidRequest
+from serge.engine.generation.constraints.grammar_check import GrammarCheck
+from serge.engine.generation.constraints.schemas import GrammarError, InvalidRequest
 
 GRAMMAR_CACHE = 64  # distinct grammars kept compiled per model
 # llguidance's own limits, named here so they are a decision: the lexer's fuel to build a

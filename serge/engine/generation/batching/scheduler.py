@@ -40,21 +40,21 @@ from collections import Counter
 
 import torch
 
-from serge.engine.generation.admission import EngineBusy, SchedulerLimits, Waiting
+from serge.engine.generation.batching.admission import EngineBusy, SchedulerLimits, Waiting
 from serge.engine.generation.forward import Forward, OutOfKV
-from serge.engine.generation.grammar import Vocabulary
-from serge.engine.generation.kv_reuse import KvReuse
-from serge.engine.generation.kv_store import KvStore
-from serge.engine.generation.prefix_cache import PrefixCache
-from serge.engine.generation.passes import Batch, Step, failure_message
+from serge.engine.generation.constraints.grammar import Vocabulary
+from serge.engine.generation.kv.kv_reuse import KvReuse
+from serge.engine.generation.kv.kv_store import KvStore
+from serge.engine.generation.kv.prefix_cache import PrefixCache
+from serge.engine.generation.batching.passes import Batch, Step, failure_message
 from serge.engine.generation.sampling import SamplingParams
-from serge.engine.generation.schemas import InvalidRequest
-from serge.engine.generation.sequence import ReplyReader, Sequence
+from serge.engine.generation.constraints.schemas import InvalidRequest
+from serge.engine.generation.batching.sequence import ReplyReader, Sequence
 from serge.engine.generation.stream import FinishReason, GenerationError, Stream
-from serge.engine.generation.thinking import Thinking
-from serge.engine.generation.threads import Threads
-from serge.engine.generation.wakeups import Wakeups
-from serge.engine.generation.warming import Warming
+from serge.engine.generation.prompting.thinking import Thinking
+from serge.engine.generation.batching.threads import Threads
+from serge.engine.generation.batching.wakeups import Wakeups
+from serge.engine.generation.kv.warming import Warming
 from serge.engine.metrics import EngineMetrics
 from serge.engine.openmp import end_team
 

@@ -27,11 +27,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from serge.engine.generation.jsonspans import json_or_text
-from serge.engine.generation.prompts import Message
-from serge.engine.generation.schema_limits import schema_problem
-from serge.engine.generation.schemas import GrammarError, InvalidRequest, json_rule
-from serge.engine.generation.tool_calls import CallReader, ToolFormat
+from serge.engine.generation.constraints.jsonspans import json_or_text
+from serge.engine.generation.prompting.prompts import Message
+from serge.engine.generation.constraints.schema_limits import schema_problem
+from serge.engine.generation.constraints.schemas import GrammarError, InvalidRequest, json_rule
+from serge.engine.generation.prompting.tool_calls import CallReader, ToolFormat
 
 
 @dataclass(frozen=True)

@@ -21,9 +21,9 @@ import numpy as np
 import torch
 
 from serge.engine.generation.assembler import TextAssembler
-from serge.engine.generation.batch_sampling import Sampler, choose_rows, greedy_tokens
-from serge.engine.generation.grammar import Matcher, Vocabulary
-from serge.engine.generation.prompts import ToolCall
+from serge.engine.generation.batching.batch_sampling import Sampler, choose_rows, greedy_tokens
+from serge.engine.generation.constraints.grammar import Matcher, Vocabulary
+from serge.engine.generation.prompting.prompts import ToolCall
 from serge.engine.generation.sampling import (
     Penalties,
     SamplingParams,
@@ -38,7 +38,7 @@ from serge.engine.generation.stream import (
     ToolCallDelta,
     TopLogprob,
 )
-from serge.engine.generation.thinking import Thinking
+from serge.engine.generation.prompting.thinking import Thinking
 
 # A JSON-only reply is steered to its end once the token drawn would leave its grammar more to close than the
 # tokens left after it (`Matcher.distance`, walked each token within the last CLOSING_WINDOW).
@@ -52,7 +52,7 @@ PLAIN_SLACK = 4
 
 
 class ReplyReader(Protocol):
-    """Splits reply text into what the user reads and the tool calls it makes (see `serge.engine.generation.tools`)."""
+    """Splits reply text into what the user reads and the tool calls it makes (see `serge.engine.generation.prompting.tools`)."""
 
     def feed(self, text: str) -> tuple[str, list[ToolCallDelta]]: ...
 

@@ -1,0 +1,1 @@
+"""Key/value memory kept beyond one reply: the prefix cache, its copy on disk, shared prefixes and warming."""
