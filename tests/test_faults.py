@@ -226,7 +226,7 @@ def test_a_locked_database_refuses_the_message_with_a_503_and_keeps_nothing_half
 
 
 def test_a_reply_that_cannot_be_saved_is_reported_then_saved_once_the_lock_goes(faulty, monkeypatch):
-    monkeypatch.setattr("serge.chats.replies.SAVE_RETRY_EVERY_S", 0.1)  # its 2 s between tries, waited out here
+    monkeypatch.setattr("serge.chats.replies.reply.SAVE_RETRY_EVERY_S", 0.1)  # its 2 s between tries, waited out here
     chat = new_chat(faulty, settings=LONG)
     lock = HeldLock(faulty.db_path)
     try:

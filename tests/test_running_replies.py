@@ -13,7 +13,7 @@ from conftest import DATABASES, POSTGRES_URL, fresh_database
 from standin import standin_engine
 
 from serge.chats import ChatService
-from serge.chats.running import SharedReplies
+from serge.chats.replies.running import SharedReplies
 from serge.chats import ChatBusy
 from serge.store import AccountStore, ChatStore, NewMessage
 from serge.store.running import RunningStore

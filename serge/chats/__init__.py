@@ -4,8 +4,8 @@ from serge.chats.checks import MAX_MESSAGE_CHARS, MAX_SYSTEM_PROMPT_CHARS, Inval
 from serge.chats.indexing import Indexer
 from serge.chats.knowledge import InvalidCollectionInput, Knowledge
 from serge.chats.presets import InvalidPresetInput, PresetForbidden, PresetModelMissing, Presets, PresetView
-from serge.chats.replies import Reply
-from serge.chats.active import ChatBusy
+from serge.chats.replies.reply import Reply
+from serge.chats.replies.active import ChatBusy
 from serge.chats.service import ChatService
 from serge.chats.transfer import ChatExport, export_markdown
 from serge.store import ChatNotFound, MessageNotFound

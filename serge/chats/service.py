@@ -14,19 +14,19 @@ import logging
 from collections.abc import Callable
 from dataclasses import replace
 
-from serge.chats.active import ActiveReplies
+from serge.chats.replies.active import ActiveReplies
 from serge.chats.checks import (DEFAULT_TITLE, MAX_MESSAGE_CHARS, MAX_SYSTEM_PROMPT_CHARS, MAX_TITLE_CHARS,
                                 InvalidChatInput, auto_title, check_settings, check_text, check_title)
 from serge.chats.documents import ChatDocuments
 from serge.chats.knowledge import Knowledge
 from serge.chats.presets import Presets
 from serge.chats.budget_words import in_chat_words
-from serge.chats.replies import Reply
+from serge.chats.replies.reply import Reply
 from serge.chats.tools import ChatTools, knowledge_search
 from serge.chats.conversation import Conversations
-from serge.chats.running import SharedReplies
+from serge.chats.replies.running import SharedReplies
 from serge.chats.transfer import ChatExport, export_json
-from serge.chats.warming import LOAD_WAIT_S, ChatWarming
+from serge.chats.replies.warming import LOAD_WAIT_S, ChatWarming
 from serge.documents import MAX_FILES_PER_MESSAGE
 from serge.engine import ChatRequest, Engine, ModelNotFound, SamplingParams, Stream
 from serge.engine.party import current as current_party

@@ -6,7 +6,7 @@ and clears other processes' rows whose heartbeat is older than the lease (a proc
 their replies interrupted. It counts a user's open streams under a lock on the user's row, so two
 processes cannot both take the last one. On PostgreSQL a stop request is also sent as a NOTIFY on
 `STOP_CHANNEL` and `listen()` delivers them; elsewhere the owner finds them by polling `stops()`.
-What the rows mean for a reply, and when to poll, is the chat service's business (serge/chats/running.py).
+What the rows mean for a reply, and when to poll, is the chat service's business (serge/chats/replies/running.py).
 Times are the processes' own clocks (UTC): processes on several machines need their clocks in sync.
 """
 

@@ -21,7 +21,7 @@ from serge import __version__
 from serge.accounts import Accounts, LoginSessions, Usage, load_secret
 from serge.chats import ChatService, Indexer, Knowledge, Presets
 from serge.accounts.reservations import LEASE_S, Reservations, reserve_streams
-from serge.chats.running import SharedReplies, process_name, shared_by_processes
+from serge.chats.replies.running import SharedReplies, process_name, shared_by_processes
 from serge.engine import Engine
 from serge.settings import Settings
 from serge.chats.documents import ChatDocuments

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import threading
 
-from serge.chats.replies import Reply
-from serge.chats.running import SharedReplies
+from serge.chats.replies.reply import Reply
+from serge.chats.replies.running import SharedReplies
 
 BUSY = "this chat is still answering; stop the reply or wait for it to finish"
 
