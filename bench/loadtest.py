@@ -65,7 +65,7 @@ def log(msg: str) -> None:
 def make_accounts(data_dir: Path, users: int) -> list[str]:
     """One account and API key per person plus one for the warm-up, as `serge users add` and
     `serge keys create` make them (on the database, before the server starts)."""
-    from serge.cli_accounts import open_accounts
+    from serge.cli.accounts import open_accounts
     from serge.settings import Settings
 
     accounts = open_accounts(Settings(data_dir=data_dir))

@@ -160,7 +160,7 @@ def main(argv: list[str] | None = None) -> None:
     port = args.port or free_port()
     pdf = data / "harbour-minutes.pdf"
     pdf.write_bytes(minutes_pdf())
-    command = [sys.executable, "-c", "from serge.cli import main; main()", "serve", "--port", str(port),
+    command = [sys.executable, "-c", "from serge.cli.main import main; main()", "serve", "--port", str(port),
                "--data-dir", str(data / "serge"), "--models-dir", str(Settings().models_path)]
     command += ["--model", args.model] if args.model else []
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}

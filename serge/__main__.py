@@ -1,3 +1,3 @@
-from serge.cli import main
+from serge.cli.main import main
 
 main()

@@ -118,7 +118,7 @@ def cli(monkeypatch, capsys):
     import io
     import subprocess
 
-    from serge.cli import main
+    from serge.cli.main import main
 
     def run(*args: str, stdin: str = "") -> subprocess.CompletedProcess:
         monkeypatch.setattr("sys.stdin", io.StringIO(stdin))

@@ -19,7 +19,7 @@ from conftest import ServerThread, held_port
 from standin import stand_in
 from test_chats_api import LONG, SHORT, STORY, read_events, send, wait_for
 
-from serge.cli import main as serge_main
+from serge.cli.main import main as serge_main
 from serge.settings import Settings
 from serge.web.app import build_app
 

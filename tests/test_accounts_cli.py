@@ -12,7 +12,7 @@ import sys
 import pytest
 from conftest import free_port
 
-from serge.cli import main
+from serge.cli.main import main
 
 
 def serge(*args: str, stdin: str = "", timeout: float = 120) -> subprocess.CompletedProcess:

@@ -20,7 +20,7 @@ from conftest import free_port, own_server
 from standin import byte_tokenizer, stand_in
 from test_accounts_api import add_user, login
 
-from serge.cli import main as serge_main
+from serge.cli.main import main as serge_main
 from test_chat_tools import ask, chat_with, script
 
 from mcp_servers import CONTROL, build

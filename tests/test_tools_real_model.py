@@ -8,7 +8,7 @@ import pytest
 from conftest import own_server
 from test_chat_tools import ask
 
-from serge.cli import main as serge_main
+from serge.cli.main import main as serge_main
 
 pytestmark = pytest.mark.real_model
 

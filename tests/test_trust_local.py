@@ -15,7 +15,7 @@ import stat
 import pytest
 from starlette.datastructures import Headers
 
-from serge.cli import main, warn_if_exposed
+from serge.cli.main import main, warn_if_exposed
 from serge.settings import Settings
 from serge.store import Database
 from serge.web.http.auth import is_local

@@ -27,7 +27,7 @@ from conftest import own_server
 sys.path.append(str(Path(__file__).parent))  # the test files import llama.cpp's `utils` as a top-level module
 from utils import SergeServers, server_instances  # noqa: E402
 
-from serge.cli import main as serge_main
+from serge.cli.main import main as serge_main
 
 HERE = "llamacpp_suite/"
 

@@ -18,16 +18,16 @@ from contextlib import suppress
 from pydantic import ValidationError
 
 from serge import __version__
-from serge.cli_accounts import AccountCommandFailed
-from serge.cli_accounts import add_parsers as add_account_parsers
-from serge.cli_accounts import run as run_account_command
-from serge.cli_tools import ToolCommandFailed, split_server_command
-from serge.cli_tools import add_parsers as add_tool_parsers
-from serge.cli_tools import run as run_tool_command
-from serge.cli_models import add_parsers as add_model_parsers
-from serge.cli_models import run as run_model_command
-from serge.cli_presets import PresetCommandFailed
-from serge.cli_presets import add_parsers as add_preset_parsers
+from serge.cli.accounts import AccountCommandFailed
+from serge.cli.accounts import add_parsers as add_account_parsers
+from serge.cli.accounts import run as run_account_command
+from serge.cli.tools import ToolCommandFailed, split_server_command
+from serge.cli.tools import add_parsers as add_tool_parsers
+from serge.cli.tools import run as run_tool_command
+from serge.cli.models import add_parsers as add_model_parsers
+from serge.cli.models import run as run_model_command
+from serge.cli.presets import PresetCommandFailed
+from serge.cli.presets import add_parsers as add_preset_parsers
 from serge.settings import Settings
 
 
@@ -139,7 +139,7 @@ def _with_engine(settings: Settings, args: argparse.Namespace) -> None:
         elif args.command == "chat":
             _chat(settings, args)
         elif args.command == "presets":
-            from serge.cli_presets import run as run_preset_command
+            from serge.cli.presets import run as run_preset_command
 
             run_preset_command(settings, args)
         else:
@@ -171,7 +171,7 @@ def _refuse_open_bind(settings: Settings) -> None:
     """Serving beyond this machine without accounts would give everyone every chat."""
     if settings.loopback_only:
         return
-    from serge.cli_accounts import open_accounts
+    from serge.cli.accounts import open_accounts
 
     accounts = open_accounts(settings)
     try:

@@ -1,5 +1,5 @@
 """`serge users ...` and `serge keys ...`: accounts and API keys, managed on the server's own machine
-(their caps and `serge usage`: cli_usage.py).
+(their caps and `serge usage`: usage.py).
 
 They work on the database directly (a running server sees the change at its next
 request), so the first account can be made before Serge ever serves anyone.
@@ -14,7 +14,7 @@ import getpass
 import sys
 from typing import TYPE_CHECKING
 
-from serge.cli_usage import add_quota_parsers, add_usage_parser, run_quota, run_usage
+from serge.cli.usage import add_quota_parsers, add_usage_parser, run_quota, run_usage
 from serge.settings import Settings
 
 if TYPE_CHECKING:
