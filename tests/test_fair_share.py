@@ -18,7 +18,7 @@ from serge.accounts import Accounts
 from serge.engine import Engine, EngineMetrics, Message, SamplingParams, SchedulerLimits
 from serge.engine.embeddings import BATCH, EmbeddingModel
 from serge.engine.generation.prompting.prompts import build_prompt
-from serge.engine.turns import Turns
+from serge.engine.sharing.turns import Turns
 from serge.settings import Settings
 from serge.store import AccountStore, Database
 from serge.web.app import build_app

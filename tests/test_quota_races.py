@@ -239,7 +239,7 @@ def test_model_requests_are_counted_by_the_quota_alone_not_by_a_per_process_buck
 # --- a process that dies -----------------------------------------------------------------------------------
 def test_a_reservation_left_by_a_dead_process_is_counted_at_what_it_reserved(database):
     from serge.accounts.reservations import Reservations
-    from serge.store.reservations import ReservationStore
+    from serge.store.usage.reservations import ReservationStore
 
     usage = Usage(UsageStore(database), clock=lambda: NOON)
     dead = Reservations(usage, ReservationStore(database, "dead", lease_s=0.2))
@@ -257,7 +257,7 @@ def test_a_reservation_left_by_a_dead_process_is_counted_at_what_it_reserved(dat
 
 def test_a_running_requests_reservation_is_renewed_not_settled(database):
     from serge.accounts.reservations import Reservations
-    from serge.store.reservations import ReservationStore
+    from serge.store.usage.reservations import ReservationStore
 
     usage = Usage(UsageStore(database), clock=lambda: NOON)
     mine = Reservations(usage, ReservationStore(database, "mine", lease_s=0.3), heartbeat_s=0.05).start()

@@ -23,7 +23,7 @@ from test_responses_mcp import ASK, HARBOUR, forced, harbour, register
 
 from serge.store import Database, UsageFilter
 from serge.store.tools import ToolServerStore
-from serge.store.usage import UsageStore
+from serge.store.usage.ledger import UsageStore
 
 settings, engine = stand_in("settings", "engine")
 

@@ -25,7 +25,7 @@ from serge.accounts import QuotaExceeded, Usage
 from serge.accounts.reservations import Reservations
 from serge.settings import Settings
 from serge.store import QuotaRecord, UsageCount, UsageFilter, UsageStore
-from serge.store.reservations import ReservationStore
+from serge.store.usage.reservations import ReservationStore
 from serge.web.app import build_app
 
 settings, engine = stand_in("settings", "engine")

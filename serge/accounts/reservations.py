@@ -13,7 +13,7 @@ process's at what they reserved, so tokens a client saw are never lost from the 
 The web layer opens a request's `Ticket` and runs the route inside `metering(...)`; wherever a model
 starts, `reserve_streams` (a generation) or `reserve_inputs` (an embedding) reserves on the ticket of
 the request being served, and does nothing outside one (the CLI, the indexer, a request of the local
-user). Nothing here knows HTTP; the SQL is serge/store/reservations.py's.
+user). Nothing here knows HTTP; the SQL is serge/store/usage/reservations.py's.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from typing import Protocol
 from serge.accounts.waits import in_words
 from serge.accounts.usage import QuotaExceeded, Usage, month_start, next_month, utc_midnight
 from serge.store import QuotaRecord, UsageCount
-from serge.store.reservations import Check, Period, Read, ReservationStore, Spent
+from serge.store.usage.reservations import Check, Period, Read, ReservationStore, Spent
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import UTC, date, datetime
 
 from serge.accounts.service import InvalidAccountInput
-from serge.store.usage import QuotaRecord, UsageCount, UsageFilter, UsageStore, UsageTotal
+from serge.store.usage.ledger import QuotaRecord, UsageCount, UsageFilter, UsageStore, UsageTotal
 
 DEFAULT = ("default", "")
 MAX_QUOTA = 10**15

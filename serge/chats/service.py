@@ -29,7 +29,7 @@ from serge.chats.transfer import ChatExport, export_json
 from serge.chats.replies.warming import LOAD_WAIT_S, ChatWarming
 from serge.documents import MAX_FILES_PER_MESSAGE
 from serge.engine import ChatRequest, Engine, ModelNotFound, SamplingParams, Stream
-from serge.engine.party import current as current_party
+from serge.engine.sharing.party import current as current_party
 from serge.store import (ChatRecord, ChatStore, DatabaseUnavailable, DocumentNotFound, DocumentRecord, MessageRecord,
                          NewMessage)
 

@@ -30,7 +30,7 @@ from serge.engine.generation.constraints.schemas import InvalidRequest
 from serge.engine.generation.sampling import SamplingParams
 from serge.engine.info import EngineKind, LoadedInfo, where_loaded
 from serge.engine.openmp import end_team
-from serge.engine.turns import Turns
+from serge.engine.sharing.turns import Turns
 
 
 BATCH = 32  # texts per forward pass

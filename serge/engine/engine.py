@@ -44,7 +44,7 @@ from serge.engine.generation.constraints.schemas import InvalidRequest
 from serge.engine.generation.sampling import SamplingParams
 from serge.engine.generation.batching.admission import SchedulerLimits
 from serge.engine.generation.stream import Stream
-from serge.engine.party import of as party_of
+from serge.engine.sharing.party import of as party_of
 from serge.engine.generation.prompting.tools import Tools
 from serge.settings import Settings
 
@@ -198,7 +198,7 @@ class Engine:
         message's images need a model that sees them (`ModelInfo.vision`), else InvalidRequest names those
         that do. Raises ModelNotFound, ContextTooLong, InvalidRequest (a bad schema, tool_choice, logit_bias
         or n) or EngineBusy before anything runs. The model's slots are shared fairly between parties
-        (`request.party`, else `serge.engine.party.current()`)."""
+        (`request.party`, else `serge.engine.sharing.party.current()`)."""
         if images := sum(len(m.images) for m in request.messages):
             self._check_sees(model, images)
         request = replace(request, party=party_of(request.party))  # slots are shared fairly between parties

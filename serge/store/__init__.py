@@ -17,7 +17,7 @@ from serge.store.db import Database, DatabaseUnavailable, exposed, private_dir
 from serge.store.responses import ResponseNotFound, ResponseRecord, ResponseStore
 from serge.store.tools import (ToolServerConnection, ToolServerExists, ToolServerMissing, ToolServerRecord,
                                ToolServerStore)
-from serge.store.usage import QuotaRecord, UsageCount, UsageFilter, UsageStore, UsageTotal
+from serge.store.usage.ledger import QuotaRecord, UsageCount, UsageFilter, UsageStore, UsageTotal
 
 __all__ = [
     "CollectionExists", "CollectionNotFound", "CollectionRecord", "CollectionStore", "FileProgress",

@@ -29,7 +29,7 @@ from serge.chats.responses import StoredResponses
 from serge.chats.lookup import Lookup
 from serge.store import (AccountStore, ChatStore, CollectionStore, Database, DocumentStore, FileStore, PresetStore,
                          ResponseStore, UsageStore, DecisionStore)
-from serge.store.reservations import ReservationStore
+from serge.store.usage.reservations import ReservationStore
 from serge.store.tools import ToolServerStore
 from serge.tools import ToolServers
 from serge.chats.tools import ChatTools, ToolDecisions

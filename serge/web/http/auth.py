@@ -27,7 +27,7 @@ from fastapi.responses import JSONResponse, RedirectResponse
 from starlette.concurrency import run_in_threadpool
 
 from serge.accounts import LOCAL_USER, Accounts, LoginSessions
-from serge.engine.party import asking
+from serge.engine.sharing.party import asking
 from serge.store import DatabaseUnavailable, UserRecord
 from serge.web.http.errors import ApiError, error_body, problem
 from serge.web.http.usage_meter import dialect_of

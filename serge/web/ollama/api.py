@@ -27,7 +27,7 @@ from serge.engine import (ChatRequest, Engine, FinishReason, GenerationRecord, M
                           TokenLogprob)
 from serge.chats import Presets
 from serge.store import PresetRecord
-from serge.engine.party import of as party_of
+from serge.engine.sharing.party import of as party_of
 from serge.web.http.auth import current_user
 from serge.web.http.dialects import cancel_on_disconnect, stream_response
 from serge.web.http.errors import ApiError

@@ -18,7 +18,7 @@ from serge.store.db import Database
 from serge.store.tables import Quota, UsageDay
 
 GROUPS = ("day", "user", "key", "model", "dialect")
-MINUTES_KEPT = 5  # per-minute request counts older than this are cleared as new ones come (serge/store/reservations.py)
+MINUTES_KEPT = 5  # per-minute request counts older than this are cleared as new ones come (serge/store/usage/reservations.py)
 
 
 @dataclass(frozen=True)

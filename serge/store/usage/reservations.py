@@ -25,7 +25,7 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from serge.store.db import Database
 from serge.store.tables import UsageDay, UsageMinute, UsageReservation, User, now
-from serge.store.usage import MINUTES_KEPT, UsageCount, ledger_add
+from serge.store.usage.ledger import MINUTES_KEPT, UsageCount, ledger_add
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,2 @@
+"""A fair share of each model between the parties asking: who a request is (party.py), and turns between them
+(turns.py)."""
