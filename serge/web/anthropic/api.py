@@ -23,6 +23,7 @@ from starlette.concurrency import run_in_threadpool
 
 from serge.engine import ChatRequest, Engine, FinishReason, GenerationRecord, Stream
 from serge.web.http.dialects import cancel_on_disconnect, failure, start_chat, stream_response
+from serge.web.http.context import RouteKind
 from serge.web.anthropic.models import NO_EFFECT_FIELDS, CountTokensRequest, MessagesRequest
 from serge.web.anthropic.errors import anthropic_error
 from serge.web.http.request_log import note_generation
@@ -89,6 +90,7 @@ class AnthropicErrorResponse(BaseModel):
 
 
 router = APIRouter(prefix="/v1", tags=["Anthropic-compatible"])
+GENERATES = RouteKind("anthropic", model=True, streaming=True).depends  # a route that runs a model and may stream its reply
 
 _EVENT = {"type": "object", "required": ["event", "data"], "properties": {
     "event": {"enum": ["message_start", "ping", "content_block_start", "content_block_delta", "content_block_stop",
@@ -162,7 +164,7 @@ def _client_extras(
 
 @router.post("/messages", summary="Create a message (Anthropic's Messages API; streamed or not)",
              description=MESSAGES_DOC, response_model=MessageOut, responses=RESPONSES,
-             dependencies=[Depends(_client_extras)])
+             dependencies=[GENERATES, Depends(_client_extras)])
 async def create_message(body: MessagesRequest, request: Request):
     messages = await run_in_threadpool(body.conversation)  # its files and images are read off the event loop
     tools, response_format = body.tool_offer(), body.response_format()

@@ -31,6 +31,7 @@ from serge.documents import MAX_FILES_PER_MESSAGE
 from serge.engine import EngineBusy, ModelLoadFailed, SamplingParams
 from serge.store import ChatRecord, DocumentRecord, MessageRecord
 from serge.web.http.auth import current_user, owner
+from serge.web.http.context import RouteKind
 from serge.web.http.bodies import uploaded
 from serge.web.pages.docs import EVENT_STREAM, MARKDOWN
 from serge.web.http.dialects import stream_response
@@ -38,6 +39,8 @@ from serge.web.http.errors import ApiError
 from serge.web.http.request_log import note_generation
 
 router = APIRouter(prefix="/api/chats", tags=["chats"])
+UPLOADS = RouteKind("serge", upload=True).depends  # a route that takes a file
+GENERATES = RouteKind("serge", model=True, streaming=True).depends  # a route that runs a model and may stream its reply
 MAX_TOOL_SERVERS = 32
 
 
@@ -196,7 +199,7 @@ def export_chat(chat_id: str, request: Request, format: Literal["md", "json"] = 
 
 @router.post("/{chat_id}/files", status_code=201,
              summary="Upload a file (text, Markdown, code, HTML, PDF, DOCX, or an image for a vision model) "
-                     "for the chat's messages to attach")
+                     "for the chat's messages to attach", dependencies=[UPLOADS])
 async def upload_file(chat_id: str, request: Request, file: UploadFile = File(description="The file itself.")):
     document = await run_in_threadpool(service(request).attach, owner(request), chat_id, *await uploaded(file))
     return document_out(document)
@@ -216,7 +219,8 @@ def file_image(chat_id: str, document_id: str, request: Request):
 
 
 @router.post("/{chat_id}/messages", response_class=StreamingResponse, responses=EVENT_STREAM,
-             summary="Send a message, with files of the chat attached and collections named; the reply streams back as server-sent events")
+             summary="Send a message, with files of the chat attached and collections named; the reply streams back as server-sent events",
+             dependencies=[GENERATES])
 async def send_message(chat_id: str, body: MessageIn, request: Request):
     with reply_errors():
         reply = await run_in_threadpool(service(request).reply, owner(request), chat_id, body.content,
@@ -225,7 +229,7 @@ async def send_message(chat_id: str, body: MessageIn, request: Request):
 
 
 @router.post("/{chat_id}/regenerate", response_class=StreamingResponse, responses=EVENT_STREAM,
-             summary="A new reply to the last message; the old one stays as an alternative")
+             summary="A new reply to the last message; the old one stays as an alternative", dependencies=[GENERATES])
 async def regenerate(chat_id: str, request: Request):
     with reply_errors():
         reply = await run_in_threadpool(service(request).regenerate, owner(request), chat_id, current_user(request))
@@ -233,7 +237,7 @@ async def regenerate(chat_id: str, request: Request):
 
 
 @router.post("/{chat_id}/messages/{message_id}/edit", response_class=StreamingResponse, responses=EVENT_STREAM,
-             summary="Edit one of your messages and resend it (a new branch)")
+             summary="Edit one of your messages and resend it (a new branch)", dependencies=[GENERATES])
 async def edit_and_resend(chat_id: str, message_id: str, body: MessageIn, request: Request):
     with reply_errors():
         reply = await run_in_threadpool(service(request).edit_and_resend, owner(request), chat_id, message_id,

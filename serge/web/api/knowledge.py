@@ -16,10 +16,12 @@ from starlette.concurrency import run_in_threadpool
 from serge.chats import Knowledge
 from serge.store import CollectionRecord, FileProgress
 from serge.web.http.bodies import uploaded
+from serge.web.http.context import RouteKind
 from serge.web.http.auth import owner
 from serge.web.api.chats import document_out
 
 router = APIRouter(prefix="/api/knowledge", tags=["knowledge"])
+UPLOADS = RouteKind("serge", upload=True).depends  # a route that takes a file
 
 
 class CollectionIn(BaseModel):
@@ -75,7 +77,8 @@ def delete(collection_id: str, request: Request):
 
 
 @router.post("/{collection_id}/files", status_code=201,
-             summary="Upload a file (text, Markdown, code, HTML, PDF or DOCX); it is indexed in the background")
+             summary="Upload a file (text, Markdown, code, HTML, PDF or DOCX); it is indexed in the background",
+             dependencies=[UPLOADS])
 async def upload_file(collection_id: str, request: Request, file: UploadFile = File(description="The file itself.")):
     document = await run_in_threadpool(knowledge(request).upload, owner(request), collection_id, *await uploaded(file))
     return file_out(FileProgress(document, 0))

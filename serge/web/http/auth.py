@@ -18,7 +18,6 @@ fair share (`party`).
 from __future__ import annotations
 
 import ipaddress
-import re
 from urllib.parse import quote
 
 import anyio
@@ -29,16 +28,14 @@ from starlette.concurrency import run_in_threadpool
 from serge.accounts import LOCAL_USER, Accounts, LoginSessions
 from serge.engine.sharing.party import asking
 from serge.store import DatabaseUnavailable, UserRecord
+from serge.web.http.context import context, context_of
 from serge.web.http.errors import ApiError, error_body, problem
-from serge.web.http.usage_meter import dialect_of
 from serge.web.http.user_limits import UserLimits
 
 SESSION_COOKIE = "serge_session"
 OPEN_PATHS = frozenset({"/login", "/api/health", "/metrics"})
 STATIC_PREFIX = "/static/"
 API_PREFIXES = ("/api/", "/v1/", "/metrics", "/openapi.json", "/mcp")
-STREAMING = re.compile(r"/v1/(?:chat/completions|completions|responses|messages)|/api/(?:chat|generate)"
-                       r"|/api/chats/[^/]+/(?:messages|regenerate|messages/[^/]+/edit)")
 FORWARDING_HEADERS = frozenset({b"forwarded", b"x-forwarded-for", b"x-forwarded-proto", b"x-forwarded-host",
                                 b"x-forwarded-port", b"x-forwarded-server", b"x-real-ip", b"x-client-ip",
                                 b"true-client-ip", b"cf-connecting-ip", b"x-cluster-client-ip", b"fastly-client-ip"})
@@ -69,7 +66,7 @@ def party(user: UserRecord | None, scope) -> str:
 
 def peer(request: Request) -> str:
     """The address the connection itself came from (a proxy's, when one relayed the request)."""
-    found = request.scope.get("state", {}).get("peer")
+    found = context(request).peer
     return found or (request.client.host if request.client else "unknown")
 
 
@@ -87,12 +84,12 @@ class ProxiedClient:
     async def __call__(self, scope, receive, send):
         if scope["type"] == "http":
             client = scope.get("client")
-            scope.setdefault("state", {})["peer"] = client[0] if client else None
+            context_of(scope).peer = client[0] if client else None
         await self._believe(scope, receive, send)
 
 
 def current_user(request: Request) -> UserRecord:
-    user = getattr(request.state, "user", None)
+    user = context(request).user
     if user is None:
         raise ApiError(401, "log in first", code="unauthorized")
     return user
@@ -105,7 +102,7 @@ def owner(request: Request) -> str:
 
 def may_see_details(request: Request) -> bool:
     """Admins and requests made on this machine see paths, devices and metrics."""
-    user = getattr(request.state, "user", None)
+    user = context(request).user
     return bool(user and user.admin) or is_local(request.scope)
 
 
@@ -167,22 +164,23 @@ class Authenticate:
                                       "program with an API key as `Authorization: Bearer sk-serge-...` or "
                                       "`x-api-key: sk-serge-...`",
                                       "unauthorized", {"WWW-Authenticate": 'Bearer realm="serge"'})
-        scope.setdefault("state", {})["user"] = user
-        scope["state"]["key_id"] = key_id  # for the request log
+        noted = context_of(scope)
+        noted.user, noted.key_id = user, key_id
         with asking(party(user, scope)):  # all the engine does for this request is this party's
             if user is None or user is LOCAL_USER or path in OPEN_PATHS:
                 return await self.app(scope, receive, send)
             return await self._metered(user, scope, receive, send)
 
     async def _metered(self, user: UserRecord, scope, receive, send):
-        model_request = scope["method"] == "POST" and dialect_of(scope["path"]) is not None
+        kind = context_of(scope).kind  # what the route's router declares it to be
+        model_request = kind is not None and kind.model
         wait = 0 if model_request else self.limits.take(user.id)  # a model request's minute is the quota's (UsageMeter)
         if wait:
             return await self._refuse(scope, receive, send, 429, f"more than {self.limits.per_minute} requests "
                                       f"other than model requests in a minute on this server "
                                       f"(SERGE_USER_REQUESTS_PER_MINUTE); retry in {wait} s", "rate_limited",
                                       {"Retry-After": str(wait)})
-        streaming = scope["method"] == "POST" and STREAMING.fullmatch(scope["path"]) is not None
+        streaming = kind is not None and kind.streaming
         stream = None
         if streaming:
             try:

@@ -17,19 +17,18 @@ from __future__ import annotations
 
 import json
 import math
-import re
 
 from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
 
 from serge.documents import MAX_FILE_BYTES, FileTooLarge
+from serge.web.http.context import context_of
 from serge.web.http.errors import error_body
 from serge.web.http.any_body import as_json, reads_any_body_as_json
 from serge.web.http.asgi import HttpMiddleware
 
 MAX_INT = 2**63 - 1
 JSON_APIS = ("/api/", "/v1/")  # paths whose bodies are JSON only
-UPLOADS = re.compile(r"/api/(chats|knowledge)/[^/]+/files")  # but for these: a file, as multipart/form-data
 UPLOAD_OVERHEAD_BYTES = 64_000  # the form around the file
 
 
@@ -113,8 +112,10 @@ def json_problem(body: bytes) -> tuple[str, str | None] | None:
             "send valid Unicode"), field
 
 
-def is_upload(path: str, content_type: str | None) -> bool:
-    return bool(UPLOADS.fullmatch(path)) and (content_type or "").lower().startswith("multipart/form-data")
+def is_upload(scope, content_type: str | None) -> bool:
+    """A file sent as multipart/form-data to a route that takes one (its router says so: `RouteKind.upload`)."""
+    kind = context_of(scope).kind
+    return kind is not None and kind.upload and (content_type or "").lower().startswith("multipart/form-data")
 
 
 def is_json(content_type: str) -> bool:
@@ -135,7 +136,7 @@ class BodyCheck(HttpMiddleware):
     async def http(self, scope, receive, send):
         headers = Headers(scope=scope)
         limit, cap = self.max_bytes, "SERGE_MAX_REQUEST_BYTES sets the cap"
-        if is_upload(scope["path"], headers.get("content-type")):
+        if is_upload(scope, headers.get("content-type")):
             limit, cap = self.max_upload_bytes, "a file may be at most that large, less its form"
         too_large = _refuse(scope, 413, f"the request body is larger than {limit} bytes; send less "
                                  f"({cap})", "request_too_large")

@@ -89,9 +89,10 @@ class HostPolicy:
         return self.any_host or name in self.names or _is_address(name)
 
     def check(self, method: str, path: str, headers: Headers, scheme: str = "http",
-              any_body: bool = False) -> Refusal | None:
+              any_body: bool = False, upload: bool = False) -> Refusal | None:
         """Why this request is refused, or None when it may go on; `scheme` is the one the request came by;
-        `any_body`: its route reads this body as JSON whatever its type (any_body.py)."""
+        `any_body`: its route reads this body as JSON whatever its type (any_body.py); `upload`: a file sent to a
+        route that takes one."""
         host = headers.get("host")
         place = split_host(host) if host is not None else None
         if host is not None and place is None:
@@ -117,7 +118,7 @@ class HostPolicy:
                            "cross_origin")
         content_type = headers.get("content-type")
         if (path.startswith(JSON_APIS) and content_type is not None and not is_json(content_type)
-                and not is_upload(path, content_type) and not any_body):
+                and not upload and not any_body):
             return Refusal(415, f"this API reads JSON, not {content_type.split(';')[0][:100]!r}; "
                                 "send application/json", "unsupported_media_type")
         return None
@@ -148,7 +149,8 @@ class Guard:
         if scope["type"] == "http":
             headers = Headers(scope=scope)
             refusal = self.policy.check(scope["method"], scope["path"], headers, scope.get("scheme", "http"),
-                                        reads_any_body_as_json(scope, headers))
+                                        reads_any_body_as_json(scope, headers),
+                                        is_upload(scope, headers.get("content-type")))
             if refusal is not None:
                 return await refusal.response(scope)(scope, receive, send)
         await self.app(scope, receive, send)

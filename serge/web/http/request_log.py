@@ -27,6 +27,7 @@ from fastapi import Request
 
 from serge.engine import Stream
 from serge.web.http.asgi import HttpMiddleware
+from serge.web.http.context import context, context_of
 
 log = logging.getLogger("serge.requests")
 
@@ -38,21 +39,21 @@ _BARE = re.compile(r"[A-Za-z0-9._:/@+-]+")
 def note_generation(request: Request, model: str, stream: Stream, *more: Stream) -> None:
     """Tell the request log which model answered and where its tokens and timings will be (the first stream's),
     and the usage meter every stream whose tokens the client is told of (`more`: a request of several prompts)."""
-    request.state.log_model = model
-    request.state.log_stream = stream
-    request.state.usage_streams = [*getattr(request.state, "usage_streams", ()), stream, *more]
+    noted = context(request)
+    noted.model, noted.log_stream = model, stream
+    noted.streams += [stream, *more]
 
 
 def note_embedding(request: Request, model: str, prompt_tokens: int) -> None:
     """Tell the request log and the usage meter which model embedded, and the tokens the client was told of."""
-    request.state.log_model = model
-    request.state.usage_embedded = prompt_tokens
+    noted = context(request)
+    noted.model, noted.embedded = model, prompt_tokens
 
 
 def note_tools_left_out(request: Request, types: list[str]) -> None:
     """Name the tools a request offered that its model was not (hosted tools Serge cannot run)."""
     if types:
-        request.state.log_tools_left_out = ",".join(sorted(set(types)))
+        context(request).tools_left_out = ",".join(sorted(set(types)))
 
 
 def _value(value: object) -> str:
@@ -87,14 +88,14 @@ class RequestLog(HttpMiddleware):
 
     @staticmethod
     def _write(scope, request_id: str, status: int, total_s: float) -> None:
-        state = scope.get("state") or {}
-        user = state.get("user")
+        noted = context_of(scope)
+        user = noted.user
         fields: dict[str, object] = {
             "id": request_id, "method": scope["method"], "path": scope["path"], "status": status,
-            "user": user.name if user is not None else "-", "key": state.get("key_id"),
-            "model": state.get("log_model"), "tools_left_out": state.get("log_tools_left_out"),
+            "user": user.name if user is not None else "-", "key": noted.key_id,
+            "model": noted.model, "tools_left_out": noted.tools_left_out,
         }
-        stream: Stream | None = state.get("log_stream")
+        stream: Stream | None = noted.log_stream
         records = stream.records if stream is not None and stream.done else ()  # not done: the client left
         if records:
             record = records[0]  # and n > 1 choices' tokens together

@@ -1,6 +1,7 @@
 """Quotas before a model runs, usage after: one pure ASGI middleware for every dialect.
 
-A POST to a route that runs a model (`MODEL_ROUTES`), from a signed-in user, is admitted by
+A request to a route that runs a model (its router declares it: `context.RouteKind`), from a signed-in user,
+is admitted by
 `serge.accounts.Reservations` before the route runs (its caps checked, the request counted in its
 minute, a ticket opened); a request past a cap is answered 429 with Retry-After, in the shape of the
 dialect it was sent to (`errors.problem` and `error_body`). The route runs inside `metering(ticket)`,
@@ -18,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 from collections.abc import Awaitable, Callable
 
 import anyio
@@ -29,22 +29,10 @@ from serge.accounts import LOCAL_USER, QuotaExceeded, Usage
 from serge.accounts.reservations import Reservations, Ticket, metering
 from serge.engine import Stream
 from serge.store import DatabaseUnavailable, UsageCount
+from serge.web.http.context import context_of
 from serge.web.http.errors import error_body, problem
 
 log = logging.getLogger(__name__)
-
-# Each route that runs a model, and the dialect it speaks.
-MODEL_ROUTES: tuple[tuple[re.Pattern, str], ...] = (
-    (re.compile(r"/v1/(?:chat/completions|completions|embeddings)"), "openai"),
-    (re.compile(r"/v1/responses"), "responses"),
-    (re.compile(r"/v1/messages"), "anthropic"),
-    (re.compile(r"/api/(?:chat|generate|embed|embeddings)"), "ollama"),
-    (re.compile(r"/api/chats/[^/]+/(?:messages|regenerate|messages/[^/]+/edit)"), "serge"),
-)
-
-
-def dialect_of(path: str) -> str | None:
-    return next((name for pattern, name in MODEL_ROUTES if pattern.fullmatch(path)), None)
 
 
 def counts(user_id: str, key_id: str, model: str, dialect: str, stream: Stream) -> UsageCount:
@@ -63,13 +51,13 @@ class UsageMeter:
         self._pending: set[asyncio.Task] = set()  # requests to settle once their generations end
 
     async def __call__(self, scope, receive, send):
-        dialect = dialect_of(scope["path"]) if scope["type"] == "http" and scope["method"] == "POST" else None
-        state = scope.get("state") or {}
-        user = state.get("user")
+        noted = context_of(scope) if scope["type"] == "http" else None
+        dialect = noted.kind.dialect if noted is not None and noted.metered else None  # as its router declares
+        user = noted.user if noted is not None else None
         usage: Usage | None = getattr(scope["app"].state, "usage", None) if dialect else None
         if usage is None or user is None:
             return await self.app(scope, receive, send)
-        key_id = state.get("key_id") or ""
+        key_id = noted.key_id or ""
         reservations: Reservations | None = getattr(scope["app"].state, "reservations", None)
         ticket = None
         if user is not LOCAL_USER and reservations is not None:
@@ -105,12 +93,13 @@ class UsageMeter:
                    user_id: str, key_id: str, dialect: str) -> None:
         """Settle the request (record it, for a request of no ticket) with what its client was told, now, or
         once its generations still running end."""
-        state = scope.get("state") or {}
-        model = state.get("log_model") or "-"
+        noted = context_of(scope)
+        model = noted.model or "-"
         fixed: list[UsageCount] = []
-        if (embedded := state.pop("usage_embedded", None)) is not None:
+        embedded, noted.embedded = noted.embedded, None  # each once, whether the answer ends or breaks off
+        if embedded is not None:
             fixed.append(UsageCount(user_id, key_id, model, dialect, embedded, 0, 0))
-        streams = list(state.pop("usage_streams", None) or ())  # each once, whether the answer ends or breaks off
+        streams, noted.streams = list(noted.streams), []
         streams += [s for s in (ticket.streams if ticket else ()) if not any(s is t for t in streams)]
 
         def counted() -> list[UsageCount]:

@@ -31,6 +31,7 @@ from serge.accounts import LOCAL_USER, QuotaExceeded
 from serge.chats import ChatNotFound, InvalidChatInput, InvalidCollectionInput
 from serge.chats.lookup import MAX_PASSAGES, ChatSummary, ChatText, CollectionSummary, Lookup, Passage
 from serge.store import CollectionNotFound
+from serge.web.http.context import context as request_context
 
 PATH = "/mcp"
 INSTRUCTIONS = ("Serge holds this user's documents, in named knowledge collections, and their past chats with "
@@ -46,7 +47,7 @@ def _owner(ctx: Context) -> str:
     request = ctx.request_context.request
     if not isinstance(request, Request):  # only the HTTP transport is served, and it always sets it
         raise ToolError("this tool answers only over Serge's /mcp endpoint")
-    user = getattr(request.state, "user", None)
+    user = request_context(request).user
     if user is None:  # Authenticate refuses such a request before it gets here
         raise ToolError("log in first: send an API key as `Authorization: Bearer sk-serge-...`")
     return user.id
@@ -56,11 +57,12 @@ def _owner(ctx: Context) -> str:
 def _metered(ctx: Context, app: FastAPI, texts: list[str] | None) -> Iterator[None]:
     """A tool that embeds `texts` is a model request of its user: admitted against their caps and counted."""
     request = ctx.request_context.request
-    user, reservations = request.state.user, getattr(app.state, "reservations", None)
+    noted, reservations = request_context(request), getattr(app.state, "reservations", None)
+    user = noted.user
     if texts is None or reservations is None or user is LOCAL_USER:
         yield
         return
-    with reservations.embedding(user.id, getattr(request.state, "key_id", None) or "", "mcp",
+    with reservations.embedding(user.id, noted.key_id or "", "mcp",
                                 app.state.settings.default_embedding_model, texts):
         yield
 

@@ -29,6 +29,7 @@ from serge.chats import Presets
 from serge.store import PresetRecord
 from serge.engine.sharing.party import of as party_of
 from serge.web.http.auth import current_user
+from serge.web.http.context import RouteKind
 from serge.web.http.dialects import cancel_on_disconnect, stream_response
 from serge.web.http.errors import ApiError
 from serge.web.ollama.library import router as library_router
@@ -41,6 +42,8 @@ from serge.web.http.request_log import note_embedding, note_generation
 log = logging.getLogger(__name__)
 
 router = APIRouter(tags=["Ollama-compatible"])
+GENERATES = RouteKind("ollama", model=True, streaming=True).depends  # a route that runs a model and may stream its reply
+EMBEDS = RouteKind("ollama", model=True).depends  # a route that runs an embedding model
 router.include_router(library_router)
 
 def _engine(request: Request) -> Engine:
@@ -216,7 +219,7 @@ record then says `truncated: true` and `dropped_messages`. `truncate: false` mak
 
 
 @router.post("/api/chat", summary="Ollama: the next message of a chat (streamed as NDJSON unless stream: false)",
-             description=CHAT_DOC, responses=stream_doc("The reply"))
+             description=CHAT_DOC, responses=stream_doc("The reply"), dependencies=[GENERATES])
 async def chat(body: OllamaChatRequest, request: Request):
     started, engine, name, unload, preset = await _begin(request, body, "/api/chat")
     if not body.messages:
@@ -243,7 +246,7 @@ suffix). Options as in /api/chat."""
 
 
 @router.post("/api/generate", summary="Ollama: complete a prompt (streamed as NDJSON unless stream: false)",
-             description=GENERATE_DOC, responses=stream_doc("The completion"))
+             description=GENERATE_DOC, responses=stream_doc("The completion"), dependencies=[GENERATES])
 async def generate(body: OllamaGenerateRequest, request: Request):
     started, engine, name, unload, preset = await _begin(request, body, "/api/generate")
     body.check(name)
@@ -286,7 +289,8 @@ async def _embed(request: Request, model: str | None, texts: list[str], dimensio
     return result
 
 
-@router.post("/api/embed", summary="Ollama: embeddings for one text or many", responses=ERRORS_DOC)
+@router.post("/api/embed", summary="Ollama: embeddings for one text or many", responses=ERRORS_DOC,
+             dependencies=[EMBEDS])
 async def embed(body: OllamaEmbedRequest, request: Request):
     started = time.monotonic()
     texts = _texts([body.input] if isinstance(body.input, str) else body.input)
@@ -296,7 +300,8 @@ async def embed(body: OllamaEmbedRequest, request: Request):
             "prompt_eval_count": result.prompt_tokens}
 
 
-@router.post("/api/embeddings", summary="Ollama: the embedding of one text (the older route)", responses=ERRORS_DOC)
+@router.post("/api/embeddings", summary="Ollama: the embedding of one text (the older route)", responses=ERRORS_DOC,
+             dependencies=[EMBEDS])
 async def embeddings(body: OllamaEmbeddingsRequest, request: Request):
     result = await _embed(request, body.model, _texts([body.prompt]))
     return {"embedding": result.vectors[0].tolist()}

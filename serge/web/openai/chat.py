@@ -23,6 +23,7 @@ from serge.chats import PresetView
 from serge.engine import ChatRequest, Engine, FinishReason, GenerationRecord, ModelInfo, TokenLogprob
 from serge.web.anthropic.model_list import anthropic_model, anthropic_models
 from serge.web.http.auth import current_user
+from serge.web.http.context import RouteKind
 from serge.web.http.dialects import cancel_on_disconnect, failure, start_chat, stream_response, think_for
 from serge.web.pages.docs import COMPLETION
 from serge.web.http.errors import ApiError, openai_error
@@ -31,6 +32,7 @@ from serge.web.openai.logprobs import token_logprob
 from serge.web.http.request_log import note_generation
 
 router = APIRouter(prefix="/v1", tags=["OpenAI-compatible"])
+GENERATES = RouteKind("openai", model=True, streaming=True).depends  # a route that runs a model and may stream its reply
 
 
 def _engine(request: Request) -> Engine:
@@ -107,7 +109,7 @@ its choice 0 is the reply n=1 gives. usage counts the prompt once and every choi
 
 
 @router.post("/chat/completions", responses=COMPLETION, summary="Create a chat completion (streamed or not)",
-             description=COMPLETIONS_DOC)
+             description=COMPLETIONS_DOC, dependencies=[GENERATES])
 async def chat_completions(body: ChatCompletionRequest, request: Request):
     if body.stream_options is not None and not body.stream:
         raise ApiError(400, "stream_options is only allowed with stream: true", code="invalid_value",

@@ -24,12 +24,14 @@ from serge.accounts.reservations import reserve_streams
 from serge.engine import ContextTooLong, FinishReason, GenerationRecord, SamplingParams, Stream, TokenLogprob
 from serge.web.pages.docs import TEXT_COMPLETION
 from serge.web.http.errors import ApiError
+from serge.web.http.context import RouteKind
 from serge.web.http.dialects import StrictRequest, cancel_on_disconnect, failure, refused_settings, stream_response
 from serge.web.openai.chat import fingerprint, usage
 from serge.web.openai.chat_models import MAX_CHOICES, StreamOptions
 from serge.web.http.request_log import note_generation
 
 router = APIRouter(prefix="/v1", tags=["OpenAI-compatible"])
+GENERATES = RouteKind("openai", model=True, streaming=True).depends  # a route that runs a model and may stream its reply
 
 MAX_PROMPTS = 16
 MAX_PROMPT_CHARS = 100_000
@@ -116,7 +118,8 @@ def _logprobs(tokens: list[TokenLogprob], offset: int) -> dict:
             "text_offset": offsets}
 
 
-@router.post("/completions", responses=TEXT_COMPLETION, summary="Continue a text (the legacy completions API; suffix: fill in the middle)")
+@router.post("/completions", responses=TEXT_COMPLETION, summary="Continue a text (the legacy completions API; suffix: fill in the middle)",
+             dependencies=[GENERATES])
 async def completions(body: CompletionRequest, request: Request):
     prompts, params = body.prompts(), body.sampling()
     if body.stream_options is not None and not body.stream:

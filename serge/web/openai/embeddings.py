@@ -15,9 +15,11 @@ from starlette.concurrency import run_in_threadpool
 
 from serge.accounts.reservations import reserve_inputs
 from serge.web.http.errors import ApiError
+from serge.web.http.context import RouteKind
 from serge.web.http.request_log import note_embedding
 
 router = APIRouter(prefix="/v1", tags=["OpenAI-compatible"])
+EMBEDS = RouteKind("openai", model=True).depends  # a route that runs an embedding model
 
 MAX_INPUTS = 2048  # OpenAI's limit per request
 MAX_INPUT_CHARS = 100_000
@@ -62,7 +64,8 @@ class EmbeddingRequest(BaseModel):
         return items
 
 
-@router.post("/embeddings", summary="Create embeddings: one vector per input text, from an embedding model")
+@router.post("/embeddings", summary="Create embeddings: one vector per input text, from an embedding model",
+             dependencies=[EMBEDS])
 async def embeddings(body: EmbeddingRequest, request: Request):
     texts = body.texts()
     await run_in_threadpool(reserve_inputs, body.model, texts)  # held against the user's caps, or QuotaExceeded

@@ -23,6 +23,7 @@ from serge.store import KeyNotFound, LastAdmin, NameTaken, UserNotFound
 from serge.web.http.auth import SESSION_COOKIE, current_user, peer
 from serge.web.http.user_limits import UserLimits
 from serge.web.pages.usage import quota_context  # the caps' forms on the Users page
+from serge.web.http.context import context as request_context
 
 TEMPLATES = Path(__file__).parent.parent / "templates"
 LOGIN_ATTEMPTS_PER_MINUTE = 10  # failed logins per account name, and per client address
@@ -59,7 +60,7 @@ def build_account_pages(limits: UserLimits) -> APIRouter:
         return request.app.state.sessions
 
     def render(request: Request, template: str, status_code: int = 200, headers: dict | None = None, **context):
-        user = getattr(request.state, "user", None)
+        user = request_context(request).user
         return templates.TemplateResponse(request, template, {
             "user": user, "local": user is LOCAL_USER, "version": __version__, **context,
         }, status_code=status_code, headers=headers)

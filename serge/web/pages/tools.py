@@ -20,6 +20,7 @@ from serge.tools import ToolServerError
 from serge.tools.secrets import shown_url
 from serge.web.http.auth import current_user
 from serge.web.pages.accounts import TEMPLATES
+from serge.web.http.context import context as request_context
 
 Text = Annotated[str, Form(max_length=2048)]
 Lines = Annotated[str, Form(max_length=20_000)]
@@ -41,7 +42,7 @@ def _headers(text: str) -> dict[str, str]:
 
 
 async def _page(request: Request, status_code: int = 200, **context) -> Response:
-    user = getattr(request.state, "user", None)
+    user = request_context(request).user
     base = {"user": user, "local": user is LOCAL_USER, "version": __version__}
     if not current_user(request).admin:
         return templates.TemplateResponse(request, "tools.html", {**base, "forbidden": True, "servers": []},

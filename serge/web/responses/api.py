@@ -20,6 +20,7 @@ from serge.engine import ChatRequest, Engine, Stream
 from serge.chats.responses import StoredResponses
 from serge.store import ResponseNotFound, ResponseRecord
 from serge.web.http.auth import owner
+from serge.web.http.context import RouteKind
 from serge.web.pages.docs import BUSY
 from serge.web.http.errors import ApiError
 from serge.web.http.dialects import start_chat
@@ -31,6 +32,7 @@ from serge.web.responses.models import HARMLESS, HOSTED, CreateResponse
 from serge.web.responses.output import (DeletedResponse, InputItemList, OutputItems, ResponseOut, response_object)
 
 router = APIRouter(prefix="/v1", tags=["OpenAI Responses API"])
+GENERATES = RouteKind("responses", model=True, streaming=True).depends  # a route that runs a model and may stream its reply
 
 CREATE_DOC = f"""OpenAI's Responses API. `input` is a string or a list of items: messages (roles user,
 assistant, system, developer; parts input_text, output_text), function_call and function_call_output
@@ -119,7 +121,7 @@ async def _start(body: CreateResponse, request: Request, user: str) -> tuple[Str
 
 
 @router.post("/responses", summary="Create a response (streamed or not)", description=CREATE_DOC,
-             responses=_STREAMED)
+             responses=_STREAMED, dependencies=[GENERATES])
 async def create_response(body: CreateResponse, request: Request):
     user = owner(request)
     if body.uses_mcp():  # Serge runs the calls of registered MCP servers' tools between passes
