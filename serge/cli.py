@@ -168,8 +168,9 @@ def _fail(message: str) -> None:
 
 
 def _refuse_open_bind(settings: Settings) -> None:
-    """Serving beyond this machine without accounts would give everyone every chat."""
-    if settings.loopback_only:
+    """Serving beyond this machine without accounts would give everyone every chat (with a sign-in provider,
+    people sign in there: the accounts are made as they do)."""
+    if settings.loopback_only or settings.oidc_issuer:
         return
     from serge.cli_accounts import open_accounts
 

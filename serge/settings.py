@@ -12,9 +12,10 @@ import ipaddress
 import os
 import re
 from pathlib import Path
+from urllib.parse import urlsplit
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 
@@ -227,6 +228,32 @@ class Settings(BaseSettings):
                     "X-Forwarded-Proto headers are believed.",
     )
 
+    public_url: str | None = Field(
+        None, description="The URL people reach Serge at (https://serge.example), when a proxy stands between; an "
+        "identity provider sends them back to it. Default: the URL the browser used.",
+    )
+    oidc_issuer: str | None = Field(
+        None, description="OpenID Connect: the provider's issuer URL (https://id.example/realms/staff); setting it "
+        "puts a sign-in button on the login page (docs/sign-in-oidc.md).",
+    )
+    oidc_client_id: str | None = Field(None, description="OpenID Connect: Serge's client id at the provider.")
+    oidc_client_secret: SecretStr | None = Field(
+        None, description="OpenID Connect: the client's secret (none for a public client; PKCE is always used).")
+    oidc_provider_name: str = Field("single sign-on", max_length=60,
+                                    description='OpenID Connect: the button says "Sign in with" this.')
+    oidc_scopes: str = Field("openid profile email", description="OpenID Connect: the scopes asked for, "
+                             "space-separated; add the one that brings the groups claim where the provider needs it.")
+    oidc_name_claim: str = Field("preferred_username", description="OpenID Connect: the claim that names the "
+                                 "user (else the email's local part).")
+    oidc_email_claim: str = Field("email", description="OpenID Connect: the claim with the user's email.")
+    oidc_groups_claim: str = Field("groups", description="OpenID Connect: the claim that lists the user's groups.")
+    oidc_admin_claim: str | None = Field(
+        None, description="OpenID Connect: the claim that makes a user an admin at each sign-in when it is (or "
+        "lists) OIDC_ADMIN_VALUE; unset: admins are made by hand.",
+    )
+    oidc_admin_value: str = Field("true", description="OpenID Connect: the admin claim's value (or one of its "
+                                  "list's) that makes an admin; true matches a JSON true.")
+
     allowed_hosts: NameList = Field(
         default_factory=list,
         description="Host names Serge answers to besides localhost and the address it listens on (any IP address "
@@ -256,6 +283,28 @@ class Settings(BaseSettings):
                 raise ValueError(f"{origin!r} is not a web origin; write each as scheme://host[:port], "
                                  "e.g. https://app.example")
         return origins
+
+    @field_validator("public_url", "oidc_issuer")
+    @classmethod
+    def _web_url(cls, value: str | None) -> str | None:
+        if value is None or not value.strip():
+            return None
+        value = value.strip()
+        parsed = urlsplit(value)
+        loopback = parsed.hostname in ("localhost", "127.0.0.1", "::1")
+        if parsed.scheme != "https" and not (parsed.scheme == "http" and loopback) or not parsed.hostname \
+                or parsed.query or parsed.fragment:
+            raise ValueError(f"{value!r} is not an https:// URL (plain http only on this machine: 127.0.0.1, "
+                             "localhost), without a query")
+        return value
+
+    @model_validator(mode="after")
+    def _oidc_complete(self):
+        if self.oidc_issuer and not self.oidc_client_id:
+            raise ValueError("SERGE_OIDC_ISSUER is set but SERGE_OIDC_CLIENT_ID is not; set both (docs/sign-in-oidc.md)")
+        if self.oidc_issuer and "openid" not in self.oidc_scopes.split():
+            raise ValueError(f"SERGE_OIDC_SCOPES ({self.oidc_scopes!r}) must hold 'openid'")
+        return self
 
     @field_validator("device")
     @classmethod

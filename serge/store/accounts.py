@@ -45,10 +45,13 @@ class UserRecord:
     name: str
     admin: bool
     created_at: datetime
+    signed_in_by: str = "password"  # or "oidc": how they prove who they are
+    email: str | None = None
 
     @classmethod
     def of(cls, row: User) -> UserRecord:
-        return cls(id=row.id, name=row.name, admin=row.admin, created_at=row.created_at)
+        return cls(id=row.id, name=row.name, admin=row.admin, created_at=row.created_at,
+                   signed_in_by=row.signed_in_by or "password", email=row.email)
 
 
 @dataclass(frozen=True)

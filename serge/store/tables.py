@@ -171,6 +171,22 @@ class User(Base):
     password_hash: Mapped[str] = mapped_column(String(255))
     admin: Mapped[bool] = mapped_column(Boolean, default=False)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=now)
+    signed_in_by: Mapped[str] = mapped_column(String(16), default="password", server_default="password")
+    external_id: Mapped[str | None] = mapped_column(String(320), unique=True, index=True)  # "oidc:{issuer}#{sub}"
+    email: Mapped[str | None] = mapped_column(String(320))
+
+
+class PendingSignIn(Base):
+    """A sign-in sent to an identity provider and not yet back: used once, by the state it was sent with."""
+
+    __tablename__ = "pending_sign_ins"
+
+    state_hash: Mapped[str] = mapped_column(String(64), primary_key=True)
+    nonce: Mapped[str] = mapped_column(String(128))
+    code_verifier: Mapped[str] = mapped_column(String(128))
+    redirect_uri: Mapped[str] = mapped_column(String(1000))
+    next: Mapped[str] = mapped_column(String(2000))
+    expires_at: Mapped[datetime] = mapped_column(UTCDateTime, index=True)
 
 
 class ApiKey(Base):

@@ -31,7 +31,11 @@ from serge.store import (AccountStore, ChatStore, CollectionStore, Database, Doc
 from serge.store.tools import ToolServerStore
 from serge.tools import ToolServers
 from serge.chats.chat_tools import ChatTools
+from serge.accounts.oidc import open_id_sign_in
+from serge.store.sign_ins import SignInStore
+from serge.web.api.me import router as me_router
 from serge.web.pages.accounts import build_account_pages
+from serge.web.pages.sign_in import router as sign_in_pages
 from serge.web.pages.usage import build_usage_pages
 from serge.web.api.accounts import router as accounts_router
 from serge.web.anthropic.api import router as anthropic_router
@@ -85,6 +89,8 @@ def build_app(settings: Settings, engine: Engine) -> FastAPI:
         app.state.usage = Usage(UsageStore(database))
         app.state.sessions = LoginSessions(accounts, load_secret(settings.data_dir),
                                            timedelta(days=settings.session_days))
+        app.state.sign_ins = SignInStore(database)
+        app.state.oidc = open_id_sign_in(settings, app.state.sign_ins)  # None unless SERGE_OIDC_ISSUER is set
         store = DocumentStore(database, FileStore(settings.data_dir / "files"))
         documents = ChatDocuments(store, engine)
         collections = CollectionStore(store)
@@ -126,6 +132,7 @@ def build_app(settings: Settings, engine: Engine) -> FastAPI:
     )
     app.state.settings = settings
     app.state.draining = False
+    app.state.oidc = None
     limits = UserLimits(settings.user_max_streams, settings.user_requests_per_minute)
     # Innermost first: every request has a user (or is refused) before routes run, and only
     # after the Host, Origin and body checks (outer) have let it through.
@@ -152,6 +159,8 @@ def build_app(settings: Settings, engine: Engine) -> FastAPI:
     app.include_router(usage_router)
     app.include_router(build_pages())
     app.include_router(build_account_pages(limits))
+    app.include_router(sign_in_pages)
+    app.include_router(me_router)
     app.include_router(build_usage_pages())
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
     mcp = install_mcp(app)  # /mcp: the user's knowledge, for other agents

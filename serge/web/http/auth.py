@@ -31,7 +31,7 @@ from serge.web.http.errors import ApiError, error_body, problem
 from serge.web.http.user_limits import UserLimits
 
 SESSION_COOKIE = "serge_session"
-OPEN_PATHS = frozenset({"/login", "/api/health", "/metrics"})
+OPEN_PATHS = frozenset({"/login", "/api/health", "/metrics", "/auth/oidc/start", "/auth/oidc/callback"})
 STATIC_PREFIX = "/static/"
 API_PREFIXES = ("/api/", "/v1/", "/metrics", "/openapi.json", "/mcp")
 STREAMING = re.compile(r"/v1/(?:chat/completions|completions|responses|messages)|/api/(?:chat|generate)"
@@ -151,7 +151,7 @@ class Authenticate:
             return await self._refuse(scope, receive, send, 401, "the API key is not valid (revoked or mistyped); "
                                       "create one on the settings page or with `serge keys create`", "invalid_api_key")
         if user is None and path not in OPEN_PATHS:
-            if not accounts_exist:
+            if not accounts_exist and getattr(state, "oidc", None) is None:  # else: the provider's sign-in
                 return await self._refuse(scope, receive, send, 403, "Serge has no accounts yet, so it answers only "
                                           "requests made on this machine; create one with `serge users add NAME`",
                                           "no_accounts")

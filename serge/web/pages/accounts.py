@@ -22,6 +22,7 @@ from serge.accounts import LOCAL_USER, Accounts, InvalidAccountInput, LoginFaile
 from serge.store import KeyNotFound, LastAdmin, NameTaken, UserNotFound
 from serge.web.http.auth import SESSION_COOKIE, current_user, peer
 from serge.web.http.user_limits import UserLimits
+from serge.web.pages.sign_in import public_base
 from serge.web.pages.usage import quota_context  # the caps' forms on the Users page
 
 TEMPLATES = Path(__file__).parent.parent / "templates"
@@ -61,13 +62,15 @@ def build_account_pages(limits: UserLimits) -> APIRouter:
     def render(request: Request, template: str, status_code: int = 200, headers: dict | None = None, **context):
         user = getattr(request.state, "user", None)
         return templates.TemplateResponse(request, template, {
-            "user": user, "local": user is LOCAL_USER, "version": __version__, **context,
+            "user": user, "local": user is LOCAL_USER, "version": __version__,
+            "sign_in_with": oidc.provider_name if (oidc := getattr(request.app.state, "oidc", None)) else None,
+            **context,
         }, status_code=status_code, headers=headers)
 
     # --- login ----------------------------------------------------------------
     @router.get("/login")
     def login_page(request: Request, next: str | None = None):
-        if not accounts(request).has_users():
+        if not accounts(request).has_users() and getattr(request.app.state, "oidc", None) is None:
             return RedirectResponse("/", status_code=303)
         return render(request, "login.html", next=safe_next(next), name="", error=None)
 
@@ -96,7 +99,10 @@ def build_account_pages(limits: UserLimits) -> APIRouter:
     def logout(request: Request):
         if cookie := request.cookies.get(SESSION_COOKIE):
             sessions(request).end(cookie)
-        response = RedirectResponse("/login", status_code=303)
+        user, oidc = getattr(request.state, "user", None), getattr(request.app.state, "oidc", None)
+        ended = oidc.logout_url(public_base(request) + "/login") if oidc and user and user.signed_in_by == "oidc" \
+            else None  # and the provider's session, where it offers to end it
+        response = RedirectResponse(ended or "/login", status_code=303)
         response.delete_cookie(SESSION_COOKIE, path="/", httponly=True, samesite="lax",
                                secure=request.url.scheme == "https")
         return response

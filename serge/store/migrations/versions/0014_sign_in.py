@@ -1,0 +1,49 @@
+"""Sign-in through an identity provider: how each user signs in, who they are there, and sign-ins on their way.
+
+Revision ID: 0014
+Revises: 0012
+Create Date: 2026-12-07
+
+Frozen like every migration: it names its own column types and imports nothing from serge.
+`users.signed_in_by` is "password" for the accounts made before (and by `serge users add`);
+`users.external_id` names a user at their provider ("oidc:{issuer}#{sub}"), unique, so a
+sign-in finds its account by it and never by a name. `pending_sign_ins` holds one row per
+sign-in sent to the provider (its state's hash, nonce and PKCE verifier), taken once at the callback.
+"""
+
+import sqlalchemy as sa
+from alembic import op
+
+revision = "0014"
+down_revision = "0012"
+branch_labels = None
+depends_on = None
+
+UTCDateTime = sa.DateTime(timezone=True)
+
+
+def upgrade() -> None:
+    with op.batch_alter_table("users") as users:
+        users.add_column(sa.Column("signed_in_by", sa.String(16), nullable=False, server_default="password"))
+        users.add_column(sa.Column("external_id", sa.String(320)))
+        users.add_column(sa.Column("email", sa.String(320)))
+    op.create_index("ix_users_external_id", "users", ["external_id"], unique=True)
+    op.create_table(
+        "pending_sign_ins",
+        sa.Column("state_hash", sa.String(64), primary_key=True),
+        sa.Column("nonce", sa.String(128), nullable=False),
+        sa.Column("code_verifier", sa.String(128), nullable=False),
+        sa.Column("redirect_uri", sa.String(1000), nullable=False),
+        sa.Column("next", sa.String(2000), nullable=False),
+        sa.Column("expires_at", UTCDateTime, nullable=False),
+    )
+    op.create_index("ix_pending_sign_ins_expires_at", "pending_sign_ins", ["expires_at"])
+
+
+def downgrade() -> None:
+    op.drop_table("pending_sign_ins")
+    op.drop_index("ix_users_external_id", "users")
+    with op.batch_alter_table("users") as users:
+        users.drop_column("email")
+        users.drop_column("external_id")
+        users.drop_column("signed_in_by")
