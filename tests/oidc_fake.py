@@ -73,7 +73,9 @@ class FakeProvider:
             return {"issuer": self.url, "authorization_endpoint": f"{self.url}/authorize",
                     "token_endpoint": f"{self.url}/token", "jwks_uri": f"{self.url}/jwks",
                     "end_session_endpoint": f"{self.url}/session/end", "response_types_supported": ["code"],
-                    "subject_types_supported": ["public"], "id_token_signing_alg_values_supported": ["RS256"],
+                    "subject_types_supported": ["public"],
+                    # as a careless provider might announce: Serge must refuse an unsigned or HMAC token anyway
+                    "id_token_signing_alg_values_supported": ["RS256", "HS256", "none"],
                     "code_challenge_methods_supported": ["S256"]}
 
         @app.get("/jwks")
