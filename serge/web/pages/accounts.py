@@ -22,7 +22,7 @@ from serge.accounts import LOCAL_USER, Accounts, InvalidAccountInput, LoginFaile
 from serge.store import KeyNotFound, LastAdmin, NameTaken, UserNotFound
 from serge.web.http.auth import SESSION_COOKIE, current_user, peer
 from serge.web.http.user_limits import UserLimits
-from serge.web.pages.sign_in import public_base
+from serge.web.pages.sign_in import provider_logout
 from serge.web.pages.usage import quota_context  # the caps' forms on the Users page
 
 TEMPLATES = Path(__file__).parent.parent / "templates"
@@ -99,10 +99,8 @@ def build_account_pages(limits: UserLimits) -> APIRouter:
     def logout(request: Request):
         if cookie := request.cookies.get(SESSION_COOKIE):
             sessions(request).end(cookie)
-        user, oidc = getattr(request.state, "user", None), getattr(request.app.state, "oidc", None)
-        ended = oidc.logout_url(public_base(request) + "/login") if oidc and user and user.signed_in_by == "oidc" \
-            else None  # and the provider's session, where it offers to end it
-        response = RedirectResponse(ended or "/login", status_code=303)
+        # and, for someone who signed in with the provider, on to end its session where it offers to
+        response = provider_logout(request) or RedirectResponse("/login", status_code=303)
         response.delete_cookie(SESSION_COOKIE, path="/", httponly=True, samesite="lax",
                                secure=request.url.scheme == "https")
         return response

@@ -73,6 +73,20 @@ def start_session(request: Request, user: UserRecord, target: str) -> RedirectRe
     return response
 
 
+def provider_logout(request: Request):
+    """After Serge's session ended: for someone who signed in with the provider, a page that sends the browser on
+    to end the provider's session too (a link, and a meta refresh: the logout form's redirect could not leave
+    Serge, whose pages allow forms to go to Serge only); None for everyone else."""
+    user, oidc = getattr(request.state, "user", None), getattr(request.app.state, "oidc", None)
+    if oidc is None or user is None or user.signed_in_by != "oidc":
+        return None
+    ending = oidc.logout_url(public_base(request) + "/login")
+    if ending is None:
+        return None
+    return templates.TemplateResponse(request, "signed_out.html", {
+        "user": None, "local": False, "version": __version__, "ending": ending, "provider": oidc.provider_name})
+
+
 @router.get(START)
 def start(request: Request, next: str | None = None):
     oidc = _oidc(request)
