@@ -68,6 +68,20 @@ def _names(value):
 NameList = Annotated[list[str], NoDecode]
 
 
+def check_addresses(value: str) -> str:
+    """SERGE_PROXY_USER_FROM: addresses or networks, comma-separated; never `*` (anyone could name anyone)."""
+    for part in (p.strip() for p in value.split(",")):
+        if part == "*":
+            raise ValueError("SERGE_PROXY_USER_FROM may not be *: anyone who reaches Serge could say who they are; "
+                             "name the proxy's own addresses")
+        try:
+            ipaddress.ip_network(part)  # strict, as uvicorn reads it
+        except ValueError:
+            raise ValueError(f"{part!r} in SERGE_PROXY_USER_FROM is not an address or network "
+                             "(192.0.2.7, 10.0.0.0/8, ::1)") from None
+    return value
+
+
 class RemoteModel(BaseModel):
     """A model served by an OpenAI-compatible server (vLLM, llama.cpp, Ollama, another Serge)."""
 
@@ -254,6 +268,16 @@ class Settings(BaseSettings):
     oidc_admin_value: str = Field("true", description="OpenID Connect: the admin claim's value (or one of its "
                                   "list's) that makes an admin; true matches a JSON true.")
 
+    proxy_user_header: str | None = Field(
+        None, pattern=r"^[A-Za-z0-9-]{1,100}$", description="A header that names the signed-in person, set by a "
+        "proxy that signs people in (X-Forwarded-Email for oauth2-proxy, Remote-User for Authelia); believed only "
+        "from PROXY_USER_FROM (docs/sign-in-proxy.md).",
+    )
+    proxy_user_from: str | None = Field(
+        None, description="Comma-separated addresses or networks of the proxy whose PROXY_USER_HEADER is believed "
+        "(the connection's own address); from any other, the header is ignored.",
+    )
+
     allowed_hosts: NameList = Field(
         default_factory=list,
         description="Host names Serge answers to besides localhost and the address it listens on (any IP address "
@@ -302,6 +326,11 @@ class Settings(BaseSettings):
     def _oidc_complete(self):
         if self.oidc_issuer and not self.oidc_client_id:
             raise ValueError("SERGE_OIDC_ISSUER is set but SERGE_OIDC_CLIENT_ID is not; set both (docs/sign-in-oidc.md)")
+        if self.proxy_user_header and not self.proxy_user_from:
+            raise ValueError("SERGE_PROXY_USER_HEADER is set but SERGE_PROXY_USER_FROM is not: name the proxy's "
+                             "addresses, the only ones whose header is believed (docs/sign-in-proxy.md)")
+        if self.proxy_user_from:
+            check_addresses(self.proxy_user_from)
         if self.oidc_issuer and "openid" not in self.oidc_scopes.split():
             raise ValueError(f"SERGE_OIDC_SCOPES ({self.oidc_scopes!r}) must hold 'openid'")
         return self

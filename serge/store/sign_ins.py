@@ -10,7 +10,7 @@ decides nothing about claims or names (`serge.accounts.provision` does) and neve
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import timedelta
 
 from sqlalchemy import delete, func, select
 from sqlalchemy.exc import IntegrityError
@@ -69,6 +69,11 @@ class SignInStore:
             return PendingRecord(row.nonce, row.code_verifier, row.redirect_uri, row.next)
 
     # --- the accounts they end in --------------------------------------------------
+    def find(self, external_id: str) -> UserRecord | None:
+        with self.db.session() as session:
+            row = session.scalar(select(User).where(User.external_id == external_id))
+            return UserRecord.of(row) if row else None
+
     def provision(self, user: ExternalUser) -> UserRecord:
         """The account of this provider's user, made at their first sign-in, its email (and admin flag, when the
         provider says) brought up to date at each one."""

@@ -32,6 +32,7 @@ from serge.store.tools import ToolServerStore
 from serge.tools import ToolServers
 from serge.chats.chat_tools import ChatTools
 from serge.accounts.oidc import open_id_sign_in
+from serge.accounts.proxy import ProxySignIn
 from serge.store.sign_ins import SignInStore
 from serge.web.api.me import router as me_router
 from serge.web.pages.accounts import build_account_pages
@@ -91,6 +92,8 @@ def build_app(settings: Settings, engine: Engine) -> FastAPI:
                                            timedelta(days=settings.session_days))
         app.state.sign_ins = SignInStore(database)
         app.state.oidc = open_id_sign_in(settings, app.state.sign_ins)  # None unless SERGE_OIDC_ISSUER is set
+        app.state.proxy_sign_in = ProxySignIn(settings.proxy_user_header, settings.proxy_user_from,
+                                              app.state.sign_ins) if settings.proxy_user_header else None
         store = DocumentStore(database, FileStore(settings.data_dir / "files"))
         documents = ChatDocuments(store, engine)
         collections = CollectionStore(store)
@@ -133,6 +136,7 @@ def build_app(settings: Settings, engine: Engine) -> FastAPI:
     app.state.settings = settings
     app.state.draining = False
     app.state.oidc = None
+    app.state.proxy_sign_in = None
     limits = UserLimits(settings.user_max_streams, settings.user_requests_per_minute)
     # Innermost first: every request has a user (or is refused) before routes run, and only
     # after the Host, Origin and body checks (outer) have let it through.

@@ -24,7 +24,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, RedirectResponse
 from starlette.concurrency import run_in_threadpool
 
-from serge.accounts import LOCAL_USER, Accounts, LoginSessions
+from serge.accounts import LOCAL_USER, Accounts, InvalidAccountInput, LoginSessions
 from serge.engine.party import asking
 from serge.store import DatabaseUnavailable, UserRecord
 from serge.web.http.errors import ApiError, error_body, problem
@@ -124,6 +124,10 @@ def _resolve(accounts: Accounts, sessions: LoginSessions, request: Request
             return found[0], found[1], False, True
         if accounts_exist:  # with no accounts, clients may send anything ("unused")
             return None, None, True, True
+    proxy = request.app.state.proxy_sign_in  # a trusted proxy's header names the person (accounts/proxy.py)
+    if proxy is not None and (named := request.headers.get(proxy.header)) is not None \
+            and proxy.believes(request.scope.get("state", {}).get("peer")):
+        return proxy.user(named), None, False, True
     cookie = request.cookies.get(SESSION_COOKIE)
     if cookie and (user := sessions.user(cookie)):
         return user, None, False, True
@@ -145,8 +149,11 @@ class Authenticate:
         request = Request(scope)
         path = scope["path"]
         state = request.app.state
-        user, key_id, bad_key, accounts_exist = await run_in_threadpool(_resolve, state.accounts, state.sessions,
-                                                                         request)
+        try:
+            user, key_id, bad_key, accounts_exist = await run_in_threadpool(_resolve, state.accounts, state.sessions,
+                                                                             request)
+        except InvalidAccountInput as exc:  # the proxy's header names nobody Serge can use
+            return await self._refuse(scope, receive, send, 400, str(exc), "invalid_proxy_user")
         if bad_key:
             return await self._refuse(scope, receive, send, 401, "the API key is not valid (revoked or mistyped); "
                                       "create one on the settings page or with `serge keys create`", "invalid_api_key")
