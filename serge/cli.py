@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> None:
         from serge.store.db import private_dir
 
         private_dir(settings.data_dir)  # the one place the data dir is made: the owner's alone, whichever command
-        if args.command in ("users", "keys", "usage"):
+        if args.command in ("users", "keys", "usage", "groups"):
             run_account_command(settings, args)  # no engine, no torch: answers at once
         elif args.command == "mcp":
             run_tool_command(settings, args)  # nor here

@@ -14,6 +14,8 @@ import getpass
 import sys
 from typing import TYPE_CHECKING
 
+from serge.cli_groups import add_parsers as add_group_parsers
+from serge.cli_groups import run as run_groups
 from serge.cli_usage import add_quota_parsers, add_usage_parser, run_quota, run_usage
 from serge.settings import Settings
 
@@ -57,6 +59,7 @@ def add_parsers(sub, data_dir_flag) -> None:
         data_dir_flag(p)
     add_quota_parsers(usub, ksub, data_dir_flag)
     add_usage_parser(sub, data_dir_flag)
+    add_group_parsers(sub, data_dir_flag)
 
 
 def open_accounts(settings: Settings) -> Accounts:
@@ -80,6 +83,7 @@ def _password(args: argparse.Namespace) -> str:
 def run(settings: Settings, args: argparse.Namespace) -> None:
     from serge.accounts import InvalidAccountInput
     from serge.store import KeyNotFound, LastAdmin, NameTaken, UserNotFound
+    from serge.store.groups import GroupExists, GroupNotFound
 
     accounts = open_accounts(settings)
     try:
@@ -89,9 +93,11 @@ def run(settings: Settings, args: argparse.Namespace) -> None:
             run_quota(accounts, args)
         elif args.command == "users":
             _users(accounts, args)
+        elif args.command == "groups":
+            run_groups(accounts, args)
         else:
             _keys(accounts, args)
-    except (InvalidAccountInput, NameTaken, UserNotFound, KeyNotFound, LastAdmin) as exc:
+    except (InvalidAccountInput, NameTaken, UserNotFound, KeyNotFound, LastAdmin, GroupExists, GroupNotFound) as exc:
         raise AccountCommandFailed(str(exc)) from None
     finally:
         accounts.store.db.close()

@@ -104,7 +104,7 @@ def test_a_good_id_token_signs_in_makes_the_account_once_and_goes_back_to_the_pa
         assert answer.headers["location"] == "/chat/abc"
         me = client.get("/api/me").json()
         assert me | {"id": None} == {"id": None, "name": "ada", "admin": False, "email": "ada@example.org",
-                                     "signed_in_by": "oidc", "by_api_key": False}
+                                     "signed_in_by": "oidc", "groups": ["staff"], "by_api_key": False}
         assert provider.token_requests[-1]["authorization"].startswith("Basic ")  # the client's secret went too
         first = me["id"]
     again, other = sign_in(site, provider, provider.token)
@@ -229,6 +229,23 @@ def test_the_admin_claim_makes_and_unmakes_an_admin_at_each_sign_in_but_never_th
     assert signs_in_as_admin(admin) is True
     assert cli("users", "rm", "root", "--data-dir", str(site["data_dir"])).returncode == 0
     assert signs_in_as_admin(plain) is True, "the only admin stays one: someone must manage the users"
+
+
+def test_the_groups_claim_sets_the_persons_groups_at_each_sign_in_and_leaves_an_admins_own(site, provider, cli):
+    def groups_after(groups) -> list[str]:
+        answer, client = sign_in(site, provider, lambda n: provider.token(n, sub="u-dee", preferred_username="dee",
+                                                                          groups=groups))
+        with closing(client):
+            assert answer.status_code == 303
+            return client.get("/api/me").json()["groups"]
+
+    assert groups_after(["staff", "ml", "ml"]) == ["ml", "staff"]
+    assert cli("groups", "add", "helpdesk", "--data-dir", str(site["data_dir"])).returncode == 0
+    assert cli("groups", "join", "helpdesk", "dee", "--data-dir", str(site["data_dir"])).returncode == 0
+    assert groups_after(["staff"]) == ["helpdesk", "staff"], "ml is gone; the admin's own group stays"
+    assert groups_after(None) == ["helpdesk", "staff"], "no claim at all leaves the groups as they were"
+    listed = cli("groups", "list", "--data-dir", str(site["data_dir"])).stdout
+    assert "ml                       oidc   (no members)" in listed
 
 
 def test_an_api_key_works_for_someone_who_signs_in_with_the_provider(site, provider):

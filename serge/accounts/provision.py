@@ -20,7 +20,7 @@ from serge.store.sign_ins import ExternalUser
 NOT_IN_NAMES = re.compile(r"[^a-z0-9._-]+")
 MAX_NAME_CHARS = 64
 MAX_GROUPS = 200
-MAX_GROUP_CHARS = 200
+MAX_GROUP_CHARS = 100
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,7 @@ class Identity:
     """A person as their provider describes them, after the provider's proof was checked."""
 
     user: ExternalUser
-    groups: tuple[str, ...]
+    groups: tuple[str, ...] | None  # None: the provider sent no groups claim, so the groups are left as they are
 
 
 def user_names(wanted: str, subject: str) -> tuple[str, ...]:
@@ -66,8 +66,11 @@ def _is_admin(value: object, wanted: str) -> bool:
     return False
 
 
-def groups_of(value: object) -> tuple[str, ...]:
-    """A groups claim (a list of names, or one name) as names, each once; anything else is no group."""
+def groups_of(value: object) -> tuple[str, ...] | None:
+    """A groups claim (a list of names, or one name) as names, each once; anything else is no group; None when
+    there is no claim."""
+    if value is None:
+        return None
     listed = [value] if isinstance(value, str) else value if isinstance(value, list) else []
     names = dict.fromkeys(g.strip() for g in listed if isinstance(g, str) and 0 < len(g.strip()) <= MAX_GROUP_CHARS)
     return tuple(names)[:MAX_GROUPS]

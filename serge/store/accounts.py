@@ -16,8 +16,8 @@ from sqlalchemy.exc import IntegrityError
 
 from serge.store.chats import new_id
 from serge.store.db import Database
-from serge.store.tables import (ApiKey, Chat, Collection, Document, DocumentChunk, LoginSession, Message, Preset, User,
-                               now)
+from serge.store.tables import (ApiKey, Chat, Collection, Document, DocumentChunk, GroupMember, LoginSession, Message,
+                               Preset, User, now)
 
 LOCAL_OWNER = "local"  # owner of the chats made while Serge had no accounts
 KEY_TOUCH_EVERY = timedelta(minutes=1)  # last_used_at is written at most this often per key
@@ -151,6 +151,7 @@ class AccountStore:
             session.execute(delete(Chat).where(Chat.owner == row.id))
             session.execute(delete(ApiKey).where(ApiKey.user_id == row.id))
             session.execute(delete(LoginSession).where(LoginSession.user_id == row.id))
+            session.execute(delete(GroupMember).where(GroupMember.user_id == row.id))
             session.delete(row)
         return count
 

@@ -176,6 +176,24 @@ class User(Base):
     email: Mapped[str | None] = mapped_column(String(320))
 
 
+class UserGroup(Base):
+    """A group of users: made by an admin (source "serge") or named by an identity provider ("oidc")."""
+
+    __tablename__ = "user_groups"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    name: Mapped[str] = mapped_column(String(100), unique=True)
+    source: Mapped[str] = mapped_column(String(16))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=now)
+
+
+class GroupMember(Base):
+    __tablename__ = "group_members"
+
+    group_id: Mapped[str] = mapped_column(ForeignKey("user_groups.id", ondelete="CASCADE"), primary_key=True)
+    user_id: Mapped[str] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), primary_key=True, index=True)
+
+
 class PendingSignIn(Base):
     """A sign-in sent to an identity provider and not yet back: used once, by the state it was sent with."""
 

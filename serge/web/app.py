@@ -32,7 +32,10 @@ from serge.store.tools import ToolServerStore
 from serge.tools import ToolServers
 from serge.chats.chat_tools import ChatTools
 from serge.accounts.oidc import open_id_sign_in
+from serge.accounts.groups import Groups
 from serge.accounts.proxy import ProxySignIn
+from serge.store.groups import GroupStore
+from serge.web.api.groups import router as groups_router
 from serge.store.sign_ins import SignInStore
 from serge.web.api.me import router as me_router
 from serge.web.pages.accounts import build_account_pages
@@ -91,6 +94,7 @@ def build_app(settings: Settings, engine: Engine) -> FastAPI:
         app.state.sessions = LoginSessions(accounts, load_secret(settings.data_dir),
                                            timedelta(days=settings.session_days))
         app.state.sign_ins = SignInStore(database)
+        app.state.groups = Groups(GroupStore(database))
         app.state.oidc = open_id_sign_in(settings, app.state.sign_ins)  # None unless SERGE_OIDC_ISSUER is set
         app.state.proxy_sign_in = ProxySignIn(settings.proxy_user_header, settings.proxy_user_from,
                                               app.state.sign_ins) if settings.proxy_user_header else None
@@ -165,6 +169,7 @@ def build_app(settings: Settings, engine: Engine) -> FastAPI:
     app.include_router(build_account_pages(limits))
     app.include_router(sign_in_pages)
     app.include_router(me_router)
+    app.include_router(groups_router)
     app.include_router(build_usage_pages())
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
     mcp = install_mcp(app)  # /mcp: the user's knowledge, for other agents

@@ -114,6 +114,8 @@ def callback(request: Request, state: str = "", code: str | None = None, error: 
     except SignInFailed as exc:
         return _refused(request, exc)
     user = request.app.state.sign_ins.provision(found.user)
+    if found.groups is not None:  # the provider's groups claim decides their groups of the provider's
+        request.app.state.groups.sync(user.id, "oidc", found.groups)
     log.info("signed in with OpenID Connect: user %s (%s)", user.name, user.id)
     response = start_session(request, user, target)
     response.delete_cookie(SIGN_IN_COOKIE, path="/auth/oidc")

@@ -1,4 +1,5 @@
-"""Sign-in through an identity provider: how each user signs in, who they are there, and sign-ins on their way.
+"""Sign-in through an identity provider: how each user signs in, who they are there, sign-ins on their way,
+and groups of users.
 
 Revision ID: 0014
 Revises: 0012
@@ -9,6 +10,7 @@ Frozen like every migration: it names its own column types and imports nothing f
 `users.external_id` names a user at their provider ("oidc:{issuer}#{sub}"), unique, so a
 sign-in finds its account by it and never by a name. `pending_sign_ins` holds one row per
 sign-in sent to the provider (its state's hash, nonce and PKCE verifier), taken once at the callback.
+`user_groups` and `group_members`: groups of users, made by admins or named by a provider.
 """
 
 import sqlalchemy as sa
@@ -38,9 +40,24 @@ def upgrade() -> None:
         sa.Column("expires_at", UTCDateTime, nullable=False),
     )
     op.create_index("ix_pending_sign_ins_expires_at", "pending_sign_ins", ["expires_at"])
+    op.create_table(
+        "user_groups",
+        sa.Column("id", sa.String(32), primary_key=True),
+        sa.Column("name", sa.String(100), nullable=False, unique=True),
+        sa.Column("source", sa.String(16), nullable=False),
+        sa.Column("created_at", UTCDateTime, nullable=False),
+    )
+    op.create_table(
+        "group_members",
+        sa.Column("group_id", sa.String(32), sa.ForeignKey("user_groups.id", ondelete="CASCADE"), primary_key=True),
+        sa.Column("user_id", sa.String(32), sa.ForeignKey("users.id", ondelete="CASCADE"), primary_key=True),
+    )
+    op.create_index("ix_group_members_user_id", "group_members", ["user_id"])
 
 
 def downgrade() -> None:
+    op.drop_table("group_members")
+    op.drop_table("user_groups")
     op.drop_table("pending_sign_ins")
     op.drop_index("ix_users_external_id", "users")
     with op.batch_alter_table("users") as users:

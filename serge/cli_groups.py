@@ -1,0 +1,56 @@
+"""`serge groups ...`: groups of users, managed on the server's own machine (API: /api/groups).
+
+Like `serge users`, it works on the database directly; a running server sees the change at its next
+request. Groups an identity provider named (source "oidc") are listed too; their members are set at
+each sign-in, so joining one by hand lasts until that person's next sign-in.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from serge.accounts import Accounts
+
+
+def add_parsers(sub, data_dir_flag) -> None:
+    groups = sub.add_parser("groups", help="make, remove and fill groups of users (or list them, with members)")
+    gsub = groups.add_subparsers(dest="groups_command", required=True)
+    listing = gsub.add_parser("list", help="list groups, where each comes from, and their members")
+    add = gsub.add_parser("add", help="make a group")
+    add.add_argument("name")
+    rm = gsub.add_parser("rm", help="remove a group (its members stay users)")
+    rm.add_argument("name")
+    join = gsub.add_parser("join", help="put USER in the group")
+    leave = gsub.add_parser("leave", help="take USER out of the group")
+    for p in (join, leave):
+        p.add_argument("name")
+        p.add_argument("user")
+    for p in (listing, add, rm, join, leave):
+        data_dir_flag(p)
+
+
+def run(accounts: Accounts, args: argparse.Namespace) -> None:
+    from serge.accounts.groups import Groups
+    from serge.store.groups import GroupStore
+
+    groups = Groups(GroupStore(accounts.store.db))
+    if args.groups_command == "add":
+        print(f"Made the group {groups.add(args.name).name}.")
+    elif args.groups_command == "rm":
+        groups.remove(args.name)
+        print(f"Removed the group {args.name.strip()}.")
+    elif args.groups_command == "join":
+        group = groups.join(args.name, args.user)
+        print(f"{args.user.strip().lower()} is in {group.name} ({len(group.members)} member(s)).")
+    elif args.groups_command == "leave":
+        group = groups.leave(args.name, args.user)
+        print(f"{args.user.strip().lower()} left {group.name} ({len(group.members)} member(s)).")
+    else:
+        found = groups.groups()
+        if not found:
+            print("No groups. Make one with `serge groups add NAME`, or let a sign-in provider's groups claim name "
+                  "them.")
+        for g in found:
+            print(f"{g.name:24} {g.source:6} {', '.join(g.members) or '(no members)'}")
