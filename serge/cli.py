@@ -170,7 +170,7 @@ def _fail(message: str) -> None:
 def _refuse_open_bind(settings: Settings) -> None:
     """Serving beyond this machine without accounts would give everyone every chat (with a sign-in provider,
     people sign in there: the accounts are made as they do)."""
-    if settings.loopback_only or settings.oidc_issuer:
+    if settings.loopback_only or settings.oidc_issuer or settings.ldap_url:
         return
     from serge.cli_accounts import open_accounts
 

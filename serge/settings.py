@@ -268,6 +268,25 @@ class Settings(BaseSettings):
     oidc_admin_value: str = Field("true", description="OpenID Connect: the admin claim's value (or one of its "
                                   "list's) that makes an admin; true matches a JSON true.")
 
+    ldap_url: str | None = Field(
+        None, description="LDAP: the directory (ldap://ldap.example or ldaps://...); setting it lets the login page's "
+        "password form sign people in with their directory password (docs/sign-in-ldap.md).",
+    )
+    ldap_user_base: str = Field("", description="LDAP: where people's entries are (ou=people,dc=example,dc=org).")
+    ldap_user_filter: str = Field("(uid={name})", description="LDAP: the filter that finds one person's entry; "
+                                  "{name} is the login name, escaped.")
+    ldap_bind_dn: str | None = Field(None, description="LDAP: the account Serge searches with; unset: anonymously.")
+    ldap_bind_password: SecretStr | None = Field(None, description="LDAP: that account's password.")
+    ldap_email_attribute: str = Field("mail", description="LDAP: the attribute with a person's email.")
+    ldap_group_base: str | None = Field(None, description="LDAP: where groups are (ou=groups,dc=example,dc=org); "
+                                        "unset: groups are not read from the directory.")
+    ldap_group_filter: str = Field("(member={dn})", description="LDAP: the filter that finds a person's groups; "
+                                   "{dn} is their entry's DN, escaped.")
+    ldap_group_name_attribute: str = Field("cn", description="LDAP: the attribute that names a group.")
+    ldap_admin_group: str | None = Field(None, description="LDAP: members of this directory group are admins "
+                                         "(set at each sign-in); unset: admins are made by hand.")
+    ldap_start_tls: bool = Field(False, description="LDAP: upgrade an ldap:// connection with StartTLS.")
+
     proxy_user_header: str | None = Field(
         None, pattern=r"^[A-Za-z0-9-]{1,100}$", description="A header that names the signed-in person, set by a "
         "proxy that signs people in (X-Forwarded-Email for oauth2-proxy, Remote-User for Authelia); believed only "
@@ -326,6 +345,13 @@ class Settings(BaseSettings):
     def _oidc_complete(self):
         if self.oidc_issuer and not self.oidc_client_id:
             raise ValueError("SERGE_OIDC_ISSUER is set but SERGE_OIDC_CLIENT_ID is not; set both (docs/sign-in-oidc.md)")
+        if self.ldap_url:
+            scheme = urlsplit(self.ldap_url).scheme
+            if scheme not in ("ldap", "ldaps") or not self.ldap_user_base.strip():
+                raise ValueError("SERGE_LDAP_URL must be ldap:// or ldaps://, with SERGE_LDAP_USER_BASE set "
+                                 "(docs/sign-in-ldap.md)")
+            if "{name}" not in self.ldap_user_filter:
+                raise ValueError("SERGE_LDAP_USER_FILTER must hold {name}, where the login name goes")
         if self.proxy_user_header and not self.proxy_user_from:
             raise ValueError("SERGE_PROXY_USER_HEADER is set but SERGE_PROXY_USER_FROM is not: name the proxy's "
                              "addresses, the only ones whose header is believed (docs/sign-in-proxy.md)")

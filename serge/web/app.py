@@ -33,6 +33,7 @@ from serge.tools import ToolServers
 from serge.chats.chat_tools import ChatTools
 from serge.accounts.oidc import open_id_sign_in
 from serge.accounts.groups import Groups
+from serge.accounts.ldap import ldap_sign_in
 from serge.accounts.proxy import ProxySignIn
 from serge.store.groups import GroupStore
 from serge.web.api.groups import router as groups_router
@@ -141,6 +142,7 @@ def build_app(settings: Settings, engine: Engine) -> FastAPI:
     app.state.draining = False
     app.state.oidc = None
     app.state.proxy_sign_in = None
+    app.state.ldap = ldap_sign_in(settings)  # None unless SERGE_LDAP_URL is set
     limits = UserLimits(settings.user_max_streams, settings.user_requests_per_minute)
     # Innermost first: every request has a user (or is refused) before routes run, and only
     # after the Host, Origin and body checks (outer) have let it through.

@@ -10,6 +10,7 @@ stays slow; a login that succeeds costs nothing. The rules themselves live in `s
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Annotated
 
@@ -22,10 +23,12 @@ from serge.accounts import LOCAL_USER, Accounts, InvalidAccountInput, LoginFaile
 from serge.store import KeyNotFound, LastAdmin, NameTaken, UserNotFound
 from serge.web.http.auth import SESSION_COOKIE, current_user, peer
 from serge.web.http.user_limits import UserLimits
-from serge.web.pages.sign_in import provider_logout
+from serge.accounts.ldap import DirectoryUnavailable
+from serge.web.pages.sign_in import directory_login, provider_logout
 from serge.web.pages.usage import quota_context  # the caps' forms on the Users page
 
 TEMPLATES = Path(__file__).parent.parent / "templates"
+log = logging.getLogger(__name__)
 LOGIN_ATTEMPTS_PER_MINUTE = 10  # failed logins per account name, and per client address
 LOGIN_ATTEMPTS_PER_PROXY_MINUTE = 30  # failed logins relayed by one proxy, whatever addresses it forwards
 
@@ -70,7 +73,7 @@ def build_account_pages(limits: UserLimits) -> APIRouter:
     # --- login ----------------------------------------------------------------
     @router.get("/login")
     def login_page(request: Request, next: str | None = None):
-        if not accounts(request).has_users() and getattr(request.app.state, "oidc", None) is None:
+        if not accounts(request).has_users() and request.app.state.oidc is None and request.app.state.ldap is None:
             return RedirectResponse("/", status_code=303)
         return render(request, "login.html", next=safe_next(next), name="", error=None)
 
@@ -84,8 +87,15 @@ def build_account_pages(limits: UserLimits) -> APIRouter:
         try:
             user = accounts(request).authenticate(name, password)
         except LoginFailed:
-            return render(request, "login.html", 401, next=safe_next(next), name=name,
-                          error="Wrong name or password.")
+            try:
+                user = directory_login(request, name, password)  # the directory's password, where one is set
+            except DirectoryUnavailable as exc:
+                log.error("LDAP sign-in: %s", exc)
+                return render(request, "login.html", 503, next=safe_next(next), name=name,
+                              error="The directory that checks passwords cannot be reached; try again soon.")
+            if user is None:
+                return render(request, "login.html", 401, next=safe_next(next), name=name,
+                              error="Wrong name or password.")
         for key, rate in buckets:  # only failed attempts are metered
             limits.refund(key, rate)
         response = RedirectResponse(safe_next(next), status_code=303)

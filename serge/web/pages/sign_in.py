@@ -1,4 +1,5 @@
-"""Sign-in with an OpenID Connect provider, for the browser: the button's start and the provider's callback.
+"""Sign-in with an OpenID Connect provider, for the browser: the button's start and the provider's callback;
+and the login form's second try, with the directory's (LDAP) password.
 
 `/auth/oidc/start` sends the browser to the provider and binds the sign-in to that browser with a
 short-lived cookie holding its state; `/auth/oidc/callback` accepts the provider's answer only in the
@@ -18,6 +19,7 @@ from fastapi.responses import RedirectResponse
 from fastapi.templating import Jinja2Templates
 
 from serge import __version__
+from serge.accounts import LoginFailed
 from serge.accounts.oidc import PENDING_LIFETIME, OpenIdSignIn, SignInFailed
 from serge.store import UserRecord
 from serge.web.http.auth import SESSION_COOKIE
@@ -71,6 +73,23 @@ def start_session(request: Request, user: UserRecord, target: str) -> RedirectRe
     response.set_cookie(SESSION_COOKIE, sessions.start(user), max_age=int(sessions.lifetime.total_seconds()),
                         path="/", httponly=True, samesite="lax", secure=request.url.scheme == "https")
     return response
+
+
+def directory_login(request: Request, name: str, password: str) -> UserRecord | None:
+    """The account of the person the directory (LDAP) signs in with this password, their groups set from it; None
+    when no directory is set or it refuses. Raises DirectoryUnavailable when it cannot be asked."""
+    ldap = request.app.state.ldap
+    if ldap is None:
+        return None
+    try:
+        found = ldap.authenticate(name, password)
+    except LoginFailed:
+        return None
+    user = request.app.state.sign_ins.provision(found.user)
+    if found.groups is not None:
+        request.app.state.groups.sync(user.id, "ldap", found.groups)
+    log.info("signed in with LDAP: user %s (%s)", user.name, user.id)
+    return user
 
 
 def provider_logout(request: Request):
