@@ -27,7 +27,15 @@ def add_parsers(sub, data_dir_flag) -> None:
     for p in (join, leave):
         p.add_argument("name")
         p.add_argument("user")
-    for p in (listing, add, rm, join, leave):
+    share = gsub.add_parser("share", help="share a model or preset with the group: from then on only the groups "
+                            "it is shared with (and admins) see and use it")
+    unshare = gsub.add_parser("unshare", help="stop sharing it with the group (shared with none: everyone's again)")
+    for p in (share, unshare):
+        p.add_argument("name", help="the group")
+        p.add_argument("kind", choices=["model", "preset"])
+        p.add_argument("thing", metavar="MODEL_OR_PRESET")
+    shares = gsub.add_parser("shares", help="list what is shared with which groups (the rest is everyone's)")
+    for p in (listing, add, rm, join, leave, share, unshare, shares):
         data_dir_flag(p)
 
 
@@ -47,6 +55,19 @@ def run(accounts: Accounts, args: argparse.Namespace) -> None:
     elif args.groups_command == "leave":
         group = groups.leave(args.name, args.user)
         print(f"{args.user.strip().lower()} left {group.name} ({len(group.members)} member(s)).")
+    elif args.groups_command == "share":
+        groups.share(args.kind, args.thing, args.name)
+        print(f"The {args.kind} {args.thing.strip()} is now for {args.name.strip()} (and any other group it is "
+              "shared with) and admins only.")
+    elif args.groups_command == "unshare":
+        groups.unshare(args.kind, args.thing, args.name)
+        print(f"The {args.kind} {args.thing.strip()} is no longer shared with {args.name.strip()}.")
+    elif args.groups_command == "shares":
+        found = groups.shares()
+        if not found:
+            print("Nothing is shared with a group: every model and preset is everyone's.")
+        for kind, thing, group in found:
+            print(f"{kind:7} {thing:32} {group}")
     else:
         found = groups.groups()
         if not found:

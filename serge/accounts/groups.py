@@ -3,14 +3,17 @@
 A group's name is 1-100 printable characters (a provider's names are kept as it spells them, so
 "Staff" and "staff" are two groups). An admin makes, removes and fills groups (page-less for now:
 `serge groups`, `/api/groups`); a sign-in with a provider sets the person's groups of that provider
-from its claim. What a group may use is not decided here. Nothing here knows about HTTP.
+from its claim. A model or preset shared with groups is only theirs (and admins'); the request's
+context then hides it from everyone else (`serge.access`). Nothing here knows about HTTP.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+from serge.access import KINDS
 from serge.accounts.service import InvalidAccountInput, check_name
+from serge.store.accounts import UserRecord
 from serge.store.groups import GroupRecord, GroupStore
 
 MAX_GROUP_CHARS = 100
@@ -20,6 +23,19 @@ def check_group_name(name: str) -> str:
     cleaned = name.strip()
     if not 0 < len(cleaned) <= MAX_GROUP_CHARS or not cleaned.isprintable():
         raise InvalidAccountInput(f"a group's name is 1 to {MAX_GROUP_CHARS} printable characters", "name")
+    return cleaned
+
+
+def _kind(kind: str) -> str:
+    if kind not in KINDS:
+        raise InvalidAccountInput(f"{kind!r} cannot be shared; share a {' or a '.join(KINDS)}", "kind")
+    return kind
+
+
+def _thing(name: str) -> str:
+    cleaned = name.strip()
+    if not 0 < len(cleaned) <= 200 or not cleaned.isprintable():
+        raise InvalidAccountInput("a model's or preset's name is 1 to 200 printable characters", "name")
     return cleaned
 
 
@@ -46,6 +62,19 @@ class Groups:
     def leave(self, name: str, user_name: str) -> GroupRecord:
         self.store.leave(check_group_name(name), check_name(user_name))
         return self.store.group(check_group_name(name))
+
+    def share(self, kind: str, name: str, group: str) -> None:
+        self.store.share(_kind(kind), _thing(name), check_group_name(group))
+
+    def unshare(self, kind: str, name: str, group: str) -> None:
+        self.store.unshare(_kind(kind), _thing(name), check_group_name(group))
+
+    def shares(self) -> list[tuple[str, str, str]]:
+        return self.store.shares()
+
+    def hidden_from(self, user: UserRecord) -> dict[str, frozenset[str]]:
+        """What `user` may not use: nothing for an admin (they manage the shares) or the local user."""
+        return {} if user.admin else self.store.hidden_from(user.id)
 
     def of(self, user_id: str) -> list[str]:
         return self.store.of(user_id)

@@ -20,6 +20,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+from serge.access import is_hidden
 from serge.chats.checks import MAX_SYSTEM_PROMPT_CHARS, InvalidChatInput, check_settings, check_text
 from serge.chats.documents import ChatDocuments
 from serge.chats.knowledge import Knowledge
@@ -104,7 +105,7 @@ class Presets:
         found = self.store.named(user, name)
         if found is None and name.endswith(TAG) and not self._is_model(bare := name[: -len(TAG)]):
             found = self.store.named(user, bare)
-        return found
+        return None if found is not None and is_hidden("preset", found.name) else found  # shared with others only
 
     def base_model(self, preset: PresetRecord) -> str:
         """The library name of the preset's model; PresetModelMissing once it is removed."""
@@ -157,7 +158,7 @@ class Presets:
             settings=check_settings(settings), knowledge=self._collections(user, knowledge), tools=_tools(tools))
 
     def list(self, user: str) -> list[PresetView]:
-        return [PresetView(p, self._state(p)) for p in self.store.list(user)]
+        return [PresetView(p, self._state(p)) for p in self.store.list(user) if not is_hidden("preset", p.name)]
 
     def among(self, user: str, models: Sequence[ModelInfo], *, ready_only: bool = False
               ) -> list[ModelInfo | PresetView]:

@@ -3,7 +3,9 @@
 A group is made by an admin (source "serge") or first named by an identity provider at a sign-in
 ("oidc"); `sync` sets a user's groups from a provider's list in one transaction: it joins every
 group the list names (making the missing ones, of that source) and leaves the groups of that source
-it no longer names, never an admin's own group. It decides nothing about what makes a good name.
+it no longer names, never an admin's own group. A model or preset shared with groups is theirs only
+(`hidden_from` says what a user may not use); one shared with none is everyone's. It decides nothing
+about what makes a good name.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from sqlalchemy.exc import IntegrityError
 from serge.store.accounts import UserNotFound
 from serge.store.chats import new_id
 from serge.store.db import Database
-from serge.store.tables import GroupMember, User, UserGroup, now
+from serge.store.tables import GroupMember, Share, User, UserGroup, now
 
 MADE_HERE = "serge"
 
@@ -69,6 +71,7 @@ class GroupStore:
         with self.db.session() as session, session.begin():
             row = self._group(session, name)
             session.execute(delete(GroupMember).where(GroupMember.group_id == row.id))
+            session.execute(delete(Share).where(Share.group_id == row.id))
             session.delete(row)
 
     def groups(self) -> list[GroupRecord]:
@@ -97,6 +100,43 @@ class GroupStore:
             group, user = self._group(session, name), self._user_id(session, user_name)
             session.execute(delete(GroupMember).where(GroupMember.group_id == group.id,
                                                       GroupMember.user_id == user))
+
+    # --- what groups may use ------------------------------------------------------
+    def share(self, kind: str, name: str, group_name: str) -> None:
+        """From now on `name` (a model or preset) is its groups' only (sharing again is harmless)."""
+        with self.db.session() as session, session.begin():
+            group = self._group(session, group_name)
+            if session.get(Share, (kind, name.lower(), group.id)) is None:
+                session.add(Share(kind=kind, name=name.lower(), group_id=group.id))
+
+    def unshare(self, kind: str, name: str, group_name: str) -> None:
+        """No longer shared with that group; once shared with none, it is everyone's again."""
+        with self.db.session() as session, session.begin():
+            group = self._group(session, group_name)
+            session.execute(delete(Share).where(Share.kind == kind, Share.name == name.lower(),
+                                                Share.group_id == group.id))
+
+    def shares(self) -> list[tuple[str, str, str]]:
+        """(kind, name, group) for every share, sorted."""
+        with self.db.session() as session:
+            rows = session.execute(select(Share.kind, Share.name, UserGroup.name)
+                                   .join(UserGroup, UserGroup.id == Share.group_id))
+            return sorted(tuple(r) for r in rows)
+
+    def hidden_from(self, user_id: str) -> dict[str, frozenset[str]]:
+        """kind -> the (lowercased) names shared only with groups `user_id` is not in."""
+        with self.db.session() as session:
+            rows = session.execute(select(Share.kind, Share.name, GroupMember.user_id).outerjoin(
+                GroupMember, (GroupMember.group_id == Share.group_id) & (GroupMember.user_id == user_id))).all()
+        shared, theirs = set(), set()
+        for kind, name, member in rows:
+            shared.add((kind, name))
+            if member is not None:
+                theirs.add((kind, name))
+        hidden: dict[str, set[str]] = {}
+        for kind, name in shared - theirs:
+            hidden.setdefault(kind, set()).add(name)
+        return {kind: frozenset(names) for kind, names in hidden.items()}
 
     def of(self, user_id: str) -> list[str]:
         """The names of a user's groups, sorted."""

@@ -194,6 +194,17 @@ class GroupMember(Base):
     user_id: Mapped[str] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), primary_key=True, index=True)
 
 
+class Share(Base):
+    """A model or preset shared with a group: once one is, only that group's members (and admins) may use it."""
+
+    __tablename__ = "shares"
+
+    kind: Mapped[str] = mapped_column(String(16), primary_key=True)  # "model" or "preset"
+    name: Mapped[str] = mapped_column(String(200), primary_key=True)  # lowercased
+    group_id: Mapped[str] = mapped_column(ForeignKey("user_groups.id", ondelete="CASCADE"), primary_key=True,
+                                          index=True)
+
+
 class PendingSignIn(Base):
     """A sign-in sent to an identity provider and not yet back: used once, by the state it was sent with."""
 

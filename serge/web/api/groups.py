@@ -1,8 +1,9 @@
 """The groups API, for admins: `/api/groups` lists, makes and removes groups and puts users in them. HTTP only.
 
 A plain user gets 403 (their own groups are in `GET /api/me`); an unknown group or user is 404, a taken
-name 409, a bad one 400. Groups a provider named are listed with their source ("oidc"); their members
-are set at each sign-in.
+name 409, a bad one 400. Groups a provider named are listed with their source ("oidc", "ldap"); their
+members are set at each sign-in. `/api/groups/{name}/shares/{kind}/{thing}` shares a model or preset
+with a group, which makes it that group's (and admins') only.
 """
 
 from __future__ import annotations
@@ -76,3 +77,24 @@ def join_group(name: str, user: str, request: Request):
 def leave_group(name: str, user: str, request: Request):
     groups = _groups(request)
     return group_out(_answer(lambda: groups.leave(name, user)))
+
+
+@router.get("/api/shares", summary="What is shared with which groups (admins only); the rest is everyone's")
+def list_shares(request: Request):
+    return {"data": [{"kind": k, "name": n, "group": g} for k, n, g in _groups(request).shares()]}
+
+
+@router.put("/api/groups/{name}/shares/{kind}/{thing}", summary="Share a model or preset with a group (admins "
+            "only): from then on only the groups it is shared with, and admins, see and use it")
+def share(name: str, kind: str, thing: str, request: Request):
+    groups = _groups(request)
+    _answer(lambda: groups.share(kind, thing, name))
+    return {"kind": kind, "name": thing.strip().lower(), "group": name, "shared": True}
+
+
+@router.delete("/api/groups/{name}/shares/{kind}/{thing}", summary="Stop sharing it with a group (admins only); "
+               "shared with none, it is everyone's again")
+def unshare(name: str, kind: str, thing: str, request: Request):
+    groups = _groups(request)
+    _answer(lambda: groups.unshare(kind, thing, name))
+    return {"kind": kind, "name": thing.strip().lower(), "group": name, "shared": False}

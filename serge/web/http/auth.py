@@ -8,7 +8,8 @@ are refused. Once any account exists, everything but the login page, static
 files, the health status and the metrics (whose routes decide what to show)
 needs one of the two: a page sends the browser to /login, anything else gets
 401. What a user may see is not decided here: routes pass the user's id to the
-chat service as the owner of every query. Everything the engine does for the
+chat service as the owner of every query, and the models and presets shared only with groups
+the user is not in are hidden for the request (`serge.access`). Everything the engine does for the
 request counts as that user's (or, without accounts, the client address's) in its
 fair share (`party`).
 """
@@ -25,6 +26,7 @@ from fastapi.responses import JSONResponse, RedirectResponse
 from starlette.concurrency import run_in_threadpool
 
 from serge.accounts import LOCAL_USER, Accounts, InvalidAccountInput, LoginSessions
+from serge.access import hiding
 from serge.engine.party import asking
 from serge.store import DatabaseUnavailable, UserRecord
 from serge.web.http.errors import ApiError, error_body, problem
@@ -173,7 +175,9 @@ class Authenticate:
                                       "unauthorized", {"WWW-Authenticate": 'Bearer realm="serge"'})
         scope.setdefault("state", {})["user"] = user
         scope["state"]["key_id"] = key_id  # for the request log
-        with asking(party(user, scope)):  # all the engine does for this request is this party's
+        hidden = {} if user is None or user is LOCAL_USER or user.admin else \
+            await run_in_threadpool(state.groups.hidden_from, user)  # shared only with groups they are not in
+        with asking(party(user, scope)), hiding(hidden):  # all the engine does for this request is this party's
             if user is None or user is LOCAL_USER or path in OPEN_PATHS:
                 return await self.app(scope, receive, send)
             return await self._metered(user, scope, receive, send)

@@ -10,7 +10,8 @@ Frozen like every migration: it names its own column types and imports nothing f
 `users.external_id` names a user at their provider ("oidc:{issuer}#{sub}"), unique, so a
 sign-in finds its account by it and never by a name. `pending_sign_ins` holds one row per
 sign-in sent to the provider (its state's hash, nonce and PKCE verifier), taken once at the callback.
-`user_groups` and `group_members`: groups of users, made by admins or named by a provider.
+`user_groups` and `group_members`: groups of users, made by admins or named by a provider; `shares`:
+a model or preset shared with groups (none: everyone's, as before).
 """
 
 import sqlalchemy as sa
@@ -53,9 +54,17 @@ def upgrade() -> None:
         sa.Column("user_id", sa.String(32), sa.ForeignKey("users.id", ondelete="CASCADE"), primary_key=True),
     )
     op.create_index("ix_group_members_user_id", "group_members", ["user_id"])
+    op.create_table(
+        "shares",
+        sa.Column("kind", sa.String(16), primary_key=True),
+        sa.Column("name", sa.String(200), primary_key=True),
+        sa.Column("group_id", sa.String(32), sa.ForeignKey("user_groups.id", ondelete="CASCADE"), primary_key=True),
+    )
+    op.create_index("ix_shares_group_id", "shares", ["group_id"])
 
 
 def downgrade() -> None:
+    op.drop_table("shares")
     op.drop_table("group_members")
     op.drop_table("user_groups")
     op.drop_table("pending_sign_ins")

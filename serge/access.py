@@ -1,0 +1,38 @@
+"""What the request being served may not use, carried in its context: the models and presets shared only with
+groups its user is not in (`serge.store.shares`).
+
+The web layer sets it once per request, from the user it resolved (`hiding`), as it sets the engine's party;
+the places that turn a name into a model or a preset read it (`hidden`): the engine's name resolution and
+listing, and the presets'. So a hidden name is absent from every list and unknown on every dialect, in each
+one's own 404. Outside a request (the CLI, the indexer, a reply's own thread) nothing is hidden. It knows
+nothing of users, groups or the database.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
+
+KINDS = ("model", "preset")
+_NOTHING: Mapping[str, frozenset[str]] = {}
+_HIDDEN: ContextVar[Mapping[str, frozenset[str]]] = ContextVar("serge_hidden", default=_NOTHING)
+
+
+@contextmanager
+def hiding(names: Mapping[str, frozenset[str]]) -> Iterator[None]:
+    """Inside this block, `names` (kind -> lowercased names) are as if they did not exist."""
+    token = _HIDDEN.set(names)
+    try:
+        yield
+    finally:
+        _HIDDEN.reset(token)
+
+
+def hidden(kind: str) -> frozenset[str]:
+    """The lowercased names of `kind` the current request may not use."""
+    return _HIDDEN.get().get(kind, frozenset())
+
+
+def is_hidden(kind: str, name: str | None) -> bool:
+    return name is not None and name.lower() in hidden(kind)
