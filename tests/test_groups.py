@@ -4,7 +4,10 @@ claim: test_sign_in_oidc.py.)"""
 
 from __future__ import annotations
 
+import re
+import shlex
 from contextlib import closing
+from pathlib import Path
 
 import httpx
 import pytest
@@ -87,3 +90,15 @@ def test_removing_a_user_takes_them_out_of_their_groups(accounts):
         assert root.put("/api/groups/short-lived/members/tmp-user").status_code == 200
         assert root.delete("/api/users/tmp-user").status_code == 200
         assert all("tmp-user" not in g["members"] for g in root.get("/api/groups").json()["data"])
+
+
+def test_the_docs_commands_run_as_written(cli, tmp_path):
+    doc = (Path(__file__).parent.parent / "docs" / "groups.md").read_text()
+    block = re.search(r"```sh\n(serge groups add.*?)```", doc, re.S).group(1)
+    data = {"data_dir": str(tmp_path)}
+    assert serge(cli, data, "users", "add", "ada", "--password-stdin", stdin="ada-password\n").returncode == 0
+    for line in block.strip().splitlines():
+        ran = serge(cli, data, *shlex.split(line)[1:])
+        assert ran.returncode == 0, (line, ran.stderr)
+        if line.endswith("groups shares"):
+            assert ran.stdout.split() == ["model", "smollm2-135m-instruct", "ml-team", "preset", "reviewer", "ml-team"]
