@@ -37,6 +37,7 @@ from serge.accounts.ldap import ldap_sign_in
 from serge.accounts.proxy import ProxySignIn
 from serge.store.groups import GroupStore
 from serge.web.api.groups import router as groups_router
+from serge.web.pages.groups import router as group_pages
 from serge.store.sign_ins import SignInStore
 from serge.web.api.me import router as me_router
 from serge.web.pages.accounts import build_account_pages
@@ -172,6 +173,7 @@ def build_app(settings: Settings, engine: Engine) -> FastAPI:
     app.include_router(sign_in_pages)
     app.include_router(me_router)
     app.include_router(groups_router)
+    app.include_router(group_pages)
     app.include_router(build_usage_pages())
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
     mcp = install_mcp(app)  # /mcp: the user's knowledge, for other agents
