@@ -42,7 +42,10 @@ def add_parsers(sub, data_dir_flag) -> None:
     passwd.add_argument("--keep-keys", action="store_true", help="leave the user's API keys working")
     passwd.add_argument("--password-stdin", action="store_true", help="read the password from stdin (one line)")
     listing = usub.add_parser("list", help="list accounts")
-    for p in (add, rm, passwd, listing):
+    approve = usub.add_parser("approve", help="let a user who waits since their first sign-in use Serge "
+                              "(SERGE_NEW_USERS_PENDING)")
+    approve.add_argument("name")
+    for p in (add, rm, passwd, listing, approve):
         data_dir_flag(p)
 
     keys = sub.add_parser("keys", help="create, list, revoke and cap a user's API keys")
@@ -114,6 +117,8 @@ def _users(accounts: Accounts, args: argparse.Namespace) -> None:
     elif args.users_command == "rm":
         chats = accounts.remove_user(args.name)
         print(f"Removed {args.name} with {chats} chat(s) and their API keys.")
+    elif args.users_command == "approve":
+        print(f"Approved {accounts.approve(args.name).name}: they may use Serge now.")
     elif args.users_command == "passwd":
         revoked = accounts.set_password(args.name, _password(args), keep_keys=args.keep_keys)
         keys = ("their API keys were kept (--keep-keys)" if args.keep_keys
@@ -124,7 +129,9 @@ def _users(accounts: Accounts, args: argparse.Namespace) -> None:
         if not users:
             print("No accounts: Serge serves this machine only, without login. Add one with `serge users add NAME`.")
         for u in users:
-            print(f"{u.name:24} {'admin' if u.admin else 'user':6} since {u.created_at:%Y-%m-%d}")
+            waiting = "  waiting for approval" if u.pending and not u.admin else ""
+            print(f"{u.name:24} {'admin' if u.admin else 'user':6} since {u.created_at:%Y-%m-%d}"
+                  f"{'' if u.signed_in_by == 'password' else '  ' + u.signed_in_by}{waiting}")
 
 
 def _keys(accounts: Accounts, args: argparse.Namespace) -> None:

@@ -287,6 +287,10 @@ class Settings(BaseSettings):
                                          "(set at each sign-in); unset: admins are made by hand.")
     ldap_start_tls: bool = Field(False, description="LDAP: upgrade an ldap:// connection with StartTLS.")
 
+    new_users_pending: bool = Field(
+        False, description="Accounts made at a first sign-in (OpenID Connect, LDAP, a proxy's header) wait for an "
+        "admin's approval (the Users page, `serge users approve NAME`) before they may use anything.",
+    )
     proxy_user_header: str | None = Field(
         None, pattern=r"^[A-Za-z0-9-]{1,100}$", description="A header that names the signed-in person, set by a "
         "proxy that signs people in (X-Forwarded-Email for oauth2-proxy, Remote-User for Authelia); believed only "

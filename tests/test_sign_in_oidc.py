@@ -104,7 +104,8 @@ def test_a_good_id_token_signs_in_makes_the_account_once_and_goes_back_to_the_pa
         assert answer.headers["location"] == "/chat/abc"
         me = client.get("/api/me").json()
         assert me | {"id": None} == {"id": None, "name": "ada", "admin": False, "email": "ada@example.org",
-                                     "signed_in_by": "oidc", "groups": ["staff"], "by_api_key": False}
+                                     "signed_in_by": "oidc", "groups": ["staff"], "pending": False,
+                                     "by_api_key": False}
         assert provider.token_requests[-1]["authorization"].startswith("Basic ")  # the client's secret went too
         first = me["id"]
     again, other = sign_in(site, provider, provider.token)

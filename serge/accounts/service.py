@@ -109,6 +109,10 @@ class Accounts:
     def users(self) -> list[UserRecord]:
         return self.store.users()
 
+    def approve(self, name: str) -> UserRecord:
+        """Let a user made at a first sign-in, waiting for an admin (SERGE_NEW_USERS_PENDING), use Serge."""
+        return self.store.approve(check_name(name))
+
     def user(self, name: str) -> UserRecord:
         return self.store.user(check_name(name))
 

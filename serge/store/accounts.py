@@ -47,11 +47,12 @@ class UserRecord:
     created_at: datetime
     signed_in_by: str = "password"  # or "oidc": how they prove who they are
     email: str | None = None
+    pending: bool = False  # made at a first sign-in, waiting for an admin's approval
 
     @classmethod
     def of(cls, row: User) -> UserRecord:
         return cls(id=row.id, name=row.name, admin=row.admin, created_at=row.created_at,
-                   signed_in_by=row.signed_in_by or "password", email=row.email)
+                   signed_in_by=row.signed_in_by or "password", email=row.email, pending=bool(row.pending))
 
 
 @dataclass(frozen=True)
@@ -110,6 +111,13 @@ class AccountStore:
     def user(self, name: str) -> UserRecord:
         with self.db.session() as session:
             return UserRecord.of(self._user(session, name))
+
+    def approve(self, name: str) -> UserRecord:
+        """A pending user may use Serge from now on (approving twice is harmless)."""
+        with self.db.session() as session, session.begin():
+            row = self._user(session, name)
+            row.pending = False
+            return UserRecord.of(row)
 
     def credentials(self, name: str) -> tuple[UserRecord, str] | None:
         """The user and their password hash, for a login; None when there is no such user."""

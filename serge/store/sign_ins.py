@@ -9,7 +9,7 @@ decides nothing about claims or names (`serge.accounts.provision` does) and neve
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 
 from sqlalchemy import delete, func, select
@@ -40,11 +40,13 @@ class ExternalUser:
     names: tuple[str, ...]  # the user names to try, in order; the first one free is taken
     email: str | None
     admin: bool | None  # None: as an admin set it by hand
+    pending: bool = False  # a new account waits for an admin's approval (SERGE_NEW_USERS_PENDING)
 
 
 class SignInStore:
-    def __init__(self, db: Database) -> None:
+    def __init__(self, db: Database, new_users_pending: bool = False) -> None:
         self.db = db
+        self.new_users_pending = new_users_pending
 
     # --- sign-ins on their way ------------------------------------------------------
     def begin(self, state_hash: str, pending: PendingRecord, lifetime: timedelta) -> None:
@@ -75,8 +77,9 @@ class SignInStore:
             return UserRecord.of(row) if row else None
 
     def provision(self, user: ExternalUser) -> UserRecord:
-        """The account of this provider's user, made at their first sign-in, its email (and admin flag, when the
-        provider says) brought up to date at each one."""
+        """The account of this provider's user, made at their first sign-in (pending, when new users wait for an
+        admin), its email (and admin flag, when the provider says) brought up to date at each one."""
+        user = replace(user, pending=self.new_users_pending)
         for _ in range(3):  # two first sign-ins of one user at once: the second finds the first's row
             try:
                 return self._provision(user)
@@ -92,7 +95,7 @@ class SignInStore:
                 name = next(n for n in user.names if n not in taken)
                 row = User(id=new_id(), name=name, password_hash=NO_PASSWORD, admin=bool(user.admin),
                            created_at=now(), signed_in_by=user.source, external_id=user.external_id,
-                           email=user.email)
+                           email=user.email, pending=user.pending and not user.admin)
                 session.add(row)
                 session.flush()
             else:

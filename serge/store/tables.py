@@ -19,6 +19,7 @@ from datetime import UTC, date, datetime
 from sqlalchemy import (JSON, BigInteger, Boolean, Date, DateTime, Float, ForeignKey, Index, Integer, LargeBinary,
                         String, Text, TypeDecorator)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.sql.expression import false as sa_false
 
 
 class UTCDateTime(TypeDecorator):
@@ -174,6 +175,7 @@ class User(Base):
     signed_in_by: Mapped[str] = mapped_column(String(16), default="password", server_default="password")
     external_id: Mapped[str | None] = mapped_column(String(320), unique=True, index=True)  # "oidc:{issuer}#{sub}"
     email: Mapped[str | None] = mapped_column(String(320))
+    pending: Mapped[bool] = mapped_column(Boolean, default=False, server_default=sa_false())  # until approved
 
 
 class UserGroup(Base):

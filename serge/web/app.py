@@ -95,7 +95,7 @@ def build_app(settings: Settings, engine: Engine) -> FastAPI:
         app.state.usage = Usage(UsageStore(database))
         app.state.sessions = LoginSessions(accounts, load_secret(settings.data_dir),
                                            timedelta(days=settings.session_days))
-        app.state.sign_ins = SignInStore(database)
+        app.state.sign_ins = SignInStore(database, settings.new_users_pending)
         app.state.groups = Groups(GroupStore(database))
         app.state.oidc = open_id_sign_in(settings, app.state.sign_ins)  # None unless SERGE_OIDC_ISSUER is set
         app.state.proxy_sign_in = ProxySignIn(settings.proxy_user_header, settings.proxy_user_from,

@@ -21,4 +21,5 @@ def me(request: Request):
     return {"id": user.id, "name": user.name, "admin": user.admin, "email": user.email,
             "signed_in_by": "this machine" if user is LOCAL_USER else user.signed_in_by,
             "groups": [] if user is LOCAL_USER else request.app.state.groups.of(user.id),
+            "pending": user.pending and not user.admin,
             "by_api_key": request.state.key_id is not None}

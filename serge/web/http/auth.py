@@ -34,6 +34,7 @@ from serge.web.http.user_limits import UserLimits
 
 SESSION_COOKIE = "serge_session"
 OPEN_PATHS = frozenset({"/login", "/api/health", "/metrics", "/auth/oidc/start", "/auth/oidc/callback"})
+WAITING_MAY = OPEN_PATHS | {"/api/me", "/logout"}  # all a user waiting for an admin's approval may reach
 STATIC_PREFIX = "/static/"
 API_PREFIXES = ("/api/", "/v1/", "/metrics", "/openapi.json", "/mcp")
 STREAMING = re.compile(r"/v1/(?:chat/completions|completions|responses|messages)|/api/(?:chat|generate)"
@@ -173,6 +174,10 @@ class Authenticate:
                                       "program with an API key as `Authorization: Bearer sk-serge-...` or "
                                       "`x-api-key: sk-serge-...`",
                                       "unauthorized", {"WWW-Authenticate": 'Bearer realm="serge"'})
+        if user is not None and user.pending and not user.admin and path not in WAITING_MAY:
+            from serge.web.pages.waiting import waiting  # an account made at a first sign-in, not yet approved
+
+            return await waiting(scope, receive, send, user)
         scope.setdefault("state", {})["user"] = user
         scope["state"]["key_id"] = key_id  # for the request log
         hidden = {} if user is None or user is LOCAL_USER or user.admin else \

@@ -178,6 +178,16 @@ def build_account_pages(limits: UserLimits) -> APIRouter:
         keys = "their API keys were kept" if keep_keys else f"{revoked} API key(s) of theirs were revoked"
         return users_page(request, changed=f"Changed the password of {name}; their logins have ended and {keys}.")
 
+    @router.post("/admin/users/{name}/approve")
+    def approve_user(name: str, request: Request):
+        if not current_user(request).admin:
+            return users_page(request)
+        try:
+            approved = accounts(request).approve(name)
+        except (InvalidAccountInput, UserNotFound) as exc:
+            return users_page(request, 404, error=str(exc))
+        return users_page(request, changed=f"Approved {approved.name}: they may use Serge now.")
+
     @router.post("/admin/users/{name}/remove")
     def remove_user(name: str, request: Request):
         if not current_user(request).admin:

@@ -8,7 +8,8 @@ Create Date: 2026-12-07
 Frozen like every migration: it names its own column types and imports nothing from serge.
 `users.signed_in_by` is "password" for the accounts made before (and by `serge users add`);
 `users.external_id` names a user at their provider ("oidc:{issuer}#{sub}"), unique, so a
-sign-in finds its account by it and never by a name. `pending_sign_ins` holds one row per
+sign-in finds its account by it and never by a name; `users.pending`: made at a first sign-in and
+waiting for an admin's approval (SERGE_NEW_USERS_PENDING). `pending_sign_ins` holds one row per
 sign-in sent to the provider (its state's hash, nonce and PKCE verifier), taken once at the callback.
 `user_groups` and `group_members`: groups of users, made by admins or named by a provider; `shares`:
 a model or preset shared with groups (none: everyone's, as before).
@@ -30,6 +31,7 @@ def upgrade() -> None:
         users.add_column(sa.Column("signed_in_by", sa.String(16), nullable=False, server_default="password"))
         users.add_column(sa.Column("external_id", sa.String(320)))
         users.add_column(sa.Column("email", sa.String(320)))
+        users.add_column(sa.Column("pending", sa.Boolean, nullable=False, server_default=sa.false()))
     op.create_index("ix_users_external_id", "users", ["external_id"], unique=True)
     op.create_table(
         "pending_sign_ins",
@@ -70,6 +72,7 @@ def downgrade() -> None:
     op.drop_table("pending_sign_ins")
     op.drop_index("ix_users_external_id", "users")
     with op.batch_alter_table("users") as users:
+        users.drop_column("pending")
         users.drop_column("email")
         users.drop_column("external_id")
         users.drop_column("signed_in_by")
