@@ -45,7 +45,9 @@ def add_parsers(sub, data_dir_flag) -> None:
     approve = usub.add_parser("approve", help="let a user who waits since their first sign-in use Serge "
                               "(SERGE_NEW_USERS_PENDING)")
     approve.add_argument("name")
-    for p in (add, rm, passwd, listing, approve):
+    sync = usub.add_parser("sync", help="ask the LDAP directory about every account it made: one whose entry is gone "
+                           "(or no longer matches SERGE_LDAP_USER_FILTER) loses its logins and API keys")
+    for p in (add, rm, passwd, listing, approve, sync):
         data_dir_flag(p)
 
     keys = sub.add_parser("keys", help="create, list, revoke and cap a user's API keys")
@@ -94,6 +96,8 @@ def run(settings: Settings, args: argparse.Namespace) -> None:
             run_usage(accounts, args)
         elif "quota" in (getattr(args, "users_command", None), getattr(args, "keys_command", None)):
             run_quota(accounts, args)
+        elif args.command == "users" and args.users_command == "sync":
+            _sync(settings, accounts)
         elif args.command == "users":
             _users(accounts, args)
         elif args.command == "groups":
@@ -132,6 +136,26 @@ def _users(accounts: Accounts, args: argparse.Namespace) -> None:
             waiting = "  waiting for approval" if u.pending and not u.admin else ""
             print(f"{u.name:24} {'admin' if u.admin else 'user':6} since {u.created_at:%Y-%m-%d}"
                   f"{'' if u.signed_in_by == 'password' else '  ' + u.signed_in_by}{waiting}")
+
+
+def _sync(settings: Settings, accounts: Accounts) -> None:
+    from serge.accounts.ldap import DirectoryUnavailable, ldap_sign_in
+    from serge.store.sign_ins import SignInStore
+
+    directory = ldap_sign_in(settings)
+    if directory is None:
+        raise AccountCommandFailed("no directory to ask: set SERGE_LDAP_URL (docs/sign-in-ldap.md)")
+    store = SignInStore(accounts.store.db)
+    made = store.from_source("ldap")
+    for user, dn in made:
+        try:
+            there = directory.still_there(dn)
+        except DirectoryUnavailable as exc:
+            raise AccountCommandFailed(f"{exc}; nothing was changed for {user.name} and the rest") from None
+        if not there:
+            keys = store.cut_off(user.id)
+            print(f"{user.name}: gone from the directory ({dn}); their logins ended and {keys} API key(s) revoked.")
+    print(f"Asked the directory about {len(made)} account(s).")
 
 
 def _keys(accounts: Accounts, args: argparse.Namespace) -> None:

@@ -67,3 +67,9 @@ def directory(folder: Path, port: int, ldif: str) -> Iterator[str]:
     finally:
         server.terminate()
         server.wait(10)
+
+
+def remove(url: str, dn: str) -> None:
+    """Delete an entry, as the directory's admin does when someone leaves."""
+    subprocess.run(["ldapdelete", "-x", "-H", url, "-D", ADMIN_DN, "-w", ADMIN_PASSWORD, dn], check=True,
+                   capture_output=True)

@@ -15,9 +15,9 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from ldap3 import NONE, SUBTREE, Connection, Server
+from ldap3 import BASE, NONE, SUBTREE, Connection, Server
 from ldap3.core.exceptions import (LDAPBindError, LDAPException, LDAPInvalidCredentialsResult,
-                                   LDAPSocketOpenError)
+                                   LDAPNoSuchObjectResult, LDAPSocketOpenError)
 from ldap3.utils.conv import escape_filter_chars
 
 from serge.accounts.provision import Identity, groups_of, user_names
@@ -87,7 +87,12 @@ class LdapSignIn:
         return Identity(ExternalUser(source=SOURCE, external_id=external, names=user_names(name, external),
                                      email=email, admin=admin), groups)
 
-    def _search(self, base: str, query: str, attributes: list[str]) -> list[tuple[str, dict]]:
+    def still_there(self, dn: str) -> bool:
+        """Whether the entry `dn` is still one that may sign in: present, and matching the user filter (with any
+        name), so an entry removed, or disabled by a condition of the filter, is not."""
+        return len(self._search(dn, self.config.user_filter.replace("{name}", "*"), [], scope=BASE)) == 1
+
+    def _search(self, base: str, query: str, attributes: list[str], scope=SUBTREE) -> list[tuple[str, dict]]:
         try:
             connection = self._connect(self.config.bind_dn, self.config.bind_password)
         except LDAPSocketOpenError as exc:
@@ -96,8 +101,11 @@ class LdapSignIn:
             raise DirectoryUnavailable(f"the directory refused Serge's search account (SERGE_LDAP_BIND_DN): "
                                        f"{exc}") from None
         try:
-            connection.search(base, query, SUBTREE, attributes=attributes, size_limit=1000)
+            connection.search(base, query, scope, attributes=attributes, size_limit=1000)
             return [(e["dn"], e["attributes"]) for e in connection.response if e.get("type") == "searchResEntry"]
+        except LDAPNoSuchObjectResult:  # the base is gone: nothing under it
+            log.warning("LDAP: %s is not in the directory", base)
+            return []
         except LDAPException as exc:
             raise DirectoryUnavailable(f"searching the directory failed: {exc}") from None
         finally:

@@ -12,13 +12,13 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from datetime import timedelta
 
-from sqlalchemy import delete, func, select
+from sqlalchemy import delete, func, select, update
 from sqlalchemy.exc import IntegrityError
 
 from serge.store.accounts import UserRecord
 from serge.store.chats import new_id
 from serge.store.db import Database
-from serge.store.tables import PendingSignIn, User, now
+from serge.store.tables import ApiKey, LoginSession, PendingSignIn, User, now
 
 NO_PASSWORD = "!"  # not an argon2 hash: a password never matches it
 
@@ -71,6 +71,20 @@ class SignInStore:
             return PendingRecord(row.nonce, row.code_verifier, row.redirect_uri, row.next)
 
     # --- the accounts they end in --------------------------------------------------
+    def from_source(self, source: str) -> list[tuple[UserRecord, str]]:
+        """Every account a source made, with who it is there (its external id without the source)."""
+        with self.db.session() as session:
+            rows = session.scalars(select(User).where(User.signed_in_by == source).order_by(User.name))
+            return [(UserRecord.of(r), (r.external_id or "").removeprefix(f"{source}:")) for r in rows]
+
+    def cut_off(self, user_id: str) -> int:
+        """End every login of a user and revoke their API keys (gone at their provider); the keys revoked."""
+        with self.db.session() as session, session.begin():
+            session.execute(delete(LoginSession).where(LoginSession.user_id == user_id))
+            revoked = session.execute(update(ApiKey).where(ApiKey.user_id == user_id, ApiKey.revoked_at.is_(None))
+                                      .values(revoked_at=now()))
+            return revoked.rowcount or 0
+
     def find(self, external_id: str) -> UserRecord | None:
         with self.db.session() as session:
             row = session.scalar(select(User).where(User.external_id == external_id))
