@@ -1,9 +1,9 @@
-"""What the request being served may not use, carried in its context: the models and presets shared only with
-groups its user is not in (`serge.store.shares`).
+"""What the request being served may not use, carried in its context: the models, presets and MCP tool servers
+shared only with groups its user is not in (`serge.store.groups`).
 
 The web layer sets it once per request, from the user it resolved (`hiding`), as it sets the engine's party;
-the places that turn a name into a model or a preset read it (`hidden`): the engine's name resolution and
-listing, and the presets'. So a hidden name is absent from every list and unknown on every dialect, in each
+the places that turn a name into a model, a preset or a tool server read it (`hidden`): the engine's name
+resolution and listing, the presets' and the tool servers'. So a hidden name is absent from every list and unknown on every dialect, in each
 one's own 404. Outside a request (the CLI, the indexer, a reply's own thread) nothing is hidden. It knows
 nothing of users, groups or the database.
 """
@@ -14,7 +14,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
 
-KINDS = ("model", "preset")
+KINDS = ("model", "preset", "tool_server")
 _NOTHING: Mapping[str, frozenset[str]] = {}
 _HIDDEN: ContextVar[Mapping[str, frozenset[str]]] = ContextVar("serge_hidden", default=_NOTHING)
 

@@ -27,13 +27,13 @@ def add_parsers(sub, data_dir_flag) -> None:
     for p in (join, leave):
         p.add_argument("name")
         p.add_argument("user")
-    share = gsub.add_parser("share", help="share a model or preset with the group: from then on only the groups "
+    share = gsub.add_parser("share", help="share a model, preset or tool server with the group: from then on only the groups "
                             "it is shared with (and admins) see and use it")
     unshare = gsub.add_parser("unshare", help="stop sharing it with the group (shared with none: everyone's again)")
     for p in (share, unshare):
         p.add_argument("name", help="the group")
-        p.add_argument("kind", choices=["model", "preset"])
-        p.add_argument("thing", metavar="MODEL_OR_PRESET")
+        p.add_argument("kind", choices=["model", "preset", "tool_server"])
+        p.add_argument("thing", metavar="NAME", help="the model's, preset's or MCP tool server's name")
     shares = gsub.add_parser("shares", help="list what is shared with which groups (the rest is everyone's)")
     for p in (listing, add, rm, join, leave, share, unshare, shares):
         data_dir_flag(p)

@@ -101,4 +101,5 @@ def test_the_docs_commands_run_as_written(cli, tmp_path):
         ran = serge(cli, data, *shlex.split(line)[1:])
         assert ran.returncode == 0, (line, ran.stderr)
         if line.endswith("groups shares"):
-            assert ran.stdout.split() == ["model", "smollm2-135m-instruct", "ml-team", "preset", "reviewer", "ml-team"]
+            assert ran.stdout.split() == ["model", "smollm2-135m-instruct", "ml-team", "preset", "reviewer", "ml-team",
+                                          "tool_server", "clock", "ml-team"]

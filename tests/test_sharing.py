@@ -13,7 +13,9 @@ import httpx
 import pytest
 from conftest import own_server
 
+from serge.cli import main as serge_main
 from serge.engine import Engine, SchedulerLimits
+from test_chat_tools import script
 from serge.engine.metrics import EngineMetrics
 
 OPEN, SHARED = "standin", "team-model"
@@ -48,6 +50,7 @@ def login(url: str, name: str) -> httpx.Client:
 @pytest.fixture(scope="module")
 def site(settings, engine, tmp_path_factory):
     folder = tmp_path_factory.mktemp("sharing")
+    serge_main(["mcp", "add", "team-tools", "--data-dir", str(folder), "--", *script("t", "echo")])
     with own_server(settings, engine, folder) as url:
         with httpx.Client(base_url=url) as local:  # the first account, made on this machine, is an admin
             assert local.post("/api/users", json={"name": "root", "password": PASSWORDS["root"]}).status_code == 201
@@ -60,6 +63,7 @@ def site(settings, engine, tmp_path_factory):
                                                    "system_prompt": "Be brief."}).status_code == 201
             assert root.put(f"/api/groups/ml/shares/model/{SHARED}").status_code == 200
             assert root.put("/api/groups/ml/shares/preset/team-helper").status_code == 200
+            assert root.put("/api/groups/ml/shares/tool_server/team-tools").status_code == 200
         with closing(login(url, "ada")) as ada, closing(login(url, "bo")) as bo:
             yield {"url": url, "ada": ada, "bo": bo}
 
@@ -140,3 +144,14 @@ def test_only_admins_share_and_an_unshared_model_is_everyones_again(site):
             assert bo.post(path, json=body(SHARED)).status_code == 200
         finally:
             assert root.put(f"/api/groups/ml/shares/model/{SHARED}").status_code == 200
+
+
+def test_a_tool_server_shared_with_a_group_is_theirs_to_tick_and_unknown_to_everyone_else(site):
+    ada, bo = site["ada"], site["bo"]
+    assert "team-tools" in [s["name"] for s in ada.get("/api/tools").json()["servers"]]
+    assert "team-tools" not in [s["name"] for s in bo.get("/api/tools").json()["servers"]]
+    assert ada.post("/api/chats", json={"tools": ["team-tools"]}).status_code == 201
+    refused = bo.post("/api/chats", json={"tools": ["team-tools"]})
+    assert refused.status_code == 400 and refused.json()["error"]["code"] == "tool_server_not_found"
+    assert "team-tools" not in refused.json()["error"]["message"].replace("'team-tools'", "")
+    assert "team-tools" not in bo.get("/", headers={"Accept": "text/html"}).text

@@ -3,7 +3,7 @@
 A group's name is 1-100 printable characters (a provider's names are kept as it spells them, so
 "Staff" and "staff" are two groups). An admin makes, removes and fills groups (page-less for now:
 `serge groups`, `/api/groups`); a sign-in with a provider sets the person's groups of that provider
-from its claim. A model or preset shared with groups is only theirs (and admins'); the request's
+from its claim. A model, preset or MCP tool server shared with groups is only theirs (and admins'); the request's
 context then hides it from everyone else (`serge.access`). Nothing here knows about HTTP.
 """
 
@@ -28,14 +28,14 @@ def check_group_name(name: str) -> str:
 
 def _kind(kind: str) -> str:
     if kind not in KINDS:
-        raise InvalidAccountInput(f"{kind!r} cannot be shared; share a {' or a '.join(KINDS)}", "kind")
+        raise InvalidAccountInput(f"{kind!r} cannot be shared; share a {', a '.join(KINDS)}", "kind")
     return kind
 
 
 def _thing(name: str) -> str:
     cleaned = name.strip()
     if not 0 < len(cleaned) <= 200 or not cleaned.isprintable():
-        raise InvalidAccountInput("a model's or preset's name is 1 to 200 printable characters", "name")
+        raise InvalidAccountInput("a model's, preset's or tool server's name is 1 to 200 printable characters", "name")
     return cleaned
 
 

@@ -3,7 +3,7 @@
 A group is made by an admin (source "serge") or first named by an identity provider at a sign-in
 ("oidc"); `sync` sets a user's groups from a provider's list in one transaction: it joins every
 group the list names (making the missing ones, of that source) and leaves the groups of that source
-it no longer names, never an admin's own group. A model or preset shared with groups is theirs only
+it no longer names, never an admin's own group. A model, preset or tool server shared with groups is theirs only
 (`hidden_from` says what a user may not use); one shared with none is everyone's. It decides nothing
 about what makes a good name.
 """

@@ -1,4 +1,5 @@
-"""The admins' Groups page: make and remove groups, put users in them, share models and presets with them.
+"""The admins' Groups page: make and remove groups, put users in them, share models, presets and tool servers
+with them.
 
 Server-rendered forms that work without script, as the Users page's; every change answers with the page
 and what changed or went wrong (a 4xx with the reason). The rules live in `serge.accounts.groups`; HTTP only.
