@@ -83,6 +83,7 @@ def test_a_person_signs_in_through_the_providers_pages_chats_and_signs_out_of_bo
     expect(page.locator("#sidebar .user-menu")).to_contain_text("Signed in as ada")
     me = page.request.get(site + "/api/me").json()
     assert (me["name"], me["email"], me["signed_in_by"], me["admin"]) == ("ada", "ada@example.org", "oidc", False)
+    assert me["groups"] == ["staff"]  # from the provider's groups claim
 
     start_chat(page, site, "Say hello.", 8)
     reply = page.locator('[data-role="assistant"]').first

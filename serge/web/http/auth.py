@@ -8,7 +8,7 @@ are refused. Once any account exists, everything but the login page, static
 files, the health status and the metrics (whose routes decide what to show)
 needs one of the two: a page sends the browser to /login, anything else gets
 401. What a user may see is not decided here: routes pass the user's id to the
-chat service as the owner of every query, and the models and presets shared only with groups
+chat service as the owner of every query, and the models, presets and tool servers shared only with groups
 the user is not in are hidden for the request (`serge.access`). Everything the engine does for the
 request counts as that user's (or, without accounts, the client address's) in its
 fair share (`party`).
