@@ -4,8 +4,9 @@ shared only with groups its user is not in (`serge.store.groups`).
 The web layer sets it once per request, from the user it resolved (`hiding`), as it sets the engine's party;
 the places that turn a name into a model, a preset or a tool server read it (`hidden`): the engine's name
 resolution and listing, the presets' and the tool servers'. So a hidden name is absent from every list and unknown on every dialect, in each
-one's own 404. Outside a request (the CLI, the indexer, a reply's own thread) nothing is hidden. It knows
-nothing of users, groups or the database.
+one's own 404. Outside a request (the CLI, the indexer, a reply's own thread) nothing is hidden. It also
+carries who is acting (`acting`), which the audit log records with each admin action. It knows nothing
+of users, groups or the database.
 """
 
 from __future__ import annotations
@@ -36,3 +37,26 @@ def hidden(kind: str) -> frozenset[str]:
 
 def is_hidden(kind: str, name: str | None) -> bool:
     return name is not None and name.lower() in hidden(kind)
+
+
+_ACTOR: ContextVar[str] = ContextVar("serge_actor", default="serge")
+
+
+@contextmanager
+def acting(name: str) -> Iterator[None]:
+    """Inside this block, what is changed is changed by `name` (a user's name, or `cli:LOGIN`), for the audit log."""
+    token = _ACTOR.set(name)
+    try:
+        yield
+    finally:
+        _ACTOR.reset(token)
+
+
+def act_as(name: str) -> None:
+    """For a process that is one actor from start to end (the `serge` command): all it changes is `name`'s."""
+    _ACTOR.set(name)
+
+
+def actor() -> str:
+    """Who the request being served is, for the audit log; "serge" outside any (Serge itself)."""
+    return _ACTOR.get()

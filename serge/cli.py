@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import getpass
 import os
 import logging
 import signal
@@ -28,6 +29,7 @@ from serge.cli_models import add_parsers as add_model_parsers
 from serge.cli_models import run as run_model_command
 from serge.cli_presets import PresetCommandFailed
 from serge.cli_presets import add_parsers as add_preset_parsers
+from serge.access import act_as
 from serge.settings import Settings
 
 
@@ -107,6 +109,7 @@ def main(argv: list[str] | None = None) -> None:
     for chatty in ("httpx", "httpx2", "huggingface_hub"):  # a line per request, over the progress bar
         logging.getLogger(chatty).setLevel(logging.WARNING)
 
+    act_as(f"cli:{_login()}")  # what the command changes is this login's, in the audit log
     try:
         settings = _settings(args)
         from serge.store.db import private_dir
@@ -123,6 +126,13 @@ def main(argv: list[str] | None = None) -> None:
         _fail(f"invalid setting: {errors}")
     except (CliError, AccountCommandFailed, ToolCommandFailed, PresetCommandFailed) as exc:
         _fail(str(exc))
+
+
+def _login() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # no name for this uid (a container)
+        return str(os.getuid())
 
 
 def _with_engine(settings: Settings, args: argparse.Namespace) -> None:

@@ -140,6 +140,7 @@ def _users(accounts: Accounts, args: argparse.Namespace) -> None:
 
 def _sync(settings: Settings, accounts: Accounts) -> None:
     from serge.accounts.ldap import DirectoryUnavailable, ldap_sign_in
+    from serge.store.audit import note
     from serge.store.sign_ins import SignInStore
 
     directory = ldap_sign_in(settings)
@@ -154,6 +155,7 @@ def _sync(settings: Settings, accounts: Accounts) -> None:
             raise AccountCommandFailed(f"{exc}; nothing was changed for {user.name} and the rest") from None
         if not there:
             keys = store.cut_off(user.id)
+            note(accounts.store.db, "user.cut_off", f"{user.name} (gone from the directory; {keys} API key(s) revoked)")
             print(f"{user.name}: gone from the directory ({dn}); their logins ended and {keys} API key(s) revoked.")
     print(f"Asked the directory about {len(made)} account(s).")
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from serge.store.audit import note
 from serge.access import KINDS
 from serge.accounts.service import InvalidAccountInput, check_name
 from serge.store.accounts import UserRecord
@@ -44,10 +45,13 @@ class Groups:
         self.store = store
 
     def add(self, name: str) -> GroupRecord:
-        return self.store.add(check_group_name(name))
+        made = self.store.add(check_group_name(name))
+        note(self.store.db, "group.add", made.name)
+        return made
 
     def remove(self, name: str) -> None:
         self.store.remove(check_group_name(name))
+        note(self.store.db, "group.remove", check_group_name(name))
 
     def groups(self) -> list[GroupRecord]:
         return self.store.groups()
@@ -57,17 +61,21 @@ class Groups:
 
     def join(self, name: str, user_name: str) -> GroupRecord:
         self.store.join(check_group_name(name), check_name(user_name))
+        note(self.store.db, "group.join", f"{check_name(user_name)} in {check_group_name(name)}")
         return self.store.group(check_group_name(name))
 
     def leave(self, name: str, user_name: str) -> GroupRecord:
         self.store.leave(check_group_name(name), check_name(user_name))
+        note(self.store.db, "group.leave", f"{check_name(user_name)} out of {check_group_name(name)}")
         return self.store.group(check_group_name(name))
 
     def share(self, kind: str, name: str, group: str) -> None:
         self.store.share(_kind(kind), _thing(name), check_group_name(group))
+        note(self.store.db, "share", f"{kind} {_thing(name)} with {check_group_name(group)}")
 
     def unshare(self, kind: str, name: str, group: str) -> None:
         self.store.unshare(_kind(kind), _thing(name), check_group_name(group))
+        note(self.store.db, "unshare", f"{kind} {_thing(name)} from {check_group_name(group)}")
 
     def shares(self) -> list[tuple[str, str, str]]:
         return self.store.shares()

@@ -20,6 +20,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+from serge.store.audit import note
 from serge.access import is_hidden
 from serge.chats.checks import MAX_SYSTEM_PROMPT_CHARS, InvalidChatInput, check_settings, check_text
 from serge.chats.documents import ChatDocuments
@@ -152,10 +153,13 @@ class Presets:
         mine = [p for p in self.store.list(user) if p.shared == shared and (shared or p.owner == user)]
         if len(mine) >= MAX_PRESETS:
             raise InvalidPresetInput(f"there are {MAX_PRESETS} presets there, the limit; delete one first", "name")
-        return self.store.create(
+        made = self.store.create(
             name=name, owner=None if shared else user, author=user, model=self._check_model(model),
             system_prompt=check_text(system_prompt, "system_prompt", MAX_SYSTEM_PROMPT_CHARS) or None,
             settings=check_settings(settings), knowledge=self._collections(user, knowledge), tools=_tools(tools))
+        if shared:  # for everyone: an admin's action, in the audit log
+            note(self.store.db, "preset.add", f"{made.name} (on {made.model})")
+        return made
 
     def list(self, user: str) -> list[PresetView]:
         return [PresetView(p, self._state(p)) for p in self.store.list(user) if not is_hidden("preset", p.name)]
@@ -203,11 +207,16 @@ class Presets:
             checked["knowledge"], checked["author"] = self._collections(user, changes["knowledge"]), user
         if "tools" in changes:
             checked["tools"] = _tools(changes["tools"])
-        return self.store.update(user, preset_id, **checked)
+        changed = self.store.update(user, preset_id, **checked)
+        if changed.shared:
+            note(self.store.db, "preset.update", f"{changed.name}: {', '.join(sorted(checked))}")
+        return changed
 
     def delete(self, user: str, admin: bool, preset_id: str) -> None:
-        self._changeable(user, admin, preset_id)
+        preset = self._changeable(user, admin, preset_id)
         self.store.delete(user, preset_id)
+        if preset.shared:
+            note(self.store.db, "preset.remove", preset.name)
 
     # --- a chat's export --------------------------------------------------------------
     def exported(self, user: str, name: str | None) -> dict | None:

@@ -207,6 +207,18 @@ class Share(Base):
                                           index=True)
 
 
+class AuditEntry(Base):
+    """An admin action: who, what, on what, when (users, groups, shares, quotas, tool servers, presets, models)."""
+
+    __tablename__ = "audit_log"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    at: Mapped[datetime] = mapped_column(UTCDateTime, index=True)
+    actor: Mapped[str] = mapped_column(String(100))
+    action: Mapped[str] = mapped_column(String(64))
+    target: Mapped[str] = mapped_column(String(500))
+
+
 class PendingSignIn(Base):
     """A sign-in sent to an identity provider and not yet back: used once, by the state it was sent with."""
 

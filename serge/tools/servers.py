@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
+from serge.store.audit import note
 from serge.access import is_hidden
 from serge.store import ToolServerExists, ToolServerMissing, ToolServerRecord, ToolServerStore
 from serge.tools.session import ServerSession
@@ -68,15 +69,18 @@ class ToolServers:
         """Keep a server (a stdio command or a URL); `ToolServerError` says what is wrong with it."""
         check_registration(name, command, url, headers or {}, env or {})
         try:
-            return self.store.add(name, command=command, url=url, headers=headers, env=env, admins_only=admins_only)
+            added = self.store.add(name, command=command, url=url, headers=headers, env=env, admins_only=admins_only)
         except ToolServerExists as exc:
             raise ToolServerError(str(exc)) from None
+        note(self.store.db, "tool_server.add", f"{name}{' (admins only)' if admins_only else ''}")  # never its secrets
+        return added
 
     async def unregister(self, name: str) -> None:
         try:
             self.store.remove(name)
         except ToolServerMissing as exc:
             raise ToolServerNotFound(str(exc)) from None
+        note(self.store.db, "tool_server.remove", name)
         if session := self._sessions.pop(name, None):
             await session.close()
 

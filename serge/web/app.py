@@ -35,7 +35,9 @@ from serge.accounts.oidc import open_id_sign_in
 from serge.accounts.groups import Groups
 from serge.accounts.ldap import ldap_sign_in
 from serge.accounts.proxy import ProxySignIn
+from serge.store.audit import AuditStore
 from serge.store.groups import GroupStore
+from serge.web.api.audit import router as audit_router
 from serge.web.api.groups import router as groups_router
 from serge.web.pages.groups import router as group_pages
 from serge.store.sign_ins import SignInStore
@@ -97,6 +99,7 @@ def build_app(settings: Settings, engine: Engine) -> FastAPI:
                                            timedelta(days=settings.session_days))
         app.state.sign_ins = SignInStore(database, settings.new_users_pending)
         app.state.groups = Groups(GroupStore(database))
+        app.state.audit = AuditStore(database)  # admin actions: who did what, when
         app.state.oidc = open_id_sign_in(settings, app.state.sign_ins)  # None unless SERGE_OIDC_ISSUER is set
         app.state.proxy_sign_in = ProxySignIn(settings.proxy_user_header, settings.proxy_user_from,
                                               app.state.sign_ins) if settings.proxy_user_header else None
@@ -174,6 +177,7 @@ def build_app(settings: Settings, engine: Engine) -> FastAPI:
     app.include_router(me_router)
     app.include_router(groups_router)
     app.include_router(group_pages)
+    app.include_router(audit_router)
     app.include_router(build_usage_pages())
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
     mcp = install_mcp(app)  # /mcp: the user's knowledge, for other agents

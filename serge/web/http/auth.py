@@ -26,7 +26,7 @@ from fastapi.responses import JSONResponse, RedirectResponse
 from starlette.concurrency import run_in_threadpool
 
 from serge.accounts import LOCAL_USER, Accounts, InvalidAccountInput, LoginSessions
-from serge.access import hiding
+from serge.access import acting, hiding
 from serge.engine.party import asking
 from serge.store import DatabaseUnavailable, UserRecord
 from serge.web.http.errors import ApiError, error_body, problem
@@ -182,7 +182,7 @@ class Authenticate:
         scope["state"]["key_id"] = key_id  # for the request log
         hidden = {} if user is None or user is LOCAL_USER or user.admin else \
             await run_in_threadpool(state.groups.hidden_from, user)  # shared only with groups they are not in
-        with asking(party(user, scope)), hiding(hidden):  # all the engine does for this request is this party's
+        with asking(party(user, scope)), hiding(hidden), acting(user.name if user is not None else "anonymous"):
             if user is None or user is LOCAL_USER or path in OPEN_PATHS:
                 return await self.app(scope, receive, send)
             return await self._metered(user, scope, receive, send)

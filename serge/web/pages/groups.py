@@ -1,5 +1,5 @@
 """The admins' Groups page: make and remove groups, put users in them, share models, presets and tool servers
-with them.
+with them; and their Audit log page.
 
 Server-rendered forms that work without script, as the Users page's; every change answers with the page
 and what changed or went wrong (a 4xx with the reason). The rules live in `serge.accounts.groups`; HTTP only.
@@ -93,3 +93,12 @@ def share(name: str, request: Request, kind: Text = "", thing: Text = ""):
 def unshare(name: str, kind: str, thing: str, request: Request):
     return _change(request, lambda g: g.unshare(kind, thing, name), f"The {kind} {thing} is no longer shared with "
                    f"{name}.")
+
+
+@router.get("/admin/audit")
+def audit_page(request: Request):
+    """The audit log (admins): who did what, when; the CSV is /api/audit.csv."""
+    user = current_user(request)
+    return templates.TemplateResponse(request, "audit.html", {
+        "user": user, "local": user is LOCAL_USER, "version": __version__, "forbidden": not user.admin,
+        "entries": request.app.state.audit.entries(500) if user.admin else []}, status_code=200 if user.admin else 403)

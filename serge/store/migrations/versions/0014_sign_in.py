@@ -12,7 +12,8 @@ sign-in finds its account by it and never by a name; `users.pending`: made at a 
 waiting for an admin's approval (SERGE_NEW_USERS_PENDING). `pending_sign_ins` holds one row per
 sign-in sent to the provider (its state's hash, nonce and PKCE verifier), taken once at the callback.
 `user_groups` and `group_members`: groups of users, made by admins or named by a provider; `shares`:
-a model or preset shared with groups (none: everyone's, as before).
+a model, preset or tool server shared with groups (none: everyone's, as before); `audit_log`: admin
+actions, who did what when.
 """
 
 import sqlalchemy as sa
@@ -63,9 +64,19 @@ def upgrade() -> None:
         sa.Column("group_id", sa.String(32), sa.ForeignKey("user_groups.id", ondelete="CASCADE"), primary_key=True),
     )
     op.create_index("ix_shares_group_id", "shares", ["group_id"])
+    op.create_table(
+        "audit_log",
+        sa.Column("id", sa.String(32), primary_key=True),
+        sa.Column("at", UTCDateTime, nullable=False),
+        sa.Column("actor", sa.String(100), nullable=False),
+        sa.Column("action", sa.String(64), nullable=False),
+        sa.Column("target", sa.String(500), nullable=False),
+    )
+    op.create_index("ix_audit_log_at", "audit_log", ["at"])
 
 
 def downgrade() -> None:
+    op.drop_table("audit_log")
     op.drop_table("shares")
     op.drop_table("group_members")
     op.drop_table("user_groups")
