@@ -126,6 +126,9 @@ def test_what_is_not_shared_with_them_is_absent_from_every_list_and_the_page(sit
     page = bo.get("/", headers={"Accept": "text/html"}).text
     assert SHARED not in page and "team-helper" not in page
     assert bo.post("/api/show", json={"model": SHARED}).status_code == 404
+    helper = next(p for p in site["ada"].get("/api/presets").json()["data"] if p["name"] == "team-helper")
+    assert bo.get(f"/api/presets/{helper['id']}").status_code == 404
+    assert site["ada"].get(f"/api/presets/{helper['id']}").status_code == 200
 
 
 def test_only_admins_share_and_an_unshared_model_is_everyones_again(site):

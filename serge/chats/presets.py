@@ -180,6 +180,8 @@ class Presets:
 
     def get(self, user: str, preset_id: str) -> PresetView:
         preset = self.store.get(user, preset_id)
+        if is_hidden("preset", preset.name):  # shared only with groups the user is not in: as if it were not there
+            raise PresetNotFound(f"there is no preset {preset_id!r}")
         return PresetView(preset, self._state(preset))
 
     def _changeable(self, user: str, admin: bool, preset_id: str) -> PresetRecord:
