@@ -5,6 +5,7 @@ MODEL ?= smollm2-135m-instruct
 EMBEDDING_MODEL ?= all-minilm-l6-v2
 VENV := .venv
 BIN := $(VENV)/bin
+OIDC_PROVIDER := tests/oidc/node_modules/.installed
 
 .PHONY: run test model install install-dev bench loadtest clean FORCE
 
@@ -21,9 +22,15 @@ TEST_WORKERS ?= $(shell n=$$(getconf _NPROCESSORS_ONLN 2>/dev/null || nproc); ec
 # one): llama.cpp sums a lone reply's attention in per-thread parts past 256 cells, which one thread never shows.
 TWO_THREAD_TESTS := tests/test_batching.py tests/test_shared_prefix_real.py
 
-test: install-dev model
+test: install-dev model $(OIDC_PROVIDER)
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 	OMP_NUM_THREADS=2 SERGE_TORCH_THREADS=2 $(BIN)/python -m pytest -q -p no:cacheprovider $(TWO_THREAD_TESTS)
+
+# npm's oidc-provider, pinned, for the OpenID Connect sign-in test in Chromium (tests/oidc); without npm that
+# test is skipped and says why.
+$(OIDC_PROVIDER): tests/oidc/package-lock.json
+	@if command -v npm >/dev/null; then npm ci --prefix tests/oidc --no-audit --no-fund --silent && touch $@; \
+	else echo "npm is not installed: the OpenID Connect browser test will be skipped"; fi
 
 bench: install-dev model
 	$(BIN)/python -m pip install --quiet -e ".[dev,bench]"

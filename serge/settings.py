@@ -12,9 +12,10 @@ import ipaddress
 import os
 import re
 from pathlib import Path
+from urllib.parse import urlsplit
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 
@@ -65,6 +66,20 @@ def _names(value):
 
 
 NameList = Annotated[list[str], NoDecode]
+
+
+def check_addresses(value: str) -> str:
+    """SERGE_PROXY_USER_FROM: addresses or networks, comma-separated; never `*` (anyone could name anyone)."""
+    for part in (p.strip() for p in value.split(",")):
+        if part == "*":
+            raise ValueError("SERGE_PROXY_USER_FROM may not be *: anyone who reaches Serge could say who they are; "
+                             "name the proxy's own addresses")
+        try:
+            ipaddress.ip_network(part)  # strict, as uvicorn reads it
+        except ValueError:
+            raise ValueError(f"{part!r} in SERGE_PROXY_USER_FROM is not an address or network "
+                             "(192.0.2.7, 10.0.0.0/8, ::1)") from None
+    return value
 
 
 class RemoteModel(BaseModel):
@@ -229,6 +244,65 @@ class Settings(BaseSettings):
                     "X-Forwarded-Proto headers are believed.",
     )
 
+    public_url: str | None = Field(
+        None, description="The URL people reach Serge at (https://serge.example), when a proxy stands between; an "
+        "identity provider sends them back to it. Default: the URL the browser used.",
+    )
+    oidc_issuer: str | None = Field(
+        None, description="OpenID Connect: the provider's issuer URL (https://id.example/realms/staff); setting it "
+        "puts a sign-in button on the login page (docs/sign-in-oidc.md).",
+    )
+    oidc_client_id: str | None = Field(None, description="OpenID Connect: Serge's client id at the provider.")
+    oidc_client_secret: SecretStr | None = Field(
+        None, description="OpenID Connect: the client's secret (none for a public client; PKCE is always used).")
+    oidc_provider_name: str = Field("single sign-on", max_length=60,
+                                    description='OpenID Connect: the button says "Sign in with" this.')
+    oidc_scopes: str = Field("openid profile email", description="OpenID Connect: the scopes asked for, "
+                             "space-separated; add the one that brings the groups claim where the provider needs it.")
+    oidc_name_claim: str = Field("preferred_username", description="OpenID Connect: the claim that names the "
+                                 "user (else the email's local part).")
+    oidc_email_claim: str = Field("email", description="OpenID Connect: the claim with the user's email.")
+    oidc_groups_claim: str = Field("groups", description="OpenID Connect: the claim that lists the user's groups.")
+    oidc_admin_claim: str | None = Field(
+        None, description="OpenID Connect: the claim that makes a user an admin at each sign-in when it is (or "
+        "lists) OIDC_ADMIN_VALUE; unset: admins are made by hand.",
+    )
+    oidc_admin_value: str = Field("true", description="OpenID Connect: the admin claim's value (or one of its "
+                                  "list's) that makes an admin; true matches a JSON true.")
+
+    ldap_url: str | None = Field(
+        None, description="LDAP: the directory (ldap://ldap.example or ldaps://...); setting it lets the login page's "
+        "password form sign people in with their directory password (docs/sign-in-ldap.md).",
+    )
+    ldap_user_base: str = Field("", description="LDAP: where people's entries are (ou=people,dc=example,dc=org).")
+    ldap_user_filter: str = Field("(uid={name})", description="LDAP: the filter that finds one person's entry; "
+                                  "{name} is the login name, escaped.")
+    ldap_bind_dn: str | None = Field(None, description="LDAP: the account Serge searches with; unset: anonymously.")
+    ldap_bind_password: SecretStr | None = Field(None, description="LDAP: that account's password.")
+    ldap_email_attribute: str = Field("mail", description="LDAP: the attribute with a person's email.")
+    ldap_group_base: str | None = Field(None, description="LDAP: where groups are (ou=groups,dc=example,dc=org); "
+                                        "unset: groups are not read from the directory.")
+    ldap_group_filter: str = Field("(member={dn})", description="LDAP: the filter that finds a person's groups; "
+                                   "{dn} is their entry's DN, escaped.")
+    ldap_group_name_attribute: str = Field("cn", description="LDAP: the attribute that names a group.")
+    ldap_admin_group: str | None = Field(None, description="LDAP: members of this directory group are admins "
+                                         "(set at each sign-in); unset: admins are made by hand.")
+    ldap_start_tls: bool = Field(False, description="LDAP: upgrade an ldap:// connection with StartTLS.")
+
+    new_users_pending: bool = Field(
+        False, description="Accounts made at a first sign-in (OpenID Connect, LDAP, a proxy's header) wait for an "
+        "admin's approval (the Users page, `serge users approve NAME`) before they may use anything.",
+    )
+    proxy_user_header: str | None = Field(
+        None, pattern=r"^[A-Za-z0-9-]{1,100}$", description="A header that names the signed-in person, set by a "
+        "proxy that signs people in (X-Forwarded-Email for oauth2-proxy, Remote-User for Authelia); believed only "
+        "from PROXY_USER_FROM (docs/sign-in-proxy.md).",
+    )
+    proxy_user_from: str | None = Field(
+        None, description="Comma-separated addresses or networks of the proxy whose PROXY_USER_HEADER is believed "
+        "(the connection's own address); from any other, the header is ignored.",
+    )
+
     allowed_hosts: NameList = Field(
         default_factory=list,
         description="Host names Serge answers to besides localhost and the address it listens on (any IP address "
@@ -258,6 +332,40 @@ class Settings(BaseSettings):
                 raise ValueError(f"{origin!r} is not a web origin; write each as scheme://host[:port], "
                                  "e.g. https://app.example")
         return origins
+
+    @field_validator("public_url", "oidc_issuer")
+    @classmethod
+    def _web_url(cls, value: str | None) -> str | None:
+        if value is None or not value.strip():
+            return None
+        value = value.strip()
+        parsed = urlsplit(value)
+        loopback = parsed.hostname in ("localhost", "127.0.0.1", "::1")
+        if parsed.scheme != "https" and not (parsed.scheme == "http" and loopback) or not parsed.hostname \
+                or parsed.query or parsed.fragment:
+            raise ValueError(f"{value!r} is not an https:// URL (plain http only on this machine: 127.0.0.1, "
+                             "localhost), without a query")
+        return value
+
+    @model_validator(mode="after")
+    def _oidc_complete(self):
+        if self.oidc_issuer and not self.oidc_client_id:
+            raise ValueError("SERGE_OIDC_ISSUER is set but SERGE_OIDC_CLIENT_ID is not; set both (docs/sign-in-oidc.md)")
+        if self.ldap_url:
+            scheme = urlsplit(self.ldap_url).scheme
+            if scheme not in ("ldap", "ldaps") or not self.ldap_user_base.strip():
+                raise ValueError("SERGE_LDAP_URL must be ldap:// or ldaps://, with SERGE_LDAP_USER_BASE set "
+                                 "(docs/sign-in-ldap.md)")
+            if "{name}" not in self.ldap_user_filter:
+                raise ValueError("SERGE_LDAP_USER_FILTER must hold {name}, where the login name goes")
+        if self.proxy_user_header and not self.proxy_user_from:
+            raise ValueError("SERGE_PROXY_USER_HEADER is set but SERGE_PROXY_USER_FROM is not: name the proxy's "
+                             "addresses, the only ones whose header is believed (docs/sign-in-proxy.md)")
+        if self.proxy_user_from:
+            check_addresses(self.proxy_user_from)
+        if self.oidc_issuer and "openid" not in self.oidc_scopes.split():
+            raise ValueError(f"SERGE_OIDC_SCOPES ({self.oidc_scopes!r}) must hold 'openid'")
+        return self
 
     @field_validator("device")
     @classmethod

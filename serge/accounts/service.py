@@ -19,6 +19,7 @@ from datetime import UTC, datetime
 from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError
 
+from serge.store.audit import note
 from serge.store import LOCAL_OWNER, AccountStore, KeyRecord, UserRecord
 
 NAME_PATTERN = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
@@ -93,21 +94,31 @@ class Accounts:
         """The first user is an admin and takes over the chats made before accounts existed."""
         user = self.store.add_user(check_name(name), self._hash(password), admin=admin)
         self._users_exist = True
+        note(self.store.db, "user.add", f"{user.name}{' (admin)' if user.admin else ''}")
         return user
 
     def set_password(self, name: str, password: str, *, keep_keys: bool = False) -> int:
         """Also ends every login session of that user and, unless `keep_keys`, revokes their API keys (a password
         is changed after a compromise, and a key made by whoever knew it must not outlive it); the keys revoked."""
-        return self.store.set_password(check_name(name), self._hash(password), revoke_keys=not keep_keys)
+        revoked = self.store.set_password(check_name(name), self._hash(password), revoke_keys=not keep_keys)
+        note(self.store.db, "user.password", f"{check_name(name)} ({revoked} API key(s) revoked)")
+        return revoked
 
     def remove_user(self, name: str) -> int:
         """Remove a user, their chats, keys and sessions; the number of chats removed."""
         removed = self.store.remove_user(check_name(name))
         self._users_exist = self.store.has_users()
+        note(self.store.db, "user.remove", f"{check_name(name)} ({removed} chat(s))")
         return removed
 
     def users(self) -> list[UserRecord]:
         return self.store.users()
+
+    def approve(self, name: str) -> UserRecord:
+        """Let a user made at a first sign-in, waiting for an admin (SERGE_NEW_USERS_PENDING), use Serge."""
+        approved = self.store.approve(check_name(name))
+        note(self.store.db, "user.approve", approved.name)
+        return approved
 
     def user(self, name: str) -> UserRecord:
         return self.store.user(check_name(name))

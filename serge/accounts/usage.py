@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
 
+from serge.store.audit import note
 from serge.accounts.service import InvalidAccountInput
 from serge.store.usage.ledger import QuotaRecord, UsageCount, UsageFilter, UsageStore, UsageTotal
 
@@ -101,10 +102,13 @@ class Usage:
 
     def set_default_quota(self, quota: QuotaRecord) -> None:
         self.store.set_quota(*DEFAULT, check_quota(quota))
+        note(self.store.db, "quota.set", f"default: {quota}")
 
     def set_user_quota(self, user_id: str, quota: QuotaRecord) -> None:
         """A user's own caps (an empty one: the default applies again)."""
         self.store.set_quota("user", user_id, check_quota(quota))
+        note(self.store.db, "quota.set", f"user {user_id}: {quota}")
 
     def set_key_quota(self, key_id: str, quota: QuotaRecord) -> None:
         self.store.set_quota("key", key_id, check_quota(quota))
+        note(self.store.db, "quota.set", f"key {key_id}: {quota}")

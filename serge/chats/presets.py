@@ -20,6 +20,8 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+from serge.store.audit import note
+from serge.access import is_hidden
 from serge.chats.checks import MAX_SYSTEM_PROMPT_CHARS, InvalidChatInput, check_settings, check_text
 from serge.chats.documents import ChatDocuments
 from serge.chats.knowledge import Knowledge
@@ -112,7 +114,7 @@ class Presets:
         found = self.store.named(user, name)
         if found is None and name.endswith(TAG) and not self._is_model(bare := name[: -len(TAG)]):
             found = self.store.named(user, bare)
-        return found
+        return None if found is not None and is_hidden("preset", found.name) else found  # shared with others only
 
     def base_model(self, preset: PresetRecord) -> str:
         """The library name of the preset's model; PresetModelMissing once it is removed."""
@@ -159,14 +161,17 @@ class Presets:
         mine = [p for p in self.store.list(user) if p.shared == shared and (shared or p.owner == user)]
         if len(mine) >= MAX_PRESETS:
             raise InvalidPresetInput(f"there are {MAX_PRESETS} presets there, the limit; delete one first", "name")
-        return self.store.create(
+        made = self.store.create(
             name=name, owner=None if shared else user, author=user, model=self._check_model(model),
             system_prompt=check_text(system_prompt, "system_prompt", MAX_SYSTEM_PROMPT_CHARS) or None,
             settings=check_settings(settings), knowledge=self._collections(user, knowledge), tools=_tools(tools),
             tool_choice=_tool_choice(tool_choice))
+        if shared:  # for everyone: an admin's action, in the audit log
+            note(self.store.db, "preset.add", f"{made.name} (on {made.model})")
+        return made
 
     def list(self, user: str) -> list[PresetView]:
-        return [PresetView(p, self._state(p)) for p in self.store.list(user)]
+        return [PresetView(p, self._state(p)) for p in self.store.list(user) if not is_hidden("preset", p.name)]
 
     def among(self, user: str, models: Sequence[ModelInfo], *, ready_only: bool = False
               ) -> list[ModelInfo | PresetView]:
@@ -184,6 +189,8 @@ class Presets:
 
     def get(self, user: str, preset_id: str) -> PresetView:
         preset = self.store.get(user, preset_id)
+        if is_hidden("preset", preset.name):  # shared only with groups the user is not in: as if it were not there
+            raise PresetNotFound(f"there is no preset {preset_id!r}")
         return PresetView(preset, self._state(preset))
 
     def _changeable(self, user: str, admin: bool, preset_id: str) -> PresetRecord:
@@ -214,11 +221,16 @@ class Presets:
         if "tool_choice" in changes:
             choice = _tool_choice(changes["tool_choice"])
             checked["tool_choice"] = None if choice == "auto" else choice
-        return self.store.update(user, preset_id, **checked)
+        changed = self.store.update(user, preset_id, **checked)
+        if changed.shared:
+            note(self.store.db, "preset.update", f"{changed.name}: {', '.join(sorted(checked))}")
+        return changed
 
     def delete(self, user: str, admin: bool, preset_id: str) -> None:
-        self._changeable(user, admin, preset_id)
+        preset = self._changeable(user, admin, preset_id)
         self.store.delete(user, preset_id)
+        if preset.shared:
+            note(self.store.db, "preset.remove", preset.name)
 
     # --- a chat's export --------------------------------------------------------------
     def exported(self, user: str, name: str | None) -> dict | None:

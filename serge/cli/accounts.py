@@ -14,6 +14,8 @@ import getpass
 import sys
 from typing import TYPE_CHECKING
 
+from serge.cli.groups import add_parsers as add_group_parsers
+from serge.cli.groups import run as run_groups
 from serge.cli.usage import add_quota_parsers, add_usage_parser, run_quota, run_usage
 from serge.settings import Settings
 
@@ -40,7 +42,12 @@ def add_parsers(sub, data_dir_flag) -> None:
     passwd.add_argument("--keep-keys", action="store_true", help="leave the user's API keys working")
     passwd.add_argument("--password-stdin", action="store_true", help="read the password from stdin (one line)")
     listing = usub.add_parser("list", help="list accounts")
-    for p in (add, rm, passwd, listing):
+    approve = usub.add_parser("approve", help="let a user who waits since their first sign-in use Serge "
+                              "(SERGE_NEW_USERS_PENDING)")
+    approve.add_argument("name")
+    sync = usub.add_parser("sync", help="ask the LDAP directory about every account it made: one whose entry is gone "
+                           "(or no longer matches SERGE_LDAP_USER_FILTER) loses its logins and API keys")
+    for p in (add, rm, passwd, listing, approve, sync):
         data_dir_flag(p)
 
     keys = sub.add_parser("keys", help="create, list, revoke and cap a user's API keys")
@@ -57,6 +64,7 @@ def add_parsers(sub, data_dir_flag) -> None:
         data_dir_flag(p)
     add_quota_parsers(usub, ksub, data_dir_flag)
     add_usage_parser(sub, data_dir_flag)
+    add_group_parsers(sub, data_dir_flag)
 
 
 def open_accounts(settings: Settings) -> Accounts:
@@ -80,6 +88,7 @@ def _password(args: argparse.Namespace) -> str:
 def run(settings: Settings, args: argparse.Namespace) -> None:
     from serge.accounts import InvalidAccountInput
     from serge.store import KeyNotFound, LastAdmin, NameTaken, UserNotFound
+    from serge.store.groups import GroupExists, GroupNotFound
 
     accounts = open_accounts(settings)
     try:
@@ -87,11 +96,15 @@ def run(settings: Settings, args: argparse.Namespace) -> None:
             run_usage(accounts, args)
         elif "quota" in (getattr(args, "users_command", None), getattr(args, "keys_command", None)):
             run_quota(accounts, args)
+        elif args.command == "users" and args.users_command == "sync":
+            _sync(settings, accounts)
         elif args.command == "users":
             _users(accounts, args)
+        elif args.command == "groups":
+            run_groups(accounts, args)
         else:
             _keys(accounts, args)
-    except (InvalidAccountInput, NameTaken, UserNotFound, KeyNotFound, LastAdmin) as exc:
+    except (InvalidAccountInput, NameTaken, UserNotFound, KeyNotFound, LastAdmin, GroupExists, GroupNotFound) as exc:
         raise AccountCommandFailed(str(exc)) from None
     finally:
         accounts.store.db.close()
@@ -108,6 +121,8 @@ def _users(accounts: Accounts, args: argparse.Namespace) -> None:
     elif args.users_command == "rm":
         chats = accounts.remove_user(args.name)
         print(f"Removed {args.name} with {chats} chat(s) and their API keys.")
+    elif args.users_command == "approve":
+        print(f"Approved {accounts.approve(args.name).name}: they may use Serge now.")
     elif args.users_command == "passwd":
         revoked = accounts.set_password(args.name, _password(args), keep_keys=args.keep_keys)
         keys = ("their API keys were kept (--keep-keys)" if args.keep_keys
@@ -118,7 +133,31 @@ def _users(accounts: Accounts, args: argparse.Namespace) -> None:
         if not users:
             print("No accounts: Serge serves this machine only, without login. Add one with `serge users add NAME`.")
         for u in users:
-            print(f"{u.name:24} {'admin' if u.admin else 'user':6} since {u.created_at:%Y-%m-%d}")
+            waiting = "  waiting for approval" if u.pending and not u.admin else ""
+            print(f"{u.name:24} {'admin' if u.admin else 'user':6} since {u.created_at:%Y-%m-%d}"
+                  f"{'' if u.signed_in_by == 'password' else '  ' + u.signed_in_by}{waiting}")
+
+
+def _sync(settings: Settings, accounts: Accounts) -> None:
+    from serge.accounts.ldap import DirectoryUnavailable, ldap_sign_in
+    from serge.store.audit import note
+    from serge.store.sign_ins import SignInStore
+
+    directory = ldap_sign_in(settings)
+    if directory is None:
+        raise AccountCommandFailed("no directory to ask: set SERGE_LDAP_URL (docs/sign-in-ldap.md)")
+    store = SignInStore(accounts.store.db)
+    made = store.from_source("ldap")
+    for user, dn in made:
+        try:
+            there = directory.still_there(dn)
+        except DirectoryUnavailable as exc:
+            raise AccountCommandFailed(f"{exc}; nothing was changed for {user.name} and the rest") from None
+        if not there:
+            keys = store.cut_off(user.id)
+            note(accounts.store.db, "user.cut_off", f"{user.name} (gone from the directory; {keys} API key(s) revoked)")
+            print(f"{user.name}: gone from the directory ({dn}); their logins ended and {keys} API key(s) revoked.")
+    print(f"Asked the directory about {len(made)} account(s).")
 
 
 def _keys(accounts: Accounts, args: argparse.Namespace) -> None:

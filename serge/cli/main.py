@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import getpass
 import os
 import logging
 import signal
@@ -28,6 +29,7 @@ from serge.cli.models import add_parsers as add_model_parsers
 from serge.cli.models import run as run_model_command
 from serge.cli.presets import PresetCommandFailed
 from serge.cli.presets import add_parsers as add_preset_parsers
+from serge.access import act_as
 from serge.settings import Settings
 
 
@@ -107,12 +109,13 @@ def main(argv: list[str] | None = None) -> None:
     for chatty in ("httpx", "httpx2", "huggingface_hub"):  # a line per request, over the progress bar
         logging.getLogger(chatty).setLevel(logging.WARNING)
 
+    act_as(f"cli:{_login()}")  # what the command changes is this login's, in the audit log
     try:
         settings = _settings(args)
         from serge.store.db import private_dir
 
         private_dir(settings.data_dir)  # the one place the data dir is made: the owner's alone, whichever command
-        if args.command in ("users", "keys", "usage"):
+        if args.command in ("users", "keys", "usage", "groups"):
             run_account_command(settings, args)  # no engine, no torch: answers at once
         elif args.command == "mcp":
             run_tool_command(settings, args)  # nor here
@@ -123,6 +126,13 @@ def main(argv: list[str] | None = None) -> None:
         _fail(f"invalid setting: {errors}")
     except (CliError, AccountCommandFailed, ToolCommandFailed, PresetCommandFailed) as exc:
         _fail(str(exc))
+
+
+def _login() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # no name for this uid (a container)
+        return str(os.getuid())
 
 
 def _with_engine(settings: Settings, args: argparse.Namespace) -> None:
@@ -168,8 +178,9 @@ def _fail(message: str) -> None:
 
 
 def _refuse_open_bind(settings: Settings) -> None:
-    """Serving beyond this machine without accounts would give everyone every chat."""
-    if settings.loopback_only:
+    """Serving beyond this machine without accounts would give everyone every chat (with a sign-in provider,
+    people sign in there: the accounts are made as they do)."""
+    if settings.loopback_only or settings.oidc_issuer or settings.ldap_url:
         return
     from serge.cli.accounts import open_accounts
 

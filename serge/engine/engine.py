@@ -44,6 +44,7 @@ from serge.engine.generation.constraints.schemas import InvalidRequest
 from serge.engine.generation.sampling import SamplingParams
 from serge.engine.generation.batching.admission import SchedulerLimits
 from serge.engine.generation.stream import Stream
+from serge.access import hidden, is_hidden
 from serge.engine.sharing.party import of as party_of
 from serge.engine.generation.prompting.tools import Tools
 from serge.settings import Settings
@@ -81,21 +82,43 @@ class Engine:
     def check_model(self, name: str | None) -> str:
         """The model a name means, as the library spells it (the default for None); ModelNotFound otherwise."""
         name = name or self.default_model
-        return name if name in self._fixed else self._library.find(name).name
+        return name if self._shown(name) in self._fixed else self._find(name).name
+
+    def _shown(self, name: str) -> str:
+        """`name`, unless the request being served may not use it (`serge.access`): then ModelNotFound, as for a
+        model that is not installed."""
+        if is_hidden("model", name):
+            raise ModelNotFound(f"model {name!r} is not installed; models: {self._names()}")
+        return name
+
+    def _names(self) -> str:
+        return ", ".join(m.name for m in self.models()) or "none"
+
+    def _find(self, name: str) -> InstalledModel:
+        """The library's model of that name; while some are hidden, its refusal lists only the others."""
+        try:
+            found = self._library.find(self._shown(name))
+        except ModelNotFound:
+            if hidden("model"):
+                raise ModelNotFound(f"model {name!r} is not installed; models: {self._names()}") from None
+            raise
+        self._shown(found.name)  # matched by another spelling: hidden by its own name too
+        return found
 
     def models(self) -> list[ModelInfo]:
         """Every model a request may name, each once: the default chat model first, then the other chat models,
         then embedding models (clients and scripts that take the first model listed get one that chats);
         within each, the installed ones, then the others."""
-        found = [self._local_info(m) for m in self._library.installed() if m.name not in self._fixed]
-        found += [self._fixed_info(name) for name in sorted(self._fixed)]
+        found = [self._local_info(m) for m in self._library.installed() if m.name not in self._fixed
+                 and not is_hidden("model", m.name)]
+        found += [self._fixed_info(name) for name in sorted(self._fixed) if not is_hidden("model", name)]
         return sorted(found, key=lambda m: 0 if m.default and m.kind == "chat" else 1 if m.kind == "chat" else 2)
 
     def info(self, name: str) -> ModelInfo:
         """One model's facts; raises ModelNotFound."""
-        if name in self._fixed:
+        if self._shown(name) in self._fixed:
             return self._fixed_info(name)
-        return self._local_info(self._library.find(name))
+        return self._local_info(self._find(name))
 
     def model(self, name: str | None = None) -> ChatBackend:
         """The model by name (the default for None), loading a local one on first use."""
@@ -128,14 +151,14 @@ class Engine:
         """The one place a name becomes a backend of `kind`: a fixed one, or the library's, loaded and leased
         (not unloaded until the returned function is called) by the registry, which counts `party` as using it
         (None: not counted). InvalidRequest for a model of another kind."""
-        name = name or (self.default_model if kind == "chat" else self.settings.default_embedding_model)
+        name = self._shown(name or (self.default_model if kind == "chat" else self.settings.default_embedding_model))
         if (fixed := self._fixed.get(name)) is not None:
             if fixed.kind != kind:
                 raise self._wrong_kind(name, fixed.kind, kind)
             return fixed, lambda: None
         loaded = self._registry.loaded().get(name)
         if loaded is None:  # not loaded: its files say its kind, before anything loads
-            installed = self._library.find(name)
+            installed = self._find(name)
             name, has = installed.name, installed.facts.kind
         else:  # a loaded model answers without a look at the disk
             has = loaded.kind

@@ -16,8 +16,8 @@ from sqlalchemy.exc import IntegrityError
 
 from serge.store.chats import new_id
 from serge.store.db import Database
-from serge.store.tables import (ApiKey, Chat, Collection, Document, DocumentChunk, LoginSession, Message, Preset, User,
-                               now)
+from serge.store.tables import (ApiKey, Chat, Collection, Document, DocumentChunk, GroupMember, LoginSession, Message,
+                               Preset, User, now)
 
 LOCAL_OWNER = "local"  # owner of the chats made while Serge had no accounts
 KEY_TOUCH_EVERY = timedelta(minutes=1)  # last_used_at is written at most this often per key
@@ -45,10 +45,14 @@ class UserRecord:
     name: str
     admin: bool
     created_at: datetime
+    signed_in_by: str = "password"  # or "oidc": how they prove who they are
+    email: str | None = None
+    pending: bool = False  # made at a first sign-in, waiting for an admin's approval
 
     @classmethod
     def of(cls, row: User) -> UserRecord:
-        return cls(id=row.id, name=row.name, admin=row.admin, created_at=row.created_at)
+        return cls(id=row.id, name=row.name, admin=row.admin, created_at=row.created_at,
+                   signed_in_by=row.signed_in_by or "password", email=row.email, pending=bool(row.pending))
 
 
 @dataclass(frozen=True)
@@ -108,6 +112,13 @@ class AccountStore:
         with self.db.session() as session:
             return UserRecord.of(self._user(session, name))
 
+    def approve(self, name: str) -> UserRecord:
+        """A pending user may use Serge from now on (approving twice is harmless)."""
+        with self.db.session() as session, session.begin():
+            row = self._user(session, name)
+            row.pending = False
+            return UserRecord.of(row)
+
     def credentials(self, name: str) -> tuple[UserRecord, str] | None:
         """The user and their password hash, for a login; None when there is no such user."""
         with self.db.session() as session:
@@ -148,6 +159,7 @@ class AccountStore:
             session.execute(delete(Chat).where(Chat.owner == row.id))
             session.execute(delete(ApiKey).where(ApiKey.user_id == row.id))
             session.execute(delete(LoginSession).where(LoginSession.user_id == row.id))
+            session.execute(delete(GroupMember).where(GroupMember.user_id == row.id))
             session.delete(row)
         return count
 

@@ -19,6 +19,7 @@ from datetime import UTC, date, datetime
 from sqlalchemy import (JSON, BigInteger, Boolean, Date, DateTime, Float, ForeignKey, Index, Integer, LargeBinary,
                         String, Text, TypeDecorator)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.sql.expression import false as sa_false
 
 
 class UTCDateTime(TypeDecorator):
@@ -171,6 +172,64 @@ class User(Base):
     password_hash: Mapped[str] = mapped_column(String(255))
     admin: Mapped[bool] = mapped_column(Boolean, default=False)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=now)
+    signed_in_by: Mapped[str] = mapped_column(String(16), default="password", server_default="password")
+    external_id: Mapped[str | None] = mapped_column(String(320), unique=True, index=True)  # "oidc:{issuer}#{sub}"
+    email: Mapped[str | None] = mapped_column(String(320))
+    pending: Mapped[bool] = mapped_column(Boolean, default=False, server_default=sa_false())  # until approved
+
+
+class UserGroup(Base):
+    """A group of users: made by an admin (source "serge") or named by an identity provider ("oidc")."""
+
+    __tablename__ = "user_groups"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    name: Mapped[str] = mapped_column(String(100), unique=True)
+    source: Mapped[str] = mapped_column(String(16))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=now)
+
+
+class GroupMember(Base):
+    __tablename__ = "group_members"
+
+    group_id: Mapped[str] = mapped_column(ForeignKey("user_groups.id", ondelete="CASCADE"), primary_key=True)
+    user_id: Mapped[str] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), primary_key=True, index=True)
+
+
+class Share(Base):
+    """A model or preset shared with a group: once one is, only that group's members (and admins) may use it."""
+
+    __tablename__ = "shares"
+
+    kind: Mapped[str] = mapped_column(String(16), primary_key=True)  # "model" or "preset"
+    name: Mapped[str] = mapped_column(String(200), primary_key=True)  # lowercased
+    group_id: Mapped[str] = mapped_column(ForeignKey("user_groups.id", ondelete="CASCADE"), primary_key=True,
+                                          index=True)
+
+
+class AuditEntry(Base):
+    """An admin action: who, what, on what, when (users, groups, shares, quotas, tool servers, presets, models)."""
+
+    __tablename__ = "audit_log"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    at: Mapped[datetime] = mapped_column(UTCDateTime, index=True)
+    actor: Mapped[str] = mapped_column(String(100))
+    action: Mapped[str] = mapped_column(String(64))
+    target: Mapped[str] = mapped_column(String(500))
+
+
+class PendingSignIn(Base):
+    """A sign-in sent to an identity provider and not yet back: used once, by the state it was sent with."""
+
+    __tablename__ = "pending_sign_ins"
+
+    state_hash: Mapped[str] = mapped_column(String(64), primary_key=True)
+    nonce: Mapped[str] = mapped_column(String(128))
+    code_verifier: Mapped[str] = mapped_column(String(128))
+    redirect_uri: Mapped[str] = mapped_column(String(1000))
+    next: Mapped[str] = mapped_column(String(2000))
+    expires_at: Mapped[datetime] = mapped_column(UTCDateTime, index=True)
 
 
 class ApiKey(Base):

@@ -19,6 +19,8 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
+from serge.store.audit import note
+from serge.access import is_hidden
 from serge.store import ToolServerExists, ToolServerMissing, ToolServerRecord, ToolServerStore
 from serge.tools.session import ServerSession
 from serge.tools.specs import ToolOutcome, ToolServerError, ToolServerForbidden, ToolServerNotFound, ToolSpec
@@ -67,15 +69,18 @@ class ToolServers:
         """Keep a server (a stdio command or a URL); `ToolServerError` says what is wrong with it."""
         check_registration(name, command, url, headers or {}, env or {})
         try:
-            return self.store.add(name, command=command, url=url, headers=headers, env=env, admins_only=admins_only)
+            added = self.store.add(name, command=command, url=url, headers=headers, env=env, admins_only=admins_only)
         except ToolServerExists as exc:
             raise ToolServerError(str(exc)) from None
+        note(self.store.db, "tool_server.add", f"{name}{' (admins only)' if admins_only else ''}")  # never its secrets
+        return added
 
     async def unregister(self, name: str) -> None:
         try:
             self.store.remove(name)
         except ToolServerMissing as exc:
             raise ToolServerNotFound(str(exc)) from None
+        note(self.store.db, "tool_server.remove", name)
         if session := self._sessions.pop(name, None):
             await session.close()
 
@@ -83,9 +88,11 @@ class ToolServers:
         return self.store.list()
 
     def usable(self, user: UserRecord | None) -> list[str]:
-        """The registered servers this user may use: every server, or for an admin-only one, admins only."""
+        """The registered servers this user may use: every server, or for an admin-only one, admins only; none shared
+        only with groups they are not in (`serge.access`)."""
         admin = bool(user is not None and user.admin)
-        return [s.name for s in self.store.list() if admin or not s.admins_only]
+        return [s.name for s in self.store.list()
+                if (admin or not s.admins_only) and not is_hidden("tool_server", s.name)]
 
     def check(self, user: UserRecord | None, names: Sequence[str]) -> list[str]:
         """`names` without repeats, each a registered server this user may use; else the error says which not."""
@@ -93,7 +100,7 @@ class ToolServers:
         for name in names:
             if name in allowed:
                 continue
-            if not isinstance(name, str) or self.store.get(name) is None:
+            if not isinstance(name, str) or self.store.get(name) is None or is_hidden("tool_server", name):
                 raise ToolServerNotFound(f"no tool server named {name!r} is registered; the servers you may use: "
                                          f"{', '.join(sorted(allowed)) or 'none'}")
             raise ToolServerForbidden(f"the tool server {name!r} is for admins only")

@@ -33,7 +33,19 @@ from serge.store.usage.reservations import ReservationStore
 from serge.store.tools import ToolServerStore
 from serge.tools import ToolServers
 from serge.chats.tools import ChatTools, ToolDecisions
+from serge.accounts.oidc import open_id_sign_in
+from serge.accounts.groups import Groups
+from serge.accounts.ldap import ldap_sign_in
+from serge.accounts.proxy import ProxySignIn
+from serge.store.audit import AuditStore
+from serge.store.groups import GroupStore
+from serge.web.api.audit import router as audit_router
+from serge.web.api.groups import router as groups_router
+from serge.web.pages.groups import router as group_pages
+from serge.store.sign_ins import SignInStore
+from serge.web.api.me import router as me_router
 from serge.web.pages.accounts import build_account_pages
+from serge.web.pages.sign_in import router as sign_in_pages
 from serge.web.pages.usage import build_usage_pages
 from serge.web.pages.my_usage import router as my_usage_page
 from serge.web.api.accounts import router as accounts_router
@@ -92,6 +104,12 @@ def build_app(settings: Settings, engine: Engine) -> FastAPI:
                                                                                   LEASE_S)).start()
         app.state.sessions = LoginSessions(accounts, load_secret(settings.data_dir),
                                            timedelta(days=settings.session_days))
+        app.state.sign_ins = SignInStore(database, settings.new_users_pending)
+        app.state.groups = Groups(GroupStore(database))
+        app.state.audit = AuditStore(database)  # admin actions: who did what, when
+        app.state.oidc = open_id_sign_in(settings, app.state.sign_ins)  # None unless SERGE_OIDC_ISSUER is set
+        app.state.proxy_sign_in = ProxySignIn(settings.proxy_user_header, settings.proxy_user_from,
+                                              app.state.sign_ins) if settings.proxy_user_header else None
         store = DocumentStore(database, FileStore(settings.data_dir / "files"))
         documents = ChatDocuments(store, engine)
         collections = CollectionStore(store)
@@ -135,6 +153,9 @@ def build_app(settings: Settings, engine: Engine) -> FastAPI:
     )
     app.state.settings = settings
     app.state.draining = False
+    app.state.oidc = None
+    app.state.proxy_sign_in = None
+    app.state.ldap = ldap_sign_in(settings)  # None unless SERGE_LDAP_URL is set
     limits = UserLimits(settings.user_max_streams, settings.user_requests_per_minute)
     # Innermost first: every request has a user (or is refused) before routes run, and only
     # after the Host, Origin and body checks (outer) have let it through.
@@ -162,6 +183,11 @@ def build_app(settings: Settings, engine: Engine) -> FastAPI:
     app.include_router(usage_router)
     app.include_router(build_pages())
     app.include_router(build_account_pages(limits))
+    app.include_router(sign_in_pages)
+    app.include_router(me_router)
+    app.include_router(groups_router)
+    app.include_router(group_pages)
+    app.include_router(audit_router)
     app.include_router(build_usage_pages())
     app.include_router(my_usage_page)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")

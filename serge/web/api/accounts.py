@@ -34,7 +34,8 @@ class KeyIn(BaseModel):
 
 
 def user_out(user: UserRecord) -> dict:
-    return {"id": user.id, "name": user.name, "admin": user.admin, "created_at": user.created_at.isoformat()}
+    return {"id": user.id, "name": user.name, "admin": user.admin, "created_at": user.created_at.isoformat(),
+            "signed_in_by": user.signed_in_by, "pending": user.pending}
 
 
 def key_out(key: KeyRecord) -> dict:
@@ -95,3 +96,9 @@ def create_key(body: KeyIn, request: Request):
 @router.delete("/api/keys/{key_id}", summary="Revoke one of your API keys (by id or prefix)")
 def revoke_key(key_id: str, request: Request):
     return key_out(_accounts(request).revoke_key(_account(request), key_id))
+
+
+@router.post("/api/users/{name}/approve", summary="Approve a user waiting since their first sign-in (admins only)")
+def approve_user(name: str, request: Request):
+    _admin(request)
+    return user_out(_accounts(request).approve(name))

@@ -99,7 +99,9 @@ def list_pulls(request: Request):
 @router.post("/pulls", status_code=202, summary="Pull a model from the Hugging Face hub, in the background",
              dependencies=[Depends(require_admin)])
 def start_pull(body: PullIn, request: Request):
-    return pull_out(engine_of(request).start_pull(body.source, body.name))
+    started = engine_of(request).start_pull(body.source, body.name)
+    request.app.state.audit.note("model.pull", f"{body.source}{f' as {body.name}' if body.name else ''}")
+    return pull_out(started)
 
 
 @router.get("/pulls/{pull_id}", summary="How far a pull is: bytes done of the total, and its state")
@@ -146,4 +148,5 @@ def get_model(name: str, request: Request):
                dependencies=[Depends(require_admin)])
 async def delete_model(name: str, request: Request):
     await run_in_threadpool(engine_of(request).remove, name)
+    await run_in_threadpool(request.app.state.audit.note, "model.remove", name)
     return Response(status_code=204)

@@ -9,8 +9,9 @@ files, the health status and the metrics (whose routes decide what to show)
 needs one of the two: a page sends the browser to /login, anything else gets
 401. A user's requests other than model requests are metered here per process
 (SERGE_USER_REQUESTS_PER_MINUTE, a flood guard); model requests are counted by
-their quota, in the database (`UsageMeter`). What a user may see is not decided here: routes pass the user's id to the
-chat service as the owner of every query. Everything the engine does for the
+their quota, in the database (`UsageMeter`). What a user may see is not decided here: routes pass the user's id to
+the chat service as the owner of every query, and the models, presets and tool servers shared only with groups
+the user is not in are hidden for the request (`serge.access`). Everything the engine does for the
 request counts as that user's (or, without accounts, the client address's) in its
 fair share (`party`).
 """
@@ -25,7 +26,8 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, RedirectResponse
 from starlette.concurrency import run_in_threadpool
 
-from serge.accounts import LOCAL_USER, Accounts, LoginSessions
+from serge.accounts import LOCAL_USER, Accounts, InvalidAccountInput, LoginSessions
+from serge.access import acting, hiding
 from serge.engine.sharing.party import asking
 from serge.store import DatabaseUnavailable, UserRecord
 from serge.web.http.context import context, context_of
@@ -33,7 +35,8 @@ from serge.web.http.errors import ApiError, error_body, problem
 from serge.web.http.user_limits import UserLimits
 
 SESSION_COOKIE = "serge_session"
-OPEN_PATHS = frozenset({"/login", "/api/health", "/metrics"})
+OPEN_PATHS = frozenset({"/login", "/api/health", "/metrics", "/auth/oidc/start", "/auth/oidc/callback"})
+WAITING_MAY = OPEN_PATHS | {"/api/me", "/logout"}  # all a user waiting for an admin's approval may reach
 STATIC_PREFIX = "/static/"
 API_PREFIXES = ("/api/", "/v1/", "/metrics", "/openapi.json", "/mcp")
 FORWARDING_HEADERS = frozenset({b"forwarded", b"x-forwarded-for", b"x-forwarded-proto", b"x-forwarded-host",
@@ -124,6 +127,10 @@ def _resolve(accounts: Accounts, sessions: LoginSessions, request: Request
             return found[0], found[1], False, True
         if accounts_exist:  # with no accounts, clients may send anything ("unused")
             return None, None, True, True
+    proxy = request.app.state.proxy_sign_in  # a trusted proxy's header names the person (accounts/proxy.py)
+    if proxy is not None and (named := request.headers.get(proxy.header)) is not None \
+            and proxy.believes(request.scope.get("state", {}).get("peer")):
+        return proxy.user(named), None, False, True
     cookie = request.cookies.get(SESSION_COOKIE)
     if cookie and (user := sessions.user(cookie)):
         return user, None, False, True
@@ -145,13 +152,16 @@ class Authenticate:
         request = Request(scope)
         path = scope["path"]
         state = request.app.state
-        user, key_id, bad_key, accounts_exist = await run_in_threadpool(_resolve, state.accounts, state.sessions,
-                                                                         request)
+        try:
+            user, key_id, bad_key, accounts_exist = await run_in_threadpool(_resolve, state.accounts, state.sessions,
+                                                                             request)
+        except InvalidAccountInput as exc:  # the proxy's header names nobody Serge can use
+            return await self._refuse(scope, receive, send, 400, str(exc), "invalid_proxy_user")
         if bad_key:
             return await self._refuse(scope, receive, send, 401, "the API key is not valid (revoked or mistyped); "
                                       "create one on the settings page or with `serge keys create`", "invalid_api_key")
         if user is None and path not in OPEN_PATHS:
-            if not accounts_exist:
+            if not accounts_exist and state.oidc is None and state.ldap is None:  # else: signing in makes one
                 return await self._refuse(scope, receive, send, 403, "Serge has no accounts yet, so it answers only "
                                           "requests made on this machine; create one with `serge users add NAME`",
                                           "no_accounts")
@@ -164,9 +174,15 @@ class Authenticate:
                                       "program with an API key as `Authorization: Bearer sk-serge-...` or "
                                       "`x-api-key: sk-serge-...`",
                                       "unauthorized", {"WWW-Authenticate": 'Bearer realm="serge"'})
+        if user is not None and user.pending and not user.admin and path not in WAITING_MAY:
+            from serge.web.pages.waiting import waiting  # an account made at a first sign-in, not yet approved
+
+            return await waiting(scope, receive, send, user)
         noted = context_of(scope)
         noted.user, noted.key_id = user, key_id
-        with asking(party(user, scope)):  # all the engine does for this request is this party's
+        hidden = {} if user is None or user is LOCAL_USER or user.admin else \
+            await run_in_threadpool(state.groups.hidden_from, user)  # shared only with groups they are not in
+        with asking(party(user, scope)), hiding(hidden), acting(user.name if user is not None else "anonymous"):
             if user is None or user is LOCAL_USER or path in OPEN_PATHS:
                 return await self.app(scope, receive, send)
             return await self._metered(user, scope, receive, send)

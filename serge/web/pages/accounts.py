@@ -10,6 +10,7 @@ stays slow; a login that succeeds costs nothing. The rules themselves live in `s
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Annotated
 
@@ -22,10 +23,13 @@ from serge.accounts import LOCAL_USER, Accounts, InvalidAccountInput, LoginFaile
 from serge.store import KeyNotFound, LastAdmin, NameTaken, UserNotFound
 from serge.web.http.auth import SESSION_COOKIE, current_user, peer
 from serge.web.http.user_limits import UserLimits
+from serge.accounts.ldap import DirectoryUnavailable
+from serge.web.pages.sign_in import directory_login, provider_logout
 from serge.web.pages.usage import quota_context  # the caps' forms on the Users page
 from serge.web.http.context import context as request_context
 
 TEMPLATES = Path(__file__).parent.parent / "templates"
+log = logging.getLogger(__name__)
 LOGIN_ATTEMPTS_PER_MINUTE = 10  # failed logins per account name, and per client address
 LOGIN_ATTEMPTS_PER_PROXY_MINUTE = 30  # failed logins relayed by one proxy, whatever addresses it forwards
 
@@ -62,13 +66,15 @@ def build_account_pages(limits: UserLimits) -> APIRouter:
     def render(request: Request, template: str, status_code: int = 200, headers: dict | None = None, **context):
         user = request_context(request).user
         return templates.TemplateResponse(request, template, {
-            "user": user, "local": user is LOCAL_USER, "version": __version__, **context,
+            "user": user, "local": user is LOCAL_USER, "version": __version__,
+            "sign_in_with": oidc.provider_name if (oidc := getattr(request.app.state, "oidc", None)) else None,
+            **context,
         }, status_code=status_code, headers=headers)
 
     # --- login ----------------------------------------------------------------
     @router.get("/login")
     def login_page(request: Request, next: str | None = None):
-        if not accounts(request).has_users():
+        if not accounts(request).has_users() and request.app.state.oidc is None and request.app.state.ldap is None:
             return RedirectResponse("/", status_code=303)
         return render(request, "login.html", next=safe_next(next), name="", error=None)
 
@@ -82,8 +88,15 @@ def build_account_pages(limits: UserLimits) -> APIRouter:
         try:
             user = accounts(request).authenticate(name, password)
         except LoginFailed:
-            return render(request, "login.html", 401, next=safe_next(next), name=name,
-                          error="Wrong name or password.")
+            try:
+                user = directory_login(request, name, password)  # the directory's password, where one is set
+            except DirectoryUnavailable as exc:
+                log.error("LDAP sign-in: %s", exc)
+                return render(request, "login.html", 503, next=safe_next(next), name=name,
+                              error="The directory that checks passwords cannot be reached; try again soon.")
+            if user is None:
+                return render(request, "login.html", 401, next=safe_next(next), name=name,
+                              error="Wrong name or password.")
         for key, rate in buckets:  # only failed attempts are metered
             limits.refund(key, rate)
         response = RedirectResponse(safe_next(next), status_code=303)
@@ -97,7 +110,8 @@ def build_account_pages(limits: UserLimits) -> APIRouter:
     def logout(request: Request):
         if cookie := request.cookies.get(SESSION_COOKIE):
             sessions(request).end(cookie)
-        response = RedirectResponse("/login", status_code=303)
+        # and, for someone who signed in with the provider, on to end its session where it offers to
+        response = provider_logout(request) or RedirectResponse("/login", status_code=303)
         response.delete_cookie(SESSION_COOKIE, path="/", httponly=True, samesite="lax",
                                secure=request.url.scheme == "https")
         return response
@@ -164,6 +178,16 @@ def build_account_pages(limits: UserLimits) -> APIRouter:
             return users_page(request, 404, error=str(exc))
         keys = "their API keys were kept" if keep_keys else f"{revoked} API key(s) of theirs were revoked"
         return users_page(request, changed=f"Changed the password of {name}; their logins have ended and {keys}.")
+
+    @router.post("/admin/users/{name}/approve")
+    def approve_user(name: str, request: Request):
+        if not current_user(request).admin:
+            return users_page(request)
+        try:
+            approved = accounts(request).approve(name)
+        except (InvalidAccountInput, UserNotFound) as exc:
+            return users_page(request, 404, error=str(exc))
+        return users_page(request, changed=f"Approved {approved.name}: they may use Serge now.")
 
     @router.post("/admin/users/{name}/remove")
     def remove_user(name: str, request: Request):
