@@ -250,7 +250,7 @@ def test_a_reply_that_cannot_be_saved_is_reported_then_saved_once_the_lock_goes(
 
 
 def test_a_full_disk_refuses_the_message_with_a_503_and_the_chat_goes_on_once_there_is_room(faulty):
-    engine = faulty.app.state.chats.store.db.engine
+    engine = faulty.app.state.services.chats.store.db.engine
 
     def full(dbapi_connection, _record):  # the file may not grow by a page: what a full disk does to SQLite
         pages = dbapi_connection.execute("PRAGMA page_count").fetchone()[0]

@@ -59,7 +59,7 @@ def site(engine, tmp_path_factory):
     data_dir = tmp_path_factory.mktemp("races")
     running, app = serve(engine, data_dir, user_requests_per_minute=10_000)  # polls while a file is indexed
     with running:
-        app.state.usage.clock = lambda: NOON
+        app.state.services.usage.clock = lambda: NOON
         yield {"url": running.url, "data_dir": data_dir, "app": app}
 
 
@@ -67,10 +67,10 @@ def capped(site, name: str, **caps: int) -> str:
     """A new user with `caps` (a `QuotaRecord`'s fields) and an API key of theirs: the key. Made through the
     running app's own services, as `serge users add` and `serge users quota` make them, on any database."""
     app = site["app"]
-    user = app.state.accounts.add_user(name, f"{name}-password-long")
+    user = app.state.services.accounts.add_user(name, f"{name}-password-long")
     if caps:
-        app.state.usage.set_user_quota(user.id, QuotaRecord(**caps))
-    record, key = app.state.accounts.create_key(user, "k")
+        app.state.services.usage.set_user_quota(user.id, QuotaRecord(**caps))
+    record, key = app.state.services.accounts.create_key(user, "k")
     site.setdefault("keys", {})[key] = record.id
     return key
 
@@ -99,7 +99,7 @@ def chat(url: str, key: str | None, max_tokens: int, **more) -> httpx.Response:
 
 def ledger_of(site, key: str) -> tuple[int, int]:
     """(requests, prompt + generated tokens) the ledger holds for the key."""
-    rows = site["app"].state.usage.totals("key", UsageFilter(key_id=site["keys"][key]))
+    rows = site["app"].state.services.usage.totals("key", UsageFilter(key_id=site["keys"][key]))
     return (rows[0].requests, rows[0].prompt_tokens + rows[0].completion_tokens) if rows else (0, 0)
 
 
@@ -211,7 +211,7 @@ def test_a_search_over_mcp_is_a_model_request_counted_and_capped(site):
     from test_mcp_server import call
 
     add_user(site["data_dir"], "bob")
-    key_record, key = site["app"].state.accounts.create_key(site["app"].state.accounts.user("bob"), "agent")
+    key_record, key = site["app"].state.services.accounts.create_key(site["app"].state.services.accounts.user("bob"), "agent")
     site.setdefault("keys", {})[key] = key_record.id
     with closing(login(site["url"], "bob")) as bob:
         own = make(bob, "own")

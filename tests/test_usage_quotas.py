@@ -43,7 +43,7 @@ def site(settings, engine, tmp_path_factory):
     with ServerThread(app, own.port) as running:
         for name in ("alice", "bob", "carol", "dave"):
             add_user(own.data_dir, name, *(["--admin"] if name == "alice" else []))
-        app.state.usage.clock = lambda: NOON
+        app.state.services.usage.clock = lambda: NOON
         yield {"url": running.url, "data_dir": own.data_dir, "app": app}
 
 
@@ -403,7 +403,7 @@ def test_a_cap_reached_through_one_server_holds_on_another_sharing_its_database(
     later = NOON + timedelta(minutes=5)  # a minute of their own, on both servers' clocks
     try:
         with ServerThread(app, other.port) as second:
-            app.state.usage.clock = site["app"].state.usage.clock = lambda: later
+            app.state.services.usage.clock = site["app"].state.services.usage.clock = lambda: later
             serge(site["data_dir"], "users", "quota", "carol", "--tokens-per-day", "none", "--requests-per-minute", "2")
             key = key_of(site, "carol", "two-servers")
             for url in (site["url"], second.url):  # one request on each: carol's two this minute
@@ -415,5 +415,5 @@ def test_a_cap_reached_through_one_server_holds_on_another_sharing_its_database(
                         model=MODEL, messages=HELLO, max_tokens=1)
                 assert "your quota of 2 model requests a minute is used up" in refused.value.body["message"]
     finally:
-        site["app"].state.usage.clock = lambda: NOON
+        site["app"].state.services.usage.clock = lambda: NOON
         serge(site["data_dir"], "users", "quota", "carol", "--clear")

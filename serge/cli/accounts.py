@@ -67,15 +67,6 @@ def add_parsers(sub, data_dir_flag) -> None:
     add_group_parsers(sub, data_dir_flag)
 
 
-def open_accounts(settings: Settings) -> Accounts:
-    from serge.accounts import Accounts
-    from serge.store import AccountStore, Database
-
-    database = Database(settings.database, settings.database_busy_timeout_s)
-    database.migrate()
-    return Accounts(AccountStore(database))
-
-
 def _password(args: argparse.Namespace) -> str:
     if args.password_stdin:
         return sys.stdin.readline().rstrip("\r\n")
@@ -90,24 +81,27 @@ def run(settings: Settings, args: argparse.Namespace) -> None:
     from serge.store import KeyNotFound, LastAdmin, NameTaken, UserNotFound
     from serge.store.groups import GroupExists, GroupNotFound
 
-    accounts = open_accounts(settings)
+    from serge.services import Services
+
+    services = Services.open(settings)
+    accounts = services.accounts
     try:
         if args.command == "usage":
-            run_usage(accounts, args)
+            run_usage(services, args)
         elif "quota" in (getattr(args, "users_command", None), getattr(args, "keys_command", None)):
-            run_quota(accounts, args)
+            run_quota(services, args)
         elif args.command == "users" and args.users_command == "sync":
-            _sync(settings, accounts)
+            _sync(settings, services)
         elif args.command == "users":
             _users(accounts, args)
         elif args.command == "groups":
-            run_groups(accounts, args)
+            run_groups(services, args)
         else:
             _keys(accounts, args)
     except (InvalidAccountInput, NameTaken, UserNotFound, KeyNotFound, LastAdmin, GroupExists, GroupNotFound) as exc:
         raise AccountCommandFailed(str(exc)) from None
     finally:
-        accounts.store.db.close()
+        services.close()
 
 
 def _users(accounts: Accounts, args: argparse.Namespace) -> None:
@@ -138,15 +132,14 @@ def _users(accounts: Accounts, args: argparse.Namespace) -> None:
                   f"{'' if u.signed_in_by == 'password' else '  ' + u.signed_in_by}{waiting}")
 
 
-def _sync(settings: Settings, accounts: Accounts) -> None:
+def _sync(settings: Settings, services) -> None:
     from serge.accounts.ldap import DirectoryUnavailable, ldap_sign_in
     from serge.store.audit import note
-    from serge.store.sign_ins import SignInStore
 
     directory = ldap_sign_in(settings)
     if directory is None:
         raise AccountCommandFailed("no directory to ask: set SERGE_LDAP_URL (docs/sign-in-ldap.md)")
-    store = SignInStore(accounts.store.db)
+    store = services.sign_ins
     made = store.from_source("ldap")
     for user, dn in made:
         try:
@@ -155,7 +148,7 @@ def _sync(settings: Settings, accounts: Accounts) -> None:
             raise AccountCommandFailed(f"{exc}; nothing was changed for {user.name} and the rest") from None
         if not there:
             keys = store.cut_off(user.id)
-            note(accounts.store.db, "user.cut_off", f"{user.name} (gone from the directory; {keys} API key(s) revoked)")
+            note(services.database, "user.cut_off", f"{user.name} (gone from the directory; {keys} API key(s) revoked)")
             print(f"{user.name}: gone from the directory ({dn}); their logins ended and {keys} API key(s) revoked.")
     print(f"Asked the directory about {len(made)} account(s).")
 

@@ -8,10 +8,6 @@ each sign-in, so joining one by hand lasts until that person's next sign-in.
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from serge.accounts import Accounts
 
 
 def add_parsers(sub, data_dir_flag) -> None:
@@ -39,11 +35,8 @@ def add_parsers(sub, data_dir_flag) -> None:
         data_dir_flag(p)
 
 
-def run(accounts: Accounts, args: argparse.Namespace) -> None:
-    from serge.accounts.groups import Groups
-    from serge.store.groups import GroupStore
-
-    groups = Groups(GroupStore(accounts.store.db))
+def run(services, args: argparse.Namespace) -> None:
+    groups = services.groups
     if args.groups_command == "add":
         print(f"Made the group {groups.add(args.name).name}.")
     elif args.groups_command == "rm":

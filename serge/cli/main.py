@@ -182,15 +182,15 @@ def _refuse_open_bind(settings: Settings) -> None:
     people sign in there: the accounts are made as they do)."""
     if settings.loopback_only or settings.oidc_issuer or settings.ldap_url:
         return
-    from serge.cli.accounts import open_accounts
+    from serge.services import Services
 
-    accounts = open_accounts(settings)
+    services = Services.open(settings)
     try:
-        if not accounts.has_users():
+        if not services.accounts.has_users():
             raise CliError(f"Serge has no accounts, so it will not serve {settings.host} (anyone who can reach it "
                            "would read every chat); create one with `serge users add NAME`, or serve 127.0.0.1")
     finally:
-        accounts.store.db.close()
+        services.close()
 
 
 def warn_if_exposed(settings: Settings) -> list[str]:

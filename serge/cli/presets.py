@@ -70,19 +70,15 @@ def _settings(pairs: list[str]) -> dict:
 
 @contextmanager
 def _opened(settings: Settings):
-    from serge.accounts import Accounts
-    from serge.chats import Knowledge, Presets
     from serge.engine import Engine
-    from serge.store import AccountStore, CollectionStore, Database, DocumentStore, FileStore, PresetStore
+    from serge.services import Services
 
-    database = Database(settings.database, settings.database_busy_timeout_s)
-    database.migrate()
-    try:
-        with Engine(settings) as engine:
-            collections = CollectionStore(DocumentStore(database, FileStore(settings.data_dir / "files")))
-            yield Presets(PresetStore(database), engine, Knowledge(collections, None)), Accounts(AccountStore(database))
-    finally:
-        database.close()
+    with Engine(settings) as engine:
+        services = Services.open(settings, engine)
+        try:
+            yield services.presets, services.accounts
+        finally:
+            services.close()
 
 
 def run(settings: Settings, args: argparse.Namespace) -> None:

@@ -62,12 +62,11 @@ def _pairs(values: list[str], sep: str, what: str) -> dict[str, str]:
 
 
 def run(settings: Settings, args: argparse.Namespace) -> None:
-    from serge.store import Database, ToolServerStore
-    from serge.tools import ToolServerError, ToolServers
+    from serge.services import Services
+    from serge.tools import ToolServerError
 
-    database = Database(settings.database, settings.database_busy_timeout_s)
-    database.migrate()
-    servers = ToolServers.of(ToolServerStore(database), settings)
+    services = Services.open(settings)
+    servers = services.tools
     try:
         if args.mcp_command == "add":
             if args.argv and args.url:
@@ -88,7 +87,7 @@ def run(settings: Settings, args: argparse.Namespace) -> None:
     except ToolServerError as exc:
         raise ToolCommandFailed(exc.message) from None
     finally:
-        database.close()
+        services.close()
 
 
 async def _list(servers) -> None:

@@ -69,18 +69,12 @@ def add_usage_parser(sub, data_dir_flag) -> None:
     data_dir_flag(p)
 
 
-def _usage_of(accounts):
-    from serge.accounts import Usage
-    from serge.store import UsageStore
-
-    return Usage(UsageStore(accounts.store.db))
-
-
-def run_usage(accounts, args: argparse.Namespace) -> None:
+def run_usage(services, args: argparse.Namespace) -> None:
     from serge.accounts.usage_report import usage_filter, usage_rows
 
+    accounts = services.accounts
     only = usage_filter(accounts, user=args.user, key=args.key, model=args.model, start=args.start, end=args.end)
-    rows = usage_rows(_usage_of(accounts), accounts, args.by, only)
+    rows = usage_rows(services.usage, accounts, args.by, only)
     header = [args.by, "name", "requests", "prompt_tokens", "cached_tokens", "completion_tokens", "total_tokens"]
     table = [[r.group, r.label, r.requests, r.prompt_tokens, r.cached_tokens, r.completion_tokens, r.total_tokens]
              for r in rows]
@@ -113,10 +107,10 @@ def _asks_change(args: argparse.Namespace) -> bool:
     return args.clear or any(hasattr(args, f) for f in QUOTA_FIELDS)
 
 
-def run_quota(accounts, args: argparse.Namespace) -> None:
+def run_quota(services, args: argparse.Namespace) -> None:
     from serge.accounts.service import InvalidAccountInput
 
-    usage = _usage_of(accounts)
+    accounts, usage = services.accounts, services.usage
     if args.command == "keys":
         user = accounts.user(args.user)
         key = next((k for k in accounts.keys(user) if args.key.strip() in (k.id, k.prefix)), None)

@@ -1,6 +1,6 @@
 """MCP tools run by Serge: the registered servers, their sessions, and the values handed to callers.
 
-`ToolServers` (one per app, on `app.state.tools`) is the only owner of MCP client sessions,
+`ToolServers` (one per app, in its `Services`) is the only owner of MCP client sessions,
 through the official `mcp` SDK; everything else names a server by its registered name.
 It knows nothing of HTTP nor of chats.
 """

@@ -10,7 +10,6 @@ import dataclasses
 import logging
 import threading
 from contextlib import asynccontextmanager
-from datetime import timedelta
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
@@ -18,31 +17,14 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from fastapi.staticfiles import StaticFiles
 
 from serge import __version__
-from serge.accounts import Accounts, LoginSessions, Usage, load_secret
-from serge.chats import ChatService, Indexer, Knowledge, Presets
-from serge.accounts.reservations import LEASE_S, Reservations, reserve_streams
-from serge.chats.replies.running import SharedReplies, process_name, shared_by_processes
 from serge.engine import Engine
+from serge.services import Services
 from serge.settings import Settings
-from serge.chats.documents import ChatDocuments
-from serge.chats.responses import StoredResponses
 from serge.chats.lookup import Lookup
-from serge.store import (AccountStore, ChatStore, CollectionStore, Database, DocumentStore, FileStore, PresetStore,
-                         ResponseStore, UsageStore, DecisionStore)
-from serge.store.usage.reservations import ReservationStore
-from serge.store.tools import ToolServerStore
-from serge.tools import ToolServers
-from serge.chats.tools import ChatTools, ToolDecisions
-from serge.accounts.oidc import open_id_sign_in
-from serge.accounts.groups import Groups
 from serge.accounts.ldap import ldap_sign_in
-from serge.accounts.proxy import ProxySignIn
-from serge.store.audit import AuditStore
-from serge.store.groups import GroupStore
 from serge.web.api.audit import router as audit_router
 from serge.web.api.groups import router as groups_router
 from serge.web.pages.groups import router as group_pages
-from serge.store.sign_ins import SignInStore
 from serge.web.api.me import router as me_router
 from serge.web.pages.accounts import build_account_pages
 from serge.web.pages.sign_in import router as sign_in_pages
@@ -93,54 +75,21 @@ def build_app(settings: Settings, engine: Engine) -> FastAPI:
     async def lifespan(app: FastAPI):
         app.state.engine = engine
         app.state.load_error = None
-        database = Database(settings.database, settings.database_busy_timeout_s)
-        database.migrate()  # schema changes are applied at start, before any request
-        log.info("%s", database.describe())
-        accounts = AccountStore(database)
-        app.state.accounts = Accounts(accounts)
-        app.state.usage = Usage(UsageStore(database))
-        # a model request's budget, held against its user's caps while it runs (settled by any process, should this die)
-        app.state.reservations = Reservations(app.state.usage, ReservationStore(database, process_name(),
-                                                                                  LEASE_S)).start()
-        app.state.sessions = LoginSessions(accounts, load_secret(settings.data_dir),
-                                           timedelta(days=settings.session_days))
-        app.state.sign_ins = SignInStore(database, settings.new_users_pending)
-        app.state.groups = Groups(GroupStore(database))
-        app.state.audit = AuditStore(database)  # admin actions: who did what, when
-        app.state.oidc = open_id_sign_in(settings, app.state.sign_ins)  # None unless SERGE_OIDC_ISSUER is set
-        app.state.proxy_sign_in = ProxySignIn(settings.proxy_user_header, settings.proxy_user_from,
-                                              app.state.sign_ins) if settings.proxy_user_header else None
-        store = DocumentStore(database, FileStore(settings.data_dir / "files"))
-        documents = ChatDocuments(store, engine)
-        collections = CollectionStore(store)
-        indexer = Indexer(collections, documents).start()  # goes on with what a stopped server left unindexed
-        app.state.knowledge = Knowledge(collections, indexer)
-        app.state.tools = ToolServers.of(ToolServerStore(database), settings)  # MCP servers start on first use
-        await app.state.tools.start()
-        chat_store = ChatStore(database)
-        # several processes may share a server database: replies in progress and users' streams are kept there too
-        shared = SharedReplies(database) if shared_by_processes(database) else None
-        app.state.presets = Presets(PresetStore(database), engine, app.state.knowledge, documents)
-        app.state.decisions = ToolDecisions(DecisionStore(database))  # answers to tool calls, from any process
-        chat_tools = ChatTools(app.state.tools, chat_store, engine, app.state.decisions, steps=settings.tool_steps)
-        app.state.chats = ChatService(chat_store, engine, documents, app.state.knowledge, chat_tools, shared,
-                                      app.state.presets, warm=settings.warm_chats, reserve=reserve_streams)
-        if shared is not None:
-            limits.share_streams(shared)
-        app.state.chats.recover()  # replies cut off by a crash are shown as interrupted
-        app.state.responses = StoredResponses(ResponseStore(database))
+        services = app.state.services = Services.open(settings, engine, serving=True)
+        log.info("%s", services.database.describe())
+        await services.tools.start()
+        if services.shared is not None:
+            limits.share_streams(services.shared)
         loader = threading.Thread(target=_warm_up, args=(app.state.engine, app), name="serge-warm-up", daemon=True)
         loader.start()
         try:
             # /mcp: what agents may look up, and the MCP SDK's task group for its requests
-            async with mcp.running(Lookup(app.state.knowledge, documents, app.state.chats)):
+            async with mcp.running(Lookup(services.knowledge, services.documents, services.chats)):
                 yield
         finally:
-            app.state.chats.close()  # replies in progress are stopped and saved as incomplete
-            await app.state.tools.close()  # the MCP servers Serge started stop with it
-            indexer.close()  # between two batches: the next start goes on from there
-            app.state.reservations.close()
-            database.close()
+            services.chats.close()  # replies in progress are stopped and saved as incomplete
+            await services.tools.close()  # the MCP servers Serge started stop with it
+            services.close()
         loader.join()
 
     app = FastAPI(
@@ -153,8 +102,6 @@ def build_app(settings: Settings, engine: Engine) -> FastAPI:
     )
     app.state.settings = settings
     app.state.draining = False
-    app.state.oidc = None
-    app.state.proxy_sign_in = None
     app.state.ldap = ldap_sign_in(settings)  # None unless SERGE_LDAP_URL is set
     limits = UserLimits(settings.user_max_streams, settings.user_requests_per_minute)
     # Innermost first: every request has a user (or is refused) before routes run, and only

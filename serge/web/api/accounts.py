@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from serge.accounts import LOCAL_USER, Accounts
 from serge.store import KeyRecord, UserRecord
 from serge.web.http.auth import current_user
+from serge.web.http.context import services
 from serge.web.http.errors import ApiError
 
 router = APIRouter(tags=["accounts"])
@@ -45,7 +46,7 @@ def key_out(key: KeyRecord) -> dict:
 
 
 def _accounts(request: Request) -> Accounts:
-    return request.app.state.accounts
+    return services(request).accounts
 
 
 def _admin(request: Request) -> UserRecord:

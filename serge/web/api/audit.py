@@ -12,6 +12,7 @@ from fastapi.responses import Response
 from serge.store.audit import AuditRecord
 from serge.web.http.auth import current_user
 from serge.web.http.errors import ApiError
+from serge.web.http.context import services
 
 router = APIRouter(tags=["accounts"])
 MAX_ENTRIES = 10_000
@@ -20,7 +21,7 @@ MAX_ENTRIES = 10_000
 def entries(request: Request, limit: int) -> list[AuditRecord]:
     if not current_user(request).admin:
         raise ApiError(403, "only an admin may read the audit log", code="forbidden")
-    return request.app.state.audit.entries(limit)
+    return services(request).audit.entries(limit)
 
 
 def entry_out(entry: AuditRecord) -> dict:

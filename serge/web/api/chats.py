@@ -31,7 +31,7 @@ from serge.documents import MAX_FILES_PER_MESSAGE
 from serge.engine import EngineBusy, ModelLoadFailed, SamplingParams
 from serge.store import ChatRecord, DocumentRecord, MessageRecord
 from serge.web.http.auth import current_user, owner
-from serge.web.http.context import RouteKind
+from serge.web.http.context import RouteKind, services
 from serge.web.http.bodies import uploaded
 from serge.web.pages.docs import EVENT_STREAM, MARKDOWN
 from serge.web.http.dialects import stream_response
@@ -78,7 +78,7 @@ class MessageIn(BaseModel):
 
 
 def service(request: Request) -> ChatService:
-    return request.app.state.chats
+    return services(request).chats
 
 
 @contextmanager

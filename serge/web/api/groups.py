@@ -16,6 +16,7 @@ from serge.accounts.groups import Groups
 from serge.store import UserNotFound
 from serge.store.groups import GroupExists, GroupNotFound, GroupRecord
 from serge.web.http.auth import current_user
+from serge.web.http.context import services
 from serge.web.http.errors import ApiError
 
 router = APIRouter(tags=["accounts"])
@@ -35,7 +36,7 @@ def group_out(group: GroupRecord) -> dict:
 def _groups(request: Request) -> Groups:
     if not current_user(request).admin:
         raise ApiError(403, "only an admin may manage groups; your own groups are in GET /api/me", code="forbidden")
-    return request.app.state.groups
+    return services(request).groups
 
 
 def _answer(work):

@@ -16,7 +16,7 @@ from starlette.concurrency import run_in_threadpool
 from serge.chats import Knowledge
 from serge.store import CollectionRecord, FileProgress
 from serge.web.http.bodies import uploaded
-from serge.web.http.context import RouteKind
+from serge.web.http.context import RouteKind, services
 from serge.web.http.auth import owner
 from serge.web.api.chats import document_out
 
@@ -32,7 +32,7 @@ class CollectionIn(BaseModel):
 
 
 def knowledge(request: Request) -> Knowledge:
-    return request.app.state.knowledge
+    return services(request).knowledge
 
 
 def collection_out(c: CollectionRecord) -> dict:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 
 from serge.accounts import LOCAL_USER
-from serge.web.http.context import context as request_context
+from serge.web.http.context import context as request_context, services
 from serge.web.http.auth import current_user
 
 router = APIRouter(tags=["accounts"])
@@ -21,6 +21,6 @@ def me(request: Request):
     user = current_user(request)
     return {"id": user.id, "name": user.name, "admin": user.admin, "email": user.email,
             "signed_in_by": "this machine" if user is LOCAL_USER else user.signed_in_by,
-            "groups": [] if user is LOCAL_USER else request.app.state.groups.of(user.id),
+            "groups": [] if user is LOCAL_USER else services(request).groups.of(user.id),
             "pending": user.pending and not user.admin,
             "by_api_key": request_context(request).key_id is not None}

@@ -21,6 +21,7 @@ from starlette.concurrency import run_in_threadpool
 from serge.engine import Engine, ModelInfo, PullStatus
 from serge.web.http.auth import current_user
 from serge.web.http.dialects import stream_response
+from serge.web.http.context import services
 from serge.web.http.errors import ApiError
 
 router = APIRouter(prefix="/api/models", tags=["models"])
@@ -100,7 +101,7 @@ def list_pulls(request: Request):
              dependencies=[Depends(require_admin)])
 def start_pull(body: PullIn, request: Request):
     started = engine_of(request).start_pull(body.source, body.name)
-    request.app.state.audit.note("model.pull", f"{body.source}{f' as {body.name}' if body.name else ''}")
+    services(request).audit.note("model.pull", f"{body.source}{f' as {body.name}' if body.name else ''}")
     return pull_out(started)
 
 
@@ -148,5 +149,5 @@ def get_model(name: str, request: Request):
                dependencies=[Depends(require_admin)])
 async def delete_model(name: str, request: Request):
     await run_in_threadpool(engine_of(request).remove, name)
-    await run_in_threadpool(request.app.state.audit.note, "model.remove", name)
+    await run_in_threadpool(services(request).audit.note, "model.remove", name)
     return Response(status_code=204)

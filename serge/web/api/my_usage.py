@@ -13,6 +13,7 @@ from starlette.concurrency import run_in_threadpool
 from serge.accounts import LOCAL_USER
 from serge.accounts.my_usage import MyUsage, my_usage
 from serge.web.http.auth import current_user
+from serge.web.http.context import services
 
 router = APIRouter(tags=["usage"])
 
@@ -47,5 +48,5 @@ def usage_out(name: str, mine: MyUsage) -> MyUsageOut:
             summary="Your own tokens and requests today and this month, against your caps (every user)")
 async def read_my_usage(request: Request) -> MyUsageOut:
     user = current_user(request)
-    mine = await run_in_threadpool(my_usage, request.app.state.usage, user.id, user is not LOCAL_USER)
+    mine = await run_in_threadpool(my_usage, services(request).usage, user.id, user is not LOCAL_USER)
     return usage_out(user.name, mine)

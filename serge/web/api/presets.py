@@ -19,6 +19,7 @@ from serge.chats.knowledge import MAX_KNOWLEDGE_PER_MESSAGE
 from serge.chats.presets import MAX_TOOLS
 from serge.engine import SamplingParams
 from serge.web.http.auth import current_user
+from serge.web.http.context import services
 
 router = APIRouter(prefix="/api/presets", tags=["presets"])
 
@@ -58,7 +59,7 @@ class PresetPatch(BaseModel):
 
 
 def presets(request: Request) -> Presets:
-    return request.app.state.presets
+    return services(request).presets
 
 
 def preset_out(view: PresetView) -> dict:

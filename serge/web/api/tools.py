@@ -18,6 +18,7 @@ from serge.tools.secrets import shown_url
 from serge.store import ToolServerRecord
 from serge.tools import ToolServerError, ToolServers, ToolSpec
 from serge.web.http.auth import current_user
+from serge.web.http.context import services
 from serge.web.http.errors import ApiError
 
 router = APIRouter(tags=["tools"])
@@ -36,7 +37,7 @@ class ServerIn(BaseModel):
 
 
 def servers(request: Request) -> ToolServers:
-    return request.app.state.tools
+    return services(request).tools
 
 
 def _admin(request: Request) -> None:

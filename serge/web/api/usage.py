@@ -18,6 +18,7 @@ from serge.accounts.usage import MAX_QUOTA
 from serge.accounts.usage_report import usage_filter, usage_rows
 from serge.store import QuotaRecord
 from serge.web.http.auth import current_user
+from serge.web.http.context import services
 from serge.web.http.errors import ApiError
 
 router = APIRouter(tags=["usage"])
@@ -40,7 +41,7 @@ def quota_out(quota: QuotaRecord | None) -> dict | None:
 
 
 def _usage(request: Request) -> Usage:
-    return request.app.state.usage
+    return services(request).usage
 
 
 @router.get("/api/usage", summary="Tokens used per day, user, key, model or dialect (admins: anyone's; others: "
@@ -58,7 +59,7 @@ async def read_usage(request: Request,
         if user not in (None, caller.name):
             raise ApiError(403, "you may read only your own usage (leave out `user`)", code="forbidden", param="user")
         user = caller.name
-    accounts = request.app.state.accounts
+    accounts = services(request).accounts
 
     def rows():
         only = usage_filter(accounts, user=user, key=key, model=model, start=start, end=end)
@@ -97,7 +98,7 @@ def set_default_quota(body: QuotaIn, request: Request):
 @router.put("/api/users/{name}/quota", summary="Set a user's own caps (admins only; all null: the default's apply)")
 def set_user_quota(name: str, body: QuotaIn, request: Request):
     _admin(request)
-    user = request.app.state.accounts.user(name)
+    user = services(request).accounts.user(name)
     usage = _usage(request)
     usage.set_user_quota(user.id, QuotaRecord(body.tokens_per_day, body.tokens_per_month, body.requests_per_minute))
     quota = usage.user_quota(user.id)
@@ -108,7 +109,7 @@ def set_user_quota(name: str, body: QuotaIn, request: Request):
                                                               "top of its user's)")
 def set_key_quota(name: str, key_id: str, body: QuotaIn, request: Request):
     _admin(request)
-    accounts = request.app.state.accounts
+    accounts = services(request).accounts
     user = accounts.user(name)
     if key_id not in {k.id for k in accounts.keys(user)}:
         raise ApiError(404, f"{user.name} has no key {key_id!r}", code="not_found", param="key_id")

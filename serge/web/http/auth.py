@@ -30,7 +30,7 @@ from serge.accounts import LOCAL_USER, Accounts, InvalidAccountInput, LoginSessi
 from serge.access import acting, hiding
 from serge.engine.sharing.party import asking
 from serge.store import DatabaseUnavailable, UserRecord
-from serge.web.http.context import context, context_of
+from serge.web.http.context import context, context_of, services
 from serge.web.http.errors import ApiError, error_body, problem
 from serge.web.http.user_limits import UserLimits
 
@@ -127,9 +127,9 @@ def _resolve(accounts: Accounts, sessions: LoginSessions, request: Request
             return found[0], found[1], False, True
         if accounts_exist:  # with no accounts, clients may send anything ("unused")
             return None, None, True, True
-    proxy = request.app.state.proxy_sign_in  # a trusted proxy's header names the person (accounts/proxy.py)
+    proxy = services(request).proxy_sign_in  # a trusted proxy's header names the person (accounts/proxy.py)
     if proxy is not None and (named := request.headers.get(proxy.header)) is not None \
-            and proxy.believes(request.scope.get("state", {}).get("peer")):
+            and proxy.believes(context(request).peer):
         return proxy.user(named), None, False, True
     cookie = request.cookies.get(SESSION_COOKIE)
     if cookie and (user := sessions.user(cookie)):
@@ -151,7 +151,7 @@ class Authenticate:
             return await self.app(scope, receive, send)
         request = Request(scope)
         path = scope["path"]
-        state = request.app.state
+        state, ldap = services(request), request.app.state.ldap
         try:
             user, key_id, bad_key, accounts_exist = await run_in_threadpool(_resolve, state.accounts, state.sessions,
                                                                              request)
@@ -161,7 +161,7 @@ class Authenticate:
             return await self._refuse(scope, receive, send, 401, "the API key is not valid (revoked or mistyped); "
                                       "create one on the settings page or with `serge keys create`", "invalid_api_key")
         if user is None and path not in OPEN_PATHS:
-            if not accounts_exist and state.oidc is None and state.ldap is None:  # else: signing in makes one
+            if not accounts_exist and state.oidc is None and ldap is None:  # else: signing in makes one
                 return await self._refuse(scope, receive, send, 403, "Serge has no accounts yet, so it answers only "
                                           "requests made on this machine; create one with `serge users add NAME`",
                                           "no_accounts")

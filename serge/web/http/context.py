@@ -13,12 +13,16 @@ declaration in its router.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from fastapi import Depends, Request
 from starlette.routing import Match
 
 from serge.engine import Stream
 from serge.store import UserRecord
+
+if TYPE_CHECKING:
+    from serge.services import Services
 
 _KEY = "serge"
 
@@ -91,3 +95,12 @@ def _kind(scope) -> RouteKind | None:
             kinds = [d.call for d in (dependant.dependencies if dependant else ()) if isinstance(d.call, RouteKind)]
             return kinds[-1] if kinds else None  # a route's own declaration after its router's
     return None
+
+
+def services(request: Request) -> Services:
+    """The app's services (`serge.services`), opened once at start: what routes call."""
+    return request.app.state.services
+
+
+def services_of(scope) -> Services:
+    return scope["app"].state.services

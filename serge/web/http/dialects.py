@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 from serge.accounts.reservations import reserve_streams
 from serge.engine import ChatRequest, GenerationRecord, Stream
 from serge.web.http.auth import current_user
+from serge.web.http.context import services
 from serge.web.http.errors import ApiError, describe_validation
 
 log = logging.getLogger(__name__)
@@ -99,7 +100,7 @@ def start_chat(request: Request, name: str | None, ask: ChatRequest, counted: bo
     """The engine's stream for `ask` sent to `name`, a model's or a preset's (`serge.chats.presets` makes the
     preset's request), its budget reserved (`serge.accounts.reservations`); the stream names what the client
     asked for. Blocking: call it in the thread pool."""
-    applied = request.app.state.presets.apply(current_user(request).id, name, ask)
+    applied = services(request).presets.apply(current_user(request).id, name, ask)
     stream = request.app.state.engine.chat(applied.model, applied.request)
     if applied.preset is not None:
         stream.model = applied.preset.name

@@ -29,7 +29,7 @@ from serge.accounts import LOCAL_USER, QuotaExceeded, Usage
 from serge.accounts.reservations import Reservations, Ticket, metering
 from serge.engine import Stream
 from serge.store import DatabaseUnavailable, UsageCount
-from serge.web.http.context import context_of
+from serge.web.http.context import context_of, services_of
 from serge.web.http.errors import error_body, problem
 
 log = logging.getLogger(__name__)
@@ -54,11 +54,11 @@ class UsageMeter:
         noted = context_of(scope) if scope["type"] == "http" else None
         dialect = noted.kind.dialect if noted is not None and noted.metered else None  # as its router declares
         user = noted.user if noted is not None else None
-        usage: Usage | None = getattr(scope["app"].state, "usage", None) if dialect else None
+        usage: Usage | None = services_of(scope).usage if dialect else None
         if usage is None or user is None:
             return await self.app(scope, receive, send)
         key_id = noted.key_id or ""
-        reservations: Reservations | None = getattr(scope["app"].state, "reservations", None)
+        reservations: Reservations | None = services_of(scope).reservations
         ticket = None
         if user is not LOCAL_USER and reservations is not None:
             try:

@@ -29,7 +29,7 @@ from serge.chats import Presets
 from serge.store import PresetRecord
 from serge.engine.sharing.party import of as party_of
 from serge.web.http.auth import current_user
-from serge.web.http.context import RouteKind
+from serge.web.http.context import RouteKind, services
 from serge.web.http.dialects import cancel_on_disconnect, stream_response
 from serge.web.http.errors import ApiError
 from serge.web.ollama.library import router as library_router
@@ -188,7 +188,7 @@ async def _load_or_unload(request: Request, name: str, unload: bool, piece: dict
 
 def _named(request: Request, model: str | None) -> tuple[str, PresetRecord | None]:
     """The library name `model` means, and the preset it names (whose base model that is), if it names one."""
-    presets: Presets = request.app.state.presets
+    presets: Presets = services(request).presets
     if (preset := presets.find(current_user(request).id, model)) is not None:
         return presets.base_model(preset), preset
     return library_name(_engine(request), model), None
@@ -206,7 +206,7 @@ async def _begin(request: Request, body, path: str) -> tuple[float, Engine, str,
 
 def _preset_ask(request: Request, preset: PresetRecord | None, ask: ChatRequest) -> ChatRequest:
     """`ask` with the preset's system prompt, settings and passages (as it is, for no preset)."""
-    return ask if preset is None else request.app.state.presets.use(preset, ask).request
+    return ask if preset is None else services(request).presets.use(preset, ask).request
 
 
 CHAT_DOC = """Ollama's chat. The fields Ollama documents are implemented except: `think` (a model that thinks
@@ -260,7 +260,7 @@ async def generate(body: OllamaGenerateRequest, request: Request):
                            code="invalid_value", param="format")
         if num_ctx is not None:
             log.debug("Ollama /api/generate: num_ctx has no effect on a raw prompt")
-        params = params if preset is None else request.app.state.presets.sampling(preset, params)
+        params = params if preset is None else services(request).presets.sampling(preset, params)
         stream = await run_in_threadpool(engine.complete, name, body.prompt or "", params, body.suffix)
     else:
         messages = await run_in_threadpool(body.conversation)

@@ -28,6 +28,7 @@ from serge.store import PresetRecord
 from serge.web.http.auth import current_user
 from serge.web.http.errors import ApiError
 from serge.web.api.models import require_admin
+from serge.web.http.context import services
 from serge.web.ollama.models import (ERRORS_DOC, NDJSON, OllamaModelRequest, OllamaPullRequest, library_name,
                                      ollama_name, pull_spec, stream_doc)
 
@@ -147,7 +148,7 @@ def version():
              responses=ERRORS_DOC)
 def tags(request: Request):
     engine = _engine(request)
-    found = request.app.state.presets.among(current_user(request).id, engine.models(), ready_only=True)
+    found = services(request).presets.among(current_user(request).id, engine.models(), ready_only=True)
     return {"models": [_preset_listed(engine, m) if isinstance(m, PresetView) else listed(m) for m in found]}
 
 
@@ -166,7 +167,7 @@ def _preset_listed(engine: Engine, view: PresetView) -> dict:
 async def show(body: OllamaModelRequest, request: Request):
     engine = _engine(request)
     body.ignored("/api/show")
-    presets = request.app.state.presets
+    presets = services(request).presets
     if (preset := await run_in_threadpool(presets.find, current_user(request).id, body.named)) is not None:
         return _show_preset(engine.info(presets.base_model(preset)), preset)
     m = engine.info(await run_in_threadpool(library_name, engine, body.named))

@@ -23,7 +23,7 @@ from serge.chats import PresetView
 from serge.engine import ChatRequest, Engine, FinishReason, GenerationRecord, ModelInfo, TokenLogprob
 from serge.web.anthropic.model_list import anthropic_model, anthropic_models
 from serge.web.http.auth import current_user
-from serge.web.http.context import RouteKind
+from serge.web.http.context import RouteKind, services
 from serge.web.http.dialects import cancel_on_disconnect, failure, start_chat, stream_response, think_for
 from serge.web.pages.docs import COMPLETION
 from serge.web.http.errors import ApiError, openai_error
@@ -55,7 +55,7 @@ right after the chat models. Asked by Anthropic's clients (an `anthropic-version
 @router.get("/models", summary="List the models a request may name: installed, remote, and presets",
             description=MODELS_DOC)
 def list_models(request: Request):
-    listed = request.app.state.presets.among(current_user(request).id, _engine(request).models())
+    listed = services(request).presets.among(current_user(request).id, _engine(request).models())
     if "anthropic-version" in request.headers:
         return anthropic_models(listed)
     return {"object": "list", "data": [_model_out(m) for m in listed]}
@@ -63,8 +63,8 @@ def list_models(request: Request):
 
 @router.get("/models/{model_id:path}", summary="One model (or preset) a request may name (404 for any other)")
 def get_model(model_id: str, request: Request):
-    preset = request.app.state.presets.find(current_user(request).id, model_id)
-    found = request.app.state.presets.get(current_user(request).id, preset.id) if preset else \
+    preset = services(request).presets.find(current_user(request).id, model_id)
+    found = services(request).presets.get(current_user(request).id, preset.id) if preset else \
         _engine(request).info(model_id)
     if "anthropic-version" in request.headers:
         return anthropic_model(found)

@@ -26,7 +26,7 @@ from serge.web.http.user_limits import UserLimits
 from serge.accounts.ldap import DirectoryUnavailable
 from serge.web.pages.sign_in import directory_login, provider_logout
 from serge.web.pages.usage import quota_context  # the caps' forms on the Users page
-from serge.web.http.context import context as request_context
+from serge.web.http.context import context as request_context, services
 
 TEMPLATES = Path(__file__).parent.parent / "templates"
 log = logging.getLogger(__name__)
@@ -58,23 +58,23 @@ def build_account_pages(limits: UserLimits) -> APIRouter:
     templates = Jinja2Templates(directory=str(TEMPLATES))
 
     def accounts(request: Request) -> Accounts:
-        return request.app.state.accounts
+        return services(request).accounts
 
     def sessions(request: Request) -> LoginSessions:
-        return request.app.state.sessions
+        return services(request).sessions
 
     def render(request: Request, template: str, status_code: int = 200, headers: dict | None = None, **context):
         user = request_context(request).user
         return templates.TemplateResponse(request, template, {
             "user": user, "local": user is LOCAL_USER, "version": __version__,
-            "sign_in_with": oidc.provider_name if (oidc := getattr(request.app.state, "oidc", None)) else None,
+            "sign_in_with": oidc.provider_name if (oidc := services(request).oidc) else None,
             **context,
         }, status_code=status_code, headers=headers)
 
     # --- login ----------------------------------------------------------------
     @router.get("/login")
     def login_page(request: Request, next: str | None = None):
-        if not accounts(request).has_users() and request.app.state.oidc is None and request.app.state.ldap is None:
+        if not accounts(request).has_users() and services(request).oidc is None and request.app.state.ldap is None:
             return RedirectResponse("/", status_code=303)
         return render(request, "login.html", next=safe_next(next), name="", error=None)
 

@@ -22,6 +22,7 @@ from serge.chats import MAX_MESSAGE_CHARS, MAX_SYSTEM_PROMPT_CHARS, ChatNotFound
 from serge.engine import SamplingParams, params_text, size_text
 from serge.store import ChatRecord, MessageRecord
 from serge.web.http.auth import current_user
+from serge.web.http.context import services
 from serge.web.pages.markdown import MarkdownRenderer
 
 TEMPLATES = Path(__file__).parent.parent / "templates"
@@ -144,7 +145,7 @@ def build_pages() -> APIRouter:
     pygments_css = render.stylesheet()
 
     def chats(request: Request) -> ChatService:
-        return request.app.state.chats
+        return services(request).chats
 
     def image_ids(request: Request, chat: ChatRecord | None) -> set[str]:
         """The chat's attachments that are images: each shows as a thumbnail in its message."""
@@ -164,10 +165,10 @@ def build_pages() -> APIRouter:
             "messages": _view(render, chat),
             "images": image_ids(request, chat),
             "chats": service.list(user.id),
-            "collections": request.app.state.knowledge.list(user.id),
+            "collections": services(request).knowledge.list(user.id),
             "tool_servers": service.tools.usable(user) if service.tools is not None else [],
             "models": engine.models(),
-            "presets": request.app.state.presets.among(user.id, []),  # theirs and everyone's, one per name
+            "presets": services(request).presets.among(user.id, []),  # theirs and everyone's, one per name
             "default_model": engine.default_model,
             "fields": setting_fields(),
             "max_message_chars": MAX_MESSAGE_CHARS,

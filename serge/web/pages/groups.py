@@ -18,6 +18,7 @@ from serge import __version__
 from serge.accounts import LOCAL_USER, InvalidAccountInput
 from serge.store import UserNotFound
 from serge.store.groups import GroupExists, GroupNotFound
+from serge.web.http.context import services
 from serge.web.http.auth import current_user
 
 TEMPLATES = Path(__file__).parent.parent / "templates"
@@ -32,7 +33,7 @@ def _page(request: Request, status_code: int = 200, **context):
     if not user.admin:
         return templates.TemplateResponse(request, "groups.html", {
             "user": user, "local": user is LOCAL_USER, "version": __version__, "forbidden": True}, status_code=403)
-    groups = request.app.state.groups
+    groups = services(request).groups
     shared: dict[str, list[tuple[str, str]]] = {}
     for kind, thing, group in groups.shares():
         shared.setdefault(group, []).append((kind, thing))
@@ -45,7 +46,7 @@ def _change(request: Request, work, done: str):
     if not current_user(request).admin:
         return _page(request)
     try:
-        work(request.app.state.groups)
+        work(services(request).groups)
     except InvalidAccountInput as exc:
         return _page(request, 400, error=str(exc))
     except (GroupNotFound, UserNotFound) as exc:
@@ -101,4 +102,4 @@ def audit_page(request: Request):
     user = current_user(request)
     return templates.TemplateResponse(request, "audit.html", {
         "user": user, "local": user is LOCAL_USER, "version": __version__, "forbidden": not user.admin,
-        "entries": request.app.state.audit.entries(500) if user.admin else []}, status_code=200 if user.admin else 403)
+        "entries": services(request).audit.entries(500) if user.admin else []}, status_code=200 if user.admin else 403)

@@ -14,6 +14,7 @@ from serge import __version__
 from serge.accounts import LOCAL_USER
 from serge.accounts.my_usage import my_usage
 from serge.web.http.auth import current_user
+from serge.web.http.context import services
 from serge.web.pages.usage import TEMPLATES
 
 router = APIRouter(include_in_schema=False)
@@ -23,6 +24,6 @@ templates = Jinja2Templates(directory=str(TEMPLATES))
 @router.get("/usage")
 async def my_usage_page(request: Request) -> Response:
     user = current_user(request)
-    mine = await run_in_threadpool(my_usage, request.app.state.usage, user.id, user is not LOCAL_USER)
+    mine = await run_in_threadpool(my_usage, services(request).usage, user.id, user is not LOCAL_USER)
     return templates.TemplateResponse(request, "my_usage.html", {
         "user": user, "local": user is LOCAL_USER, "version": __version__, "mine": mine})

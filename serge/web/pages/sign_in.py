@@ -24,7 +24,7 @@ from serge.accounts.oidc import PENDING_LIFETIME, OpenIdSignIn, SignInFailed
 from serge.store import UserRecord
 from serge.web.http.auth import SESSION_COOKIE
 from serge.web.http.errors import ApiError
-from serge.web.http.context import context as request_context
+from serge.web.http.context import context as request_context, services
 
 TEMPLATES = Path(__file__).parent.parent / "templates"
 START = "/auth/oidc/start"
@@ -51,7 +51,7 @@ def public_base(request: Request) -> str:
 
 
 def _oidc(request: Request) -> OpenIdSignIn:
-    found = getattr(request.app.state, "oidc", None)
+    found = services(request).oidc
     if found is None:
         raise ApiError(404, "sign-in with OpenID Connect is not set up here (SERGE_OIDC_ISSUER)", code="not_found")
     return found
@@ -69,7 +69,7 @@ def _refused(request: Request, exc: SignInFailed):
 
 def start_session(request: Request, user: UserRecord, target: str) -> RedirectResponse:
     """Signed in: a login session's cookie, and the browser sent on to `target` (a path of this server)."""
-    sessions = request.app.state.sessions
+    sessions = services(request).sessions
     response = RedirectResponse(safe_next(target), status_code=303)
     response.set_cookie(SESSION_COOKIE, sessions.start(user), max_age=int(sessions.lifetime.total_seconds()),
                         path="/", httponly=True, samesite="lax", secure=request.url.scheme == "https")
@@ -86,9 +86,9 @@ def directory_login(request: Request, name: str, password: str) -> UserRecord | 
         found = ldap.authenticate(name, password)
     except LoginFailed:
         return None
-    user = request.app.state.sign_ins.provision(found.user)
+    user = services(request).sign_ins.provision(found.user)
     if found.groups is not None:
-        request.app.state.groups.sync(user.id, "ldap", found.groups)
+        services(request).groups.sync(user.id, "ldap", found.groups)
     log.info("signed in with LDAP: user %s (%s)", user.name, user.id)
     return user
 
@@ -97,7 +97,7 @@ def provider_logout(request: Request):
     """After Serge's session ended: for someone who signed in with the provider, a page that sends the browser on
     to end the provider's session too (a link, and a meta refresh: the logout form's redirect could not leave
     Serge, whose pages allow forms to go to Serge only); None for everyone else."""
-    user, oidc = request_context(request).user, getattr(request.app.state, "oidc", None)
+    user, oidc = request_context(request).user, services(request).oidc
     if oidc is None or user is None or user.signed_in_by != "oidc":
         return None
     ending = oidc.logout_url(public_base(request) + "/login")
@@ -133,9 +133,9 @@ def callback(request: Request, state: str = "", code: str | None = None, error: 
         found, target = oidc.finish(state, code, error=error, description=error_description, iss=iss)
     except SignInFailed as exc:
         return _refused(request, exc)
-    user = request.app.state.sign_ins.provision(found.user)
+    user = services(request).sign_ins.provision(found.user)
     if found.groups is not None:  # the provider's groups claim decides their groups of the provider's
-        request.app.state.groups.sync(user.id, "oidc", found.groups)
+        services(request).groups.sync(user.id, "oidc", found.groups)
     log.info("signed in with OpenID Connect: user %s (%s)", user.name, user.id)
     response = start_session(request, user, target)
     response.delete_cookie(SIGN_IN_COOKIE, path="/auth/oidc")

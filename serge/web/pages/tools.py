@@ -20,7 +20,7 @@ from serge.tools import ToolServerError
 from serge.tools.secrets import shown_url
 from serge.web.http.auth import current_user
 from serge.web.pages.accounts import TEMPLATES
-from serge.web.http.context import context as request_context
+from serge.web.http.context import context as request_context, services
 
 Text = Annotated[str, Form(max_length=2048)]
 Lines = Annotated[str, Form(max_length=20_000)]
@@ -47,7 +47,7 @@ async def _page(request: Request, status_code: int = 200, **context) -> Response
     if not current_user(request).admin:
         return templates.TemplateResponse(request, "tools.html", {**base, "forbidden": True, "servers": []},
                                           status_code=403)
-    servers = request.app.state.tools
+    servers = services(request).tools
     listed = []
     for record in servers.registered():
         try:
@@ -70,7 +70,7 @@ async def add_server(request: Request, name: Text = "", url: Text = "", headers:
     if not current_user(request).admin:
         return await _page(request)
     try:
-        added = request.app.state.tools.register(name.strip(), url=url.strip(), headers=_headers(headers),
+        added = services(request).tools.register(name.strip(), url=url.strip(), headers=_headers(headers),
                                                  admins_only=bool(admins_only))
     except ToolServerError as exc:
         return await _page(request, 400, error=exc.message, name=name, url=url)
@@ -82,7 +82,7 @@ async def remove_server(name: str, request: Request):
     if not current_user(request).admin:
         return await _page(request)
     try:
-        await request.app.state.tools.unregister(name[:64])
+        await services(request).tools.unregister(name[:64])
     except ToolServerError as exc:
         return await _page(request, 404, error=exc.message)
     return RedirectResponse("/admin/tools", status_code=303)

@@ -21,6 +21,7 @@ from serge.accounts.usage_report import usage_filter, usage_rows
 from serge.store import QuotaRecord, UserNotFound
 from serge.web.http.auth import current_user
 from serge.web.pages.usage_chart import tokens_chart
+from serge.web.http.context import services
 
 TEMPLATES = Path(__file__).parent.parent / "templates"
 DEFAULT_DAYS = 30
@@ -44,7 +45,7 @@ def _quota(tokens_per_day: str, tokens_per_month: str, requests_per_minute: str)
 
 def quota_context(request: Request) -> dict:
     """What the Users page shows of the caps: each user's own (by id) and the account-wide default."""
-    usage = request.app.state.usage
+    usage = services(request).usage
     return {"quotas": usage.user_quotas(), "default_quota": usage.default_quota()}
 
 
@@ -58,7 +59,7 @@ def build_usage_pages() -> APIRouter:
         context = {"user": user, "local": user is LOCAL_USER, "version": __version__}
         if not user.admin:
             return templates.TemplateResponse(request, "usage.html", {**context, "forbidden": True}, status_code=403)
-        usage, accounts = request.app.state.usage, request.app.state.accounts
+        usage, accounts = services(request).usage, services(request).accounts
         today = usage.clock().date()
         only = usage_filter(accounts, start=today - timedelta(days=days - 1), end=today)
         tables = {by: usage_rows(usage, accounts, by, only) for by in ("user", "key", "model")}
@@ -79,15 +80,15 @@ def build_usage_pages() -> APIRouter:
     def _set(request: Request, name: str | None, *caps: str):
         if not current_user(request).admin:
             return RedirectResponse("/admin/users", status_code=303)  # the Users page says who may
-        usage = request.app.state.usage
+        usage = services(request).usage
         try:
             quota = _quota(*caps)
             if name is None:
                 usage.set_default_quota(quota)
             else:
-                usage.set_user_quota(request.app.state.accounts.user(name).id, quota)
+                usage.set_user_quota(services(request).accounts.user(name).id, quota)
         except (InvalidAccountInput, UserNotFound) as exc:
-            accounts = request.app.state.accounts
+            accounts = services(request).accounts
             return templates.TemplateResponse(request, "users.html", {
                 "user": current_user(request), "local": False, "version": __version__, "users": accounts.users(),
                 "error": str(exc),

@@ -25,6 +25,7 @@ from serge.web.http.errors import ApiError
 from serge.web.responses.items import new_id
 from serge.web.responses.models import CreateResponse
 from serge.web.responses.output import echo, response_object, status_of, usage
+from serge.web.http.context import services
 
 
 T = TypeVar("T")
@@ -65,7 +66,7 @@ async def answer(body: CreateResponse, request: Request, *, owner: str, model: s
     async def keep(done: GenerationRecord) -> None:
         if body.store:
             await run_in_threadpool(
-                request.app.state.responses.keep, owner, id=response_id, model=model, status=status_of(done),
+                services(request).responses.keep, owner, id=response_id, model=model, status=status_of(done),
                 previous_response_id=body.previous_response_id, input_items=items, output_items=builder.output,
                 usage=usage(done), request=request_echo, created_at=datetime.fromtimestamp(created, UTC))
 

@@ -20,7 +20,7 @@ from serge.engine import ChatRequest, Engine, Stream
 from serge.chats.responses import StoredResponses
 from serge.store import ResponseNotFound, ResponseRecord
 from serge.web.http.auth import owner
-from serge.web.http.context import RouteKind
+from serge.web.http.context import RouteKind, services
 from serge.web.pages.docs import BUSY
 from serge.web.http.errors import ApiError
 from serge.web.http.dialects import start_chat
@@ -84,7 +84,7 @@ def _engine(request: Request) -> Engine:
 
 
 def _store(request: Request) -> StoredResponses:
-    return request.app.state.responses
+    return services(request).responses
 
 
 async def history_of(body: CreateResponse, request: Request, user: str) -> list[dict]:

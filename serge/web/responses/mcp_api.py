@@ -27,6 +27,7 @@ from serge.web.responses.answer import answer, started
 from serge.web.responses.items import conversation, invalid
 from serge.web.responses.mcp import approvals, checked_uses, earlier_listings
 from serge.web.responses.mcp_output import McpOutputItems
+from serge.web.http.context import services
 from serge.web.responses.models import CreateResponse
 
 _END = object()
@@ -44,7 +45,7 @@ async def in_thread(events: Iterator) -> AsyncIterator:
 
 async def mcp_response(body: CreateResponse, request: Request, history: list[dict]):
     user = current_user(request)
-    servers = getattr(request.app.state, "tools", None)
+    servers = services(request).tools
     uses = await run_in_threadpool(checked_uses, body.mcp_tools(), servers, user)  # it reads the registry
     items = await run_in_threadpool(body.input_items)
     listings = await list_tools(servers, uses, earlier_listings(history + items)) if uses else []
@@ -57,7 +58,7 @@ async def mcp_response(body: CreateResponse, request: Request, history: list[dic
     if unknown := [a.call.name for a in answers if a.approve and a.call.name not in tools]:
         raise invalid(f"input approves a call of {unknown[0]!r}, which none of the mcp tools offers; send the "
                       "same mcp tool as the request that asked", "tools")
-    decisions = request.app.state.decisions
+    decisions = services(request).decisions
 
     def run(spec, arguments):
         return servers.submit(servers.call(spec.server, spec.name, arguments))
