@@ -22,7 +22,7 @@ from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 
 from serge.engine import ChatRequest, Engine, FinishReason, GenerationRecord, Stream
-from serge.web.http.dialects import cancel_on_disconnect, failure, start_chat, stream_response
+from serge.web.http.dialects import cancel_on_disconnect, failure, start_chat, stream_response, sse
 from serge.web.http.context import RouteKind
 from serge.web.anthropic.models import NO_EFFECT_FIELDS, CountTokensRequest, MessagesRequest
 from serge.web.anthropic.errors import anthropic_error
@@ -194,7 +194,7 @@ async def create_message(body: MessagesRequest, request: Request):
 
 
 def _sse(kind: str, **data) -> str:
-    return f"event: {kind}\ndata: {json.dumps({'type': kind, **data})}\n\n"
+    return sse({"type": kind, **data}, kind)
 
 
 async def _events(stream: Stream, message_id: str, prompt_tokens: int):

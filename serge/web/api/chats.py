@@ -34,7 +34,7 @@ from serge.web.http.auth import current_user, owner
 from serge.web.http.context import RouteKind, services
 from serge.web.http.bodies import uploaded
 from serge.web.pages.docs import EVENT_STREAM, MARKDOWN
-from serge.web.http.dialects import stream_response
+from serge.web.http.dialects import stream_response, sse
 from serge.web.http.errors import ApiError
 from serge.web.http.request_log import note_generation
 
@@ -121,7 +121,7 @@ def document_out(d: DocumentRecord) -> dict:
 
 
 def _event(kind: str, data: dict) -> str:
-    return f"event: {kind}\ndata: {json.dumps(data)}\n\n"
+    return sse(data, kind)
 
 
 def reply_events(request: Request, reply: Reply) -> StreamingResponse:

@@ -11,7 +11,6 @@ holds for everyone, so they pass `require_admin`.
 from __future__ import annotations
 
 import asyncio
-import json
 import re
 
 from fastapi import APIRouter, Depends, Request, Response
@@ -20,7 +19,7 @@ from starlette.concurrency import run_in_threadpool
 
 from serge.engine import Engine, ModelInfo, PullStatus
 from serge.web.http.auth import current_user
-from serge.web.http.dialects import stream_response
+from serge.web.http.dialects import stream_response, sse
 from serge.web.http.context import services
 from serge.web.http.errors import ApiError
 
@@ -120,7 +119,7 @@ async def pull_events(pull_id: str, request: Request):
         while True:
             body = pull_out(status)
             if body != sent:
-                yield f"event: {status.state if status.state != 'running' else 'progress'}\ndata: {json.dumps(body)}\n\n"
+                yield sse(body, status.state if status.state != "running" else "progress")
                 sent, quiet = body, 0.0
             elif quiet >= _KEEPALIVE_S:
                 yield ": still pulling\n\n"

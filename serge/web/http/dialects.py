@@ -8,6 +8,7 @@ reasoning efforts ask of a model that thinks.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import AsyncIterator, Mapping
 
@@ -86,6 +87,14 @@ def stream_response(body: AsyncIterator[str], *streams: Stream,
 
     return StreamingResponse(sent(), media_type=media_type,
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+SSE_DONE = "data: [DONE]\n\n"  # OpenAI's streams end with it
+
+
+def sse(data, event: str | None = None) -> str:
+    """One server-sent event: its JSON `data`, named `event` where the dialect names its events."""
+    return (f"event: {event}\n" if event else "") + f"data: {json.dumps(data)}\n\n"
 
 
 def refused_settings(exc: ValidationError, names: Mapping[str, str]) -> ApiError:

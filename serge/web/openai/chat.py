@@ -11,7 +11,6 @@ goes away cancels its generation, every choice of it.
 from __future__ import annotations
 
 import hashlib
-import json
 import time
 import uuid
 
@@ -24,7 +23,7 @@ from serge.engine import ChatRequest, Engine, FinishReason, GenerationRecord, Mo
 from serge.web.anthropic.model_list import anthropic_model, anthropic_models
 from serge.web.http.auth import current_user
 from serge.web.http.context import RouteKind, services
-from serge.web.http.dialects import cancel_on_disconnect, failure, start_chat, stream_response, think_for
+from serge.web.http.dialects import cancel_on_disconnect, failure, start_chat, stream_response, think_for, SSE_DONE, sse
 from serge.web.pages.docs import COMPLETION
 from serge.web.http.errors import ApiError, openai_error
 from serge.web.openai.chat_models import HARMLESS, MAX_CHOICES, REFUSED, ChatCompletionRequest
@@ -162,7 +161,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
             choice["logprobs"] = _logprobs(tokens) if tokens else None
         payload = {"id": completion_id, "object": "chat.completion.chunk", "created": created, "model": name,
                    "system_fingerprint": served_by, "choices": [choice], **extra}
-        return f"data: {json.dumps(payload)}\n\n"
+        return sse(payload)
 
     async def events():
         pending: list[list[TokenLogprob]] = [[] for _ in range(body.n)]  # tokens whose text is held back
@@ -182,15 +181,15 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
                 pending[delta.choice] = []
         records = stream.records
         if failed := next((r for r in records if r.finish_reason is FinishReason.ERROR), None):
-            yield f"data: {json.dumps(openai_error(f'generation failed: {failed.error}', 500))}\n\n"
+            yield sse(openai_error(f"generation failed: {failed.error}", 500))
         else:
             for index, record in enumerate(records):
                 yield chunk(index, {}, _finish_reason(record), tokens=pending[index], seed=record.seed)
             if include_usage:
                 tail = {"id": completion_id, "object": "chat.completion.chunk", "created": created,
                         "model": name, "choices": [], "usage": usage(records)}
-                yield f"data: {json.dumps(tail)}\n\n"
-        yield "data: [DONE]\n\n"
+                yield sse(tail)
+        yield SSE_DONE
 
     return stream_response(events(), stream)
 

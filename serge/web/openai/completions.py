@@ -12,7 +12,6 @@ more than OpenAI's 4, since autocomplete plugins send more (Continue, 10 to 20).
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
 
@@ -25,7 +24,7 @@ from serge.engine import ContextTooLong, FinishReason, GenerationRecord, Samplin
 from serge.web.pages.docs import TEXT_COMPLETION
 from serge.web.http.errors import ApiError
 from serge.web.http.context import RouteKind
-from serge.web.http.dialects import StrictRequest, cancel_on_disconnect, failure, refused_settings, stream_response
+from serge.web.http.dialects import StrictRequest, cancel_on_disconnect, failure, refused_settings, stream_response, SSE_DONE, sse
 from serge.web.openai.chat import fingerprint, usage
 from serge.web.openai.chat_models import MAX_CHOICES, StreamOptions
 from serge.web.http.request_log import note_generation
@@ -180,9 +179,8 @@ async def completions(body: CompletionRequest, request: Request):
               offset: int = 0) -> str:
         choice = {"index": index, "text": text, "finish_reason": finish,
                   "logprobs": _logprobs(tokens, offset) if wants and tokens else None}
-        return "data: " + json.dumps({"id": completion_id, "object": "text_completion", "created": created,
-                                      "model": name, "system_fingerprint": served_by,
-                                      "choices": [choice]}) + "\n\n"
+        return sse({"id": completion_id, "object": "text_completion", "created": created, "model": name,
+                    "system_fingerprint": served_by, "choices": [choice]})
 
     async def events():
         counts = [0, 0, 0]
@@ -198,17 +196,16 @@ async def completions(body: CompletionRequest, request: Request):
                     sent[delta.choice] += delta.text
             records = stream.records
             if failed := next((r for r in records if r.finish_reason is FinishReason.ERROR), None):
-                yield "data: " + json.dumps({"error": {"message": f"generation failed: {failed.error}",
-                                                       "type": "server_error"}}) + "\n\n"
+                yield sse({"error": {"message": f"generation failed: {failed.error}", "type": "server_error"}})
                 break
             for choice, record in enumerate(records):
                 yield chunk(at * n + choice, "", _finish(record))
             counts = [a + b for a, b in zip(counts, usage(records).values())]
         else:
             if body.stream_options is not None and body.stream_options.include_usage:
-                yield "data: " + json.dumps({"id": completion_id, "object": "text_completion", "created": created,
-                                             "model": name, "choices": [], "usage": dict(zip(
-                                                 ("prompt_tokens", "completion_tokens", "total_tokens"), counts))}) + "\n\n"
-        yield "data: [DONE]\n\n"
+                yield sse({"id": completion_id, "object": "text_completion", "created": created, "model": name,
+                           "choices": [], "usage": dict(zip(("prompt_tokens", "completion_tokens", "total_tokens"),
+                                                            counts))})
+        yield SSE_DONE
 
     return stream_response(events(), *streams)

@@ -9,7 +9,6 @@ nothing and says so (an error status whole, an `error` event streamed), a finish
 from __future__ import annotations
 
 import itertools
-import json
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import TypeVar
@@ -20,7 +19,7 @@ from starlette.concurrency import run_in_threadpool
 
 from serge.engine import ContextTooLong, FinishReason, GenerationRecord, InvalidRequest
 from serge.store import DatabaseUnavailable
-from serge.web.http.dialects import cancel_on_disconnect, failure, stream_response
+from serge.web.http.dialects import cancel_on_disconnect, failure, stream_response, sse as sse_line
 from serge.web.http.errors import ApiError
 from serge.web.responses.items import new_id
 from serge.web.responses.models import CreateResponse
@@ -92,7 +91,7 @@ async def answer(body: CreateResponse, request: Request, *, owner: str, model: s
 
     def sse(event: dict) -> str:
         event["sequence_number"] = next(numbers)
-        return f"event: {event['type']}\ndata: {json.dumps(event)}\n\n"
+        return sse_line(event, event["type"])
 
     def error_event(message: str, code: str) -> str:
         return sse({"type": "error", "code": code, "message": message, "param": None})
