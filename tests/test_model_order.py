@@ -57,8 +57,8 @@ def test_serges_own_list_and_the_pages_picker_put_the_default_first(server):
     page = httpx.get(f"{server}/").text
     picker = page[page.index('id="set-model"'):page.index("</select>", page.index('id="set-model"'))]
     options = re.findall(r"<option([^>]*)>([^<]+)</option>", picker)
-    assert [text for _, text in options] == [f"{STANDIN} (default)", BUNDLED, EMBEDDING]
-    assert ["selected" in attributes for attributes, _ in options] == [True, False, False]
+    assert [text for _, text in options] == [f"{STANDIN} (default)", BUNDLED]  # no embedding model to chat with
+    assert ["selected" in attributes for attributes, _ in options] == [True, False]
 
 
 OPEN_WEBUI = json.loads((Path(__file__).parent / "data" / "open_webui_first_chat.json").read_text())
