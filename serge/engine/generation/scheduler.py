@@ -38,11 +38,11 @@ import time
 from dataclasses import replace
 from collections import Counter
 
-import torch
 
 from serge.engine.generation.admission import EngineBusy, SchedulerLimits, Waiting
 from serge.engine.generation.forward import Forward, OutOfKV
 from serge.engine.generation.grammar import Vocabulary
+from serge.engine.generation.host_sampling import HOST
 from serge.engine.generation.kv_reuse import KvReuse
 from serge.engine.generation.kv_store import KvStore
 from serge.engine.generation.prefix_cache import PrefixCache
@@ -184,7 +184,10 @@ class Scheduler:
 
     # --- the worker ---------------------------------------------------------
     def _run(self) -> None:
-        torch.set_num_threads(self._most_threads)  # per thread under OpenMP: set it where the work runs
+        if self._device is not HOST:  # a host forward samples in numpy: no torch to set
+            import torch  # extra: transformers
+
+            torch.set_num_threads(self._most_threads)  # per thread under OpenMP: set it where the work runs
         self.forward.prepare()  # measured with this thread's kernels, before any request waits on it
         if self._kv_store is not None:  # before any request looks in the prefix cache
             self._kv_store.load(self._prefixes)
