@@ -102,9 +102,12 @@ def main(argv: list[str] | None = None) -> None:
     args = parser().parse_args(argv)
     if server_command is not None:
         args.argv = server_command
+    # transformers' advice at import ("PyTorch was not found ..."): the default install has no torch on purpose
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("alembic").setLevel(logging.WARNING)  # its INFO lines are plugin and dialect chatter
-    for chatty in ("httpx", "httpx2", "huggingface_hub"):  # a line per request, over the progress bar
+    for chatty in ("httpx", "httpx2", "huggingface_hub",  # a line per request, over the progress bar
+                   "mcp.server.streamable_http_manager", "gguf.gguf_writer"):  # a line per start, per file written
         logging.getLogger(chatty).setLevel(logging.WARNING)
 
     try:

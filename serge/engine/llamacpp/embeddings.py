@@ -87,8 +87,10 @@ def load_llama_embedder(installed: InstalledModel, options: LoadOptions) -> Embe
     """Load a GGUF embedding model on llama.cpp (all its layers on the GPU where this build has one)."""
     import llama_cpp
 
+    from serge.engine.llamacpp.native_log import route_native_log
     from serge.engine.llamacpp.offload import can_offload
 
+    route_native_log()
     started = time.monotonic()
     on_gpu = options.plan.device_type != "cpu" and can_offload()
     log.info("Loading %s (embeddings) with llama.cpp on %s ...", installed.name, "the GPU" if on_gpu else "the CPU")

@@ -71,6 +71,9 @@ class LlamaForward:
                  kv: KvType = kv_type("f16"), joins: int = 0) -> None:
         import llama_cpp as lc
 
+        from serge.engine.llamacpp.native_log import route_native_log
+
+        route_native_log()
         self._lc = lc
         self.version = lc.__version__
         logging.getLogger("llama-cpp-python").setLevel(logging.ERROR)  # its C logs go to stderr otherwise
