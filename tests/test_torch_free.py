@@ -25,7 +25,7 @@ from serge.engine.generation.sampling import Penalties, SamplingParams, choose_n
 from serge.engine.llamacpp.bert_gguf import target
 from serge.engine.models.library import ModelLibrary
 
-CHAT, EMBEDDER = "smollm2-135m-instruct", "all-minilm-l6-v2"
+CHAT, EMBEDDER, TINY = "smollm2-135m-instruct", "all-minilm-l6-v2", "tiny-safetensors"
 TEXTS = ["The cat is sleeping on the sofa.", "A kitten naps on the couch.", "Interest rates rose again in March.",
          "naïve café déjà vu — ünïcödé"]
 NO_TORCH = ("import sys; sys.modules.update(torch=None, accelerate=None); sys.argv[0] = 'serge'; "
@@ -42,7 +42,7 @@ def torchless(*args: str, **kwargs) -> subprocess.Popen:
 
 
 @pytest.fixture(scope="module")
-def embedder_only_here(tmp_path_factory):
+def embedder_only_here(tmp_path_factory, tiny_checkpoint):
     """A models dir of its own: the bundled models imported (hard-linked) by `serge models import` without torch, so
     the chat model's tokenizer is read out of its GGUF without torch too; the embedder's GGUF is written into it."""
     source = ModelLibrary(models_dir())
@@ -52,6 +52,7 @@ def embedder_only_here(tmp_path_factory):
                              "--models-dir", str(library.models_dir), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         out = imported.communicate(timeout=300)[0].decode()
         assert imported.returncode == 0, out
+    library.import_path(tiny_checkpoint, TINY, log=lambda _: None)  # safetensors: the transformers engine's
     return library
 
 
@@ -122,6 +123,16 @@ def test_the_bundled_embedder_runs_on_llama_cpp_and_agrees_with_transformers(tor
     torch = engine.embed(EMBEDDER, TEXTS).vectors.tolist()  # the transformers engine, in this process
     for text, a, b in zip(TEXTS, ours, torch):
         assert cosine(a, b) > 0.999, (text, cosine(a, b))
+
+
+def test_a_model_only_the_transformers_engine_runs_names_the_extra_to_install(torchless_server):
+    url, _ = torchless_server
+    listed = httpx.get(f"{url}/v1/models", timeout=30)
+    assert listed.status_code == 200 and TINY in {m["id"] for m in listed.json()["data"]}  # listed all the same
+    reply = httpx.post(f"{url}/v1/chat/completions", timeout=60,
+                       json={"model": TINY, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
+    assert reply.status_code == 503, reply.text
+    assert "pip install 'serge[transformers]'" in reply.json()["error"]["message"]
 
 
 def test_the_tokenizer_read_without_torch_is_the_one_transformers_reads(embedder_only_here):
