@@ -224,6 +224,9 @@ def _serve(settings: Settings) -> None:
     _fewer_malloc_arenas()
     warn_if_exposed(settings)
     engine = Engine(settings)  # a missing device ends the start before anything else runs
+    from serge.cli_fetch import fetch_defaults
+
+    fetch_defaults(settings, engine)  # a fresh install (`pip install serge`) has no model yet
     # uvicorn shuts down on SIGTERM (systemd's, docker's stop), then raises it again: with the default handler the
     # process would end there, before `finally` closes the engine (its workers joined, its prefix cache kept on disk).
     signal.signal(signal.SIGTERM, _stop)
