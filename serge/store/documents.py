@@ -122,8 +122,10 @@ class FileStore:
         sha256 = hashlib.sha256(data).hexdigest()
         target = self.path(sha256)
         if not target.exists():
-            private_dir(self.root)
-            private_dir(target.parent)
+            # resolved: a `files` link to a shared folder not made yet (another process's, docs/several-processes.md)
+            # makes that folder, where mkdir on the link itself raised FileExistsError
+            private_dir(self.root.resolve())
+            private_dir(target.parent.resolve())
             partial = target.with_name(f"{sha256}.{os.getpid()}.part")
             fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, PRIVATE_FILE)
             with os.fdopen(fd, "wb") as out:
