@@ -20,10 +20,11 @@ LLAMA_CPP_OWN = ("llama_model_loader", "/ 272]", "llama_context", "load_tensors"
 
 
 def first_start(tmp_path, *flags: str) -> list[str]:
-    """`serge serve` on a models dir where the bundled GGUF has never been served (its Q8_0 copy is made now),
+    """`serge serve` on a models dir where the bundled models have never been served (its Q8_0 copy is made now),
     polled for health as a page or balancer does, asked one chat, stopped: the lines it wrote."""
     library = ModelLibrary(tmp_path / "models")
-    library.import_path(ModelLibrary(models_dir()).find(CHAT).path, CHAT, log=lambda _: None)
+    for name in (CHAT, "all-minilm-l6-v2"):  # as `make run` leaves them: installed, never served
+        library.import_path(ModelLibrary(models_dir()).find(name).path, name, log=lambda _: None)
     port, log = free_port(), tmp_path / "serve.log"
     with open(log, "wb") as out:
         process = subprocess.Popen(
@@ -57,7 +58,7 @@ def test_a_first_start_prints_fewer_than_30_lines_and_none_of_llama_cpps(tmp_pat
     assert len(lines) < 30, "\n".join(lines)
     assert not [line for line in lines if any(mark in line for mark in LLAMA_CPP_OWN)], "\n".join(lines)
     stages = "\n".join(lines)
-    assert "Re-quantizing" in stages and f"Loaded {CHAT}" in stages and f"http://127.0.0.1:" in stages
+    assert "Re-quantizing" in stages and f"Loaded {CHAT}" in stages and f"Ready at http://127.0.0.1:" in stages
 
 
 def test_llama_cpps_own_log_is_there_at_debug_level(tmp_path):
