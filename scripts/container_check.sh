@@ -20,15 +20,24 @@ if ! buildah inspect --type image "$base" >/dev/null 2>&1; then
   tar -C "$work/rootfs" -c . | podman import - "$base" >/dev/null
 fi
 
+# Where the host reaches PyPI through a TLS-inspecting proxy, its CA bundle (PIP_CERT or SSL_CERT_FILE) is lent to
+# the build's and the server's pip for this check alone: mounted, never copied into the image.
+ca=()
+bundle=${PIP_CERT:-${SSL_CERT_FILE:-}}
+if [ -n "$bundle" ] && [ -f "$bundle" ]; then
+  printf '[global]\ncert = /run/host-ca.crt\n' >"$work/pip.conf"
+  ca=(-v "$bundle:/run/host-ca.crt:ro" -v "$work/pip.conf:/etc/pip.conf:ro")
+fi
+
 step "buildah bud (llama.cpp compiles for the CPU: minutes)"
-buildah bud --isolation chroot --layers -t localhost/serge:check -f Containerfile . >"$work/build.log" 2>&1 \
-  || { tail -50 "$work/build.log"; exit 1; }
+buildah bud --isolation chroot --layers "${ca[@]}" -t localhost/serge:check -f Containerfile . \
+  >"$work/build.log" 2>&1 || { tail -50 "$work/build.log"; exit 1; }
 
 step "serge serve inside it (models fetched on its first start)"
 ctr=$(buildah from localhost/serge:check)
 trap 'kill "${serve_pid:-0}" 2>/dev/null || true; buildah rm "$ctr" >/dev/null 2>&1 || true' EXIT
 port=${PORT:-18008}
-buildah run --isolation chroot --env SERGE_HOST=127.0.0.1 --env SERGE_PORT="$port" "$ctr" -- serge serve \
+buildah run --isolation chroot "${ca[@]}" --env SERGE_HOST=127.0.0.1 --env SERGE_PORT="$port" "$ctr" -- serge serve \
   >"$work/serve.log" 2>&1 &
 serve_pid=$!
 for _ in $(seq 600); do
