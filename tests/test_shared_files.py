@@ -23,13 +23,14 @@ def test_uploads_through_a_files_link_made_before_its_folder_land_in_the_shared_
         except Exception as exc:  # the upload's 500 (FileExistsError, once)
             errors.append(exc)
 
-    threads = [threading.Thread(target=upload, args=(i,)) for i in range(8)]
+    threads = [threading.Thread(target=upload, args=(i,)) for i in range(8)]  # two uploads of each file at once
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
     assert not errors, errors
     assert (a / "files").is_dir() and not (a / "files").is_symlink()
-    for sha in names:  # each readable through either data dir
+    for sha in names:  # each readable through either data dir, by its owner alone
         assert stores[0].path(sha).read_bytes() == stores[1].path(sha).read_bytes()
+        assert stores[0].path(sha).stat().st_mode & 0o777 == 0o600
     assert len(set(names)) == 4 and not list((a / "files").rglob("*.part"))
