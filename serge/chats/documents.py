@@ -77,7 +77,8 @@ class ChatDocuments:
         try:
             found = []
             for start in range(0, len(texts), EMBED_BATCH):
-                found.extend(self.engine.embed(None, texts[start:start + EMBED_BATCH]).vectors.numpy())
+                found.extend(np.asarray(self.engine.embed(None, texts[start:start + EMBED_BATCH]).vectors,
+                                        np.float32))
             return found
         except Exception as exc:  # no embedding model installed, or it failed: the file is still searchable
             log.warning("no vectors for a document (%s); it is searched by words only", exc)

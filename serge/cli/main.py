@@ -104,9 +104,12 @@ def main(argv: list[str] | None = None) -> None:
     args = parser().parse_args(argv)
     if server_command is not None:
         args.argv = server_command
+    # transformers' advice at import ("PyTorch was not found ..."): the default install has no torch on purpose
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("alembic").setLevel(logging.WARNING)  # its INFO lines are plugin and dialect chatter
-    for chatty in ("httpx", "httpx2", "huggingface_hub"):  # a line per request, over the progress bar
+    for chatty in ("httpx", "httpx2", "huggingface_hub",  # a line per request, over the progress bar
+                   "mcp.server.streamable_http_manager", "gguf.gguf_writer"):  # a line per start, per file written
         logging.getLogger(chatty).setLevel(logging.WARNING)
 
     act_as(f"cli:{_login()}")  # what the command changes is this login's, in the audit log
@@ -232,6 +235,9 @@ def _serve(settings: Settings) -> None:
     _fewer_malloc_arenas()
     warn_if_exposed(settings)
     engine = Engine(settings)  # a missing device ends the start before anything else runs
+    from serge.cli.fetch import fetch_defaults
+
+    fetch_defaults(settings, engine)  # a fresh install (`pip install serge`) has no model yet
     # uvicorn shuts down on SIGTERM (systemd's, docker's stop), then raises it again: with the default handler the
     # process would end there, before `finally` closes the engine (its workers joined, its prefix cache kept on disk).
     signal.signal(signal.SIGTERM, _stop)

@@ -6,6 +6,8 @@ The plan builds `from_pretrained` arguments: every load uses `device_map`, so
 weights land where they belong and nothing is ever moved by hand afterwards
 (moving a quantized or dispatched model breaks it). Inputs follow the model's
 own device (`model.device`, read where they are made, in forward.py).
+Without torch (the default install: llama.cpp only, no `serge[transformers]`), the plan is the CPU
+and its dtype a name: llama.cpp decides its own GPU offload (`llamacpp.offload`).
 """
 
 from __future__ import annotations
@@ -14,20 +16,20 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-import torch
+from serge.engine.optional import torch_or_none
 
 
 class DeviceUnavailable(RuntimeError):
     """The device the user asked for is not on this machine."""
 
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_DTYPES = ("float32", "bfloat16", "float16")
 
 
 @dataclass(frozen=True)
 class DevicePlan:
     device: str  # "cpu", "cuda:0", "mps"
-    dtype: torch.dtype
+    dtype: Any  # a torch.dtype; without torch its name ("float32")
     quantization: str = "none"  # "none", "8bit", "4bit"
 
     @property
@@ -38,9 +40,15 @@ class DevicePlan:
     def dtype_name(self) -> str:
         return str(self.dtype).removeprefix("torch.")
 
+    @property
+    def dtype_bytes(self) -> int:
+        return {"float32": 4, "bfloat16": 2, "float16": 2}[self.dtype_name]
+
     def memory_budget_bytes(self) -> int:
         """What models may take here unless the user says: 90% of the GPU's memory, else half the RAM."""
         if self.device_type == "cuda":
+            import torch  # extra: transformers
+
             return int(torch.cuda.get_device_properties(self.device).total_memory * 0.9)
         return machine_memory_bytes() // 2
 
@@ -73,6 +81,9 @@ def machine_memory_bytes() -> int:
 
 def available_devices() -> list[str]:
     found = ["cpu"]
+    torch = torch_or_none()
+    if torch is None:
+        return found
     if torch.cuda.is_available():
         found += [f"cuda:{i}" for i in range(torch.cuda.device_count())]
     if torch.backends.mps.is_available():
@@ -83,6 +94,9 @@ def available_devices() -> list[str]:
 def resolve_device(requested: str = "auto", dtype: str = "auto", quantization: str = "none") -> DevicePlan:
     """Pick the device once: cuda, then mps, then cpu for `auto`; the named one otherwise."""
     requested = requested.strip().lower()
+    torch = torch_or_none()
+    if torch is None:
+        return _without_torch(requested, dtype, quantization)
     if requested == "auto":
         if torch.cuda.is_available():
             device = "cuda:0"
@@ -115,6 +129,20 @@ def resolve_device(requested: str = "auto", dtype: str = "auto", quantization: s
     if dtype == "auto":
         chosen = {"cuda": torch.bfloat16, "mps": torch.float16}.get(device.split(":")[0], torch.float32)
     else:
-        chosen = _DTYPES[dtype]
+        chosen = {name: getattr(torch, name) for name in _DTYPES}[dtype]
     return DevicePlan(device=device, dtype=chosen, quantization=quantization)
+
+
+def _without_torch(requested: str, dtype: str, quantization: str) -> DevicePlan:
+    """The plan where torch is not installed: the CPU (llama.cpp places its own layers on a GPU it was built for);
+    a GPU named, or quantization, needs the transformers engine."""
+    from serge.engine.optional import NEEDS_TRANSFORMERS
+
+    if requested not in ("auto", "cpu") or quantization != "none":
+        asked = f"device {requested!r}" if requested not in ("auto", "cpu") else f"{quantization} quantization"
+        raise DeviceUnavailable(f"{asked} was asked for, which the transformers engine serves; "
+                                f"{NEEDS_TRANSFORMERS}, or use --device auto or cpu")
+    if dtype not in ("auto", *_DTYPES):
+        raise DeviceUnavailable(f"unknown dtype {dtype!r}; use auto, {', '.join(_DTYPES)}")
+    return DevicePlan(device="cpu", dtype="float32" if dtype == "auto" else dtype, quantization=quantization)
 

@@ -22,8 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-import torch
-import torch.nn.functional as F
+import numpy as np
 
 from serge.engine.devices import DevicePlan
 from serge.engine.generation.constraints.schemas import InvalidRequest
@@ -38,7 +37,7 @@ BATCH = 32  # texts per forward pass
 
 @dataclass(frozen=True)
 class Embeddings:
-    vectors: torch.Tensor  # [texts, dimensions], float32 on the CPU
+    vectors: np.ndarray  # [texts, dimensions], float32
     prompt_tokens: int
     model: str = ""
 
@@ -59,7 +58,11 @@ class Pooling:
         normalize = any(str(m.get("type", "")).endswith(".Normalize") for m in modules)
         return cls(mode, normalize)
 
-    def __call__(self, hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def __call__(self, hidden, mask):
+        """Pool a transformers encoder's hidden states ([texts, tokens, width] tensors; torch is the caller's)."""
+        import torch  # extra: transformers
+        import torch.nn.functional as F  # extra: transformers
+
         mask = mask.unsqueeze(-1).to(hidden.dtype)
         if self.mode == "cls":
             out = hidden[:, 0]
@@ -81,7 +84,7 @@ class Encoder(Protocol):
 
     def ids(self, text: str, limit: int) -> list[int]: ...
 
-    def vectors(self, batch: list[list[int]]) -> torch.Tensor: ...  # [texts, dimensions], float32 on the CPU
+    def vectors(self, batch: list[list[int]]): ...  # [texts, dimensions], float32 on the CPU (numpy or torch)
 
     def close(self) -> None: ...
 
@@ -126,7 +129,7 @@ class EmbeddingModel:
                                  f"leave dimensions out or ask for {self.dimensions}", "dimensions")
         ids = [self._ids(t) for t in texts]
         order = sorted(range(len(ids)), key=lambda i: len(ids[i]))  # similar lengths share a batch
-        out = torch.empty(len(ids), self.dimensions)
+        out = np.empty((len(ids), self.dimensions), dtype=np.float32)
         with self._count:
             self._pending += 1
         try:
@@ -134,7 +137,7 @@ class EmbeddingModel:
                 chunk = order[start:start + BATCH]
                 with self._turns.turn(party):
                     try:
-                        out[chunk] = self.encoder.vectors([ids[i] for i in chunk])
+                        out[chunk] = np.asarray(self.encoder.vectors([ids[i] for i in chunk]), np.float32)
                     finally:
                         end_team()  # within the turn: no two batches' teams alive at once (`openmp`)
         finally:

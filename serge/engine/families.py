@@ -15,11 +15,13 @@ from typing import Protocol
 from serge.engine.embeddings import EmbeddingModel
 from serge.engine.hf.family import TorchFamily
 from serge.engine.info import EngineKind
+from serge.engine.llamacpp.bert_gguf import convertible
 from serge.engine.llamacpp.family import LlamaCppFamily
 from serge.engine.llamacpp.features import llama_cpp_available, llama_cpp_offloads
 from serge.engine.llamacpp.options import LlamaOptions
 from serge.engine.local import LoadOptions, LocalModel
 from serge.engine.models.library import InstalledModel
+from serge.engine.optional import has_torch
 
 
 class Family(Protocol):
@@ -79,6 +81,8 @@ def choose_engine(installed: InstalledModel, wanted: str, device_type: str) -> t
         if gguf and not llama_cpp_available():
             raise ValueError(f"model {installed.name!r} is a GGUF embedding model, which runs on llama.cpp; "
                              f"install llama-cpp-python to serve it")
+        if not gguf and not has_torch() and llama_cpp_available() and convertible(installed.path):
+            return "llama.cpp", None  # no torch (the default install): from a GGUF written once (`bert_gguf`)
         return ("llama.cpp" if gguf else "transformers"), None
     if wanted == "auto":
         engine, why = _auto(gguf, device_type)

@@ -282,7 +282,9 @@ def load_tokenizer(installed: InstalledModel):
     """The Hugging Face tokenizer: saved beside a GGUF at install, else read from the GGUF itself."""
     from transformers import AutoTokenizer
 
+    from serge.engine.models.conversions import read_gguf_tokenizer
+
     folder = installed.folder
     if (folder / "tokenizer_config.json").is_file():
         return AutoTokenizer.from_pretrained(folder)
-    return AutoTokenizer.from_pretrained(installed.path.parent, gguf_file=installed.path.name)
+    return read_gguf_tokenizer(installed.path.parent, installed.path.name)

@@ -23,8 +23,13 @@ OMP_PAUSE_SOFT = 1  # omp.h's omp_pause_resource_t
 
 @functools.cache
 def _libgomp() -> ctypes.CDLL | None:
-    """torch's OpenMP runtime on Linux; None elsewhere (macOS's libomp keeps no such count of threads)."""
-    import torch
+    """torch's OpenMP runtime on Linux; None elsewhere (macOS's libomp keeps no such count of threads) and where
+    torch is not installed (llama.cpp's threads are its own pool, `llamacpp.threadpool`)."""
+    from serge.engine.optional import torch_or_none
+
+    torch = torch_or_none()
+    if torch is None:
+        return None
 
     path = Path(torch.__file__).parent / "lib" / "libgomp.so.1"
     return ctypes.CDLL(str(path)) if path.exists() else None

@@ -62,9 +62,10 @@ def _give_back_freed_memory() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):
         pass
-    import torch
+    import sys
 
-    if torch.cuda.is_initialized():
+    torch = sys.modules.get("torch")  # only where something imported it: never imported here for this
+    if torch is not None and torch.cuda.is_initialized():
         torch.cuda.empty_cache()
 
 

@@ -22,6 +22,7 @@ import hashlib
 import logging
 import os
 import re
+import tempfile
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -34,7 +35,7 @@ from sqlalchemy import bindparam, delete, func, literal_column, select, text
 from sqlalchemy.orm import Session
 
 from serge.store.chats import new_id
-from serge.store.db import PRIVATE_FILE, Database, private_dir
+from serge.store.db import Database, private_dir
 from serge.store.tables import FULL_TEXT_COLUMN, Document, DocumentChunk, now
 
 log = logging.getLogger(__name__)
@@ -122,13 +123,16 @@ class FileStore:
         sha256 = hashlib.sha256(data).hexdigest()
         target = self.path(sha256)
         if not target.exists():
-            private_dir(self.root)
-            private_dir(target.parent)
-            partial = target.with_name(f"{sha256}.{os.getpid()}.part")
-            fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, PRIVATE_FILE)
+            # resolved: a `files` link to a shared folder not made yet (another process's, docs/several-processes.md)
+            # makes that folder, where mkdir on the link itself raised FileExistsError
+            private_dir(self.root.resolve())
+            private_dir(target.parent.resolve())
+            # a name of its own per upload (mkstemp, 0600): two uploads of the same bytes at once, in one process or
+            # two, each write their own and the second rename puts the same bytes in place
+            fd, partial = tempfile.mkstemp(prefix=f"{sha256}.", suffix=".part", dir=target.parent.resolve())
             with os.fdopen(fd, "wb") as out:
                 out.write(data)
-            partial.replace(target)
+            os.replace(partial, target)
         return sha256
 
     def remove(self, sha256: str) -> None:

@@ -60,12 +60,14 @@ from serge.web.http.usage_meter import UsageMeter
 log = logging.getLogger(__name__)
 
 
-def _warm_up(engine: Engine, app: FastAPI) -> None:
+def _warm_up(engine: Engine, app: FastAPI, url: str) -> None:
     try:
         engine.warm_up()
     except Exception as exc:  # shown by /api/health; requests get the error on their own
         log.error("Could not load the default model: %s", exc)
         app.state.load_error = str(exc)
+    else:
+        log.info("Ready at %s (%s)", url, engine.default_model)  # the first start's last stage
 
 
 def build_app(settings: Settings, engine: Engine) -> FastAPI:
@@ -80,7 +82,8 @@ def build_app(settings: Settings, engine: Engine) -> FastAPI:
         await services.tools.start()
         if services.shared is not None:
             limits.share_streams(services.shared)
-        loader = threading.Thread(target=_warm_up, args=(app.state.engine, app), name="serge-warm-up", daemon=True)
+        loader = threading.Thread(target=_warm_up, args=(app.state.engine, app, f"http://{settings.host}:{settings.port}"),
+                                  name="serge-warm-up", daemon=True)
         loader.start()
         try:
             # /mcp: what agents may look up, and the MCP SDK's task group for its requests

@@ -11,10 +11,11 @@ Every call is made on the scheduler's worker thread, one at a time.
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-import numpy as np
-import torch
+if TYPE_CHECKING:
+    import numpy as np
+    import torch  # extra: transformers
 
 
 class OutOfKV(RuntimeError):
@@ -59,7 +60,8 @@ class Forward(Protocol):
 
     @property
     def device(self) -> torch.device:
-        """Where the logits live: the scheduler samples there."""
+        """Where the logits live: the scheduler samples there (`host_sampling.HOST`: numpy rows in host memory,
+        sampled without torch)."""
         ...
 
     def prepare(self) -> None:
@@ -99,7 +101,7 @@ class Forward(Protocol):
         [len(kvs), vocabulary], each row what that chunk gets in a pass of its own."""
         ...
 
-    def prefill(self, kv: KV, tokens: list[int], images: dict | None = None) -> torch.Tensor:
+    def prefill(self, kv: KV, tokens: list[int], images: dict | None = None) -> torch.Tensor | np.ndarray:
         """Feed a chunk of one sequence's prompt (`kv.length` grows by `len(tokens)`);
         the next-token logits after its last token, as [vocabulary]. `images`: a vision model's
         pixel inputs for the image tokens in `tokens` (the scheduler passes them with a prompt's

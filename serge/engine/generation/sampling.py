@@ -22,8 +22,9 @@ accepted setting picks a token.
 from __future__ import annotations
 
 import random
+from typing import TYPE_CHECKING
 
-import torch
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 MAX_STOP_STRINGS = 32  # every dialect's limit (editor autocomplete sends 10 to 20); OpenAI's chat completions keep 4
@@ -32,8 +33,11 @@ MAX_LOGIT_BIAS = 1024  # tokens one request may bias
 MAX_TOP_LOGPROBS = 20
 IMPOSSIBLE_LOGPROB = -9999.0  # what OpenAI reports for a token that could not be drawn
 MIN_TEMPERATURE = 1e-5  # below it a temperature is greedy (stored as 0), as vLLM does
-_FLOAT_MAX = torch.finfo(torch.float32).max
-_FLOAT_TINY = torch.finfo(torch.float32).tiny
+_FLOAT_MAX = float(np.finfo(np.float32).max)  # torch.finfo(torch.float32)'s, without importing torch
+_FLOAT_TINY = float(np.finfo(np.float32).tiny)
+
+if TYPE_CHECKING:  # torch runs only where a forward's logits are tensors (the transformers engine)
+    import torch  # extra: transformers
 
 
 class SamplingParams(BaseModel):
@@ -116,7 +120,15 @@ class SamplingParams(BaseModel):
     def greedy(self) -> bool:
         return self.temperature is not None and self.temperature < MIN_TEMPERATURE
 
-    def generator(self, device: torch.device) -> torch.Generator:
+    def generator(self, device):
+        """This sequence's random generator where its logits live: numpy's on the host (`host_sampling.HOST`),
+        else torch's on that device."""
+        from serge.engine.generation import host_sampling
+
+        if isinstance(device, host_sampling.HostDevice):
+            return host_sampling.generator(self.seed)
+        import torch  # extra: transformers
+
         return torch.Generator(device=device).manual_seed(self.seed)
 
 
@@ -160,6 +172,8 @@ class Penalties:
     2000th as at the first (no tensor rebuilt from the whole reply)."""
 
     def __init__(self, prompt: list[int], width: int, device: torch.device) -> None:
+        import torch  # extra: transformers
+
         self.seen = torch.zeros(width, dtype=torch.bool, device=device)  # prompt and reply
         self.seen[torch.tensor([t for t in prompt if t < width], dtype=torch.long, device=device)] = True
         self.counts = torch.zeros(width, device=device)  # the reply's, per token
@@ -185,6 +199,8 @@ def choose_next(
     the scores (logit_bias). Returns the token and, when `params.logprobs` is set, the
     log-probabilities it was drawn from (else None).
     """
+    import torch  # extra: transformers
+
     scores = logits.float()
     if penalties is not None and params.repetition_penalty != 1.0:
         penalty = max(params.repetition_penalty, _FLOAT_TINY)  # a float32 0 would make 0/0
@@ -223,6 +239,8 @@ def top_logprobs(logprobs: torch.Tensor, token: int, k: int) -> tuple[float, lis
 
     A token that could not have been drawn reports IMPOSSIBLE_LOGPROB, as OpenAI does (JSON has no -inf).
     """
+    import torch  # extra: transformers
+
     chosen = max(float(logprobs[token]), IMPOSSIBLE_LOGPROB)
     if k == 0:
         return chosen, []

@@ -10,8 +10,8 @@ outputs gathered differs between a decode pass (one row each) and a prompt chunk
 
 from __future__ import annotations
 
-import torch
-import torch.nn.functional as F
+import torch  # extra: transformers
+import torch.nn.functional as F  # extra: transformers
 
 from serge.engine.hf import cpu_attention
 from serge.engine.hf.paged_attention import paged_attention, plain_sdpa

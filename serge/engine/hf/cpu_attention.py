@@ -28,7 +28,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-import torch
+import torch  # extra: transformers
 
 log = logging.getLogger(__name__)
 

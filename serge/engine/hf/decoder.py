@@ -17,8 +17,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-import torch
-import torch.nn.functional as F
+import torch  # extra: transformers
+import torch.nn.functional as F  # extra: transformers
 
 from serge.engine.hf.rows import PackedLinear
 

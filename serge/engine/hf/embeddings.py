@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import time
 
-import torch
+import torch  # extra: transformers
 
 from serge.engine.embeddings import EmbeddingModel, Pooling
 from serge.engine.local import LoadOptions

@@ -12,18 +12,27 @@ from __future__ import annotations
 from serge.engine.devices import DevicePlan
 from serge.engine.embeddings import EmbeddingModel
 from serge.engine.info import sees_images
-from serge.engine.local import LoadOptions, LocalModel, trained_window
+from serge.engine.local import LoadOptions, LocalModel, ModelLoadFailed, trained_window
 from serge.engine.models.facts import ModelFacts
 from serge.engine.models.library import InstalledModel
+from serge.engine.optional import NEEDS_TRANSFORMERS, has_torch
 
 
 def estimate(facts: ModelFacts, plan: DevicePlan) -> int:
     """Memory a chat model takes once loaded on `plan`'s device, from its facts (before it is loaded)."""
     if not facts.parameters:
         return facts.weights_bytes * 2
-    bytes_per_parameter = {"8bit": 1.0, "4bit": 0.5}.get(plan.quantization, plan.dtype.itemsize)
+    bytes_per_parameter = {"8bit": 1.0, "4bit": 0.5}.get(plan.quantization, plan.dtype_bytes)
     packed = 2 if plan.device_type == "cpu" and plan.dtype_name == "float32" else 1  # the oneDNN copy
     return int(facts.parameters * bytes_per_parameter * packed)
+
+
+def require_torch(installed: InstalledModel) -> None:
+    """A model this family would serve, where its libraries are not installed (the default, llama.cpp-only
+    install): one clear message naming the extra, as a load that failed (503), never a crash."""
+    if not has_torch():
+        raise ModelLoadFailed(installed.name, f"model {installed.name!r} runs on the transformers engine, which is "
+                                              f"not installed; {NEEDS_TRANSFORMERS}")
 
 
 class TorchFamily:
@@ -49,6 +58,7 @@ class TorchFamily:
         return sees_images(installed.facts, self.name, False)
 
     def load(self, installed: InstalledModel) -> LocalModel | EmbeddingModel:
+        require_torch(installed)
         if installed.facts.kind == "embedding":
             from serge.engine.hf.embeddings import load_embedder
 

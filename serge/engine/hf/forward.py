@@ -30,7 +30,7 @@ import itertools
 import logging
 import time
 
-import torch
+import torch  # extra: transformers
 
 from serge.engine.hf import cpu_attention
 from serge.engine.hf.batch_attention import install, per_sequence

@@ -6,7 +6,7 @@ nothing of scheduling; the prefix cache keeps finished ones (`generation/prefix_
 
 from __future__ import annotations
 
-import torch
+import torch  # extra: transformers
 
 _ROUND = 64  # capacity grows in steps of this many positions
 

@@ -15,7 +15,7 @@ This module knows nothing of models, attention or scheduling.
 
 from __future__ import annotations
 
-import torch
+import torch  # extra: transformers
 
 from serge.engine.generation.forward import OutOfKV
 

@@ -20,7 +20,7 @@ which is why it is the GPU's path; see `BatchForward`.
 
 from __future__ import annotations
 
-import torch
+import torch  # extra: transformers
 
 from serge.engine.hf.paged import PagedKV, tables
 

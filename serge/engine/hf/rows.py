@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-import torch
+import torch  # extra: transformers
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import torch
+import torch  # extra: transformers
 
 from serge.engine.generation.prompting.images import Image
 

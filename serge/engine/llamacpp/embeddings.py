@@ -17,7 +17,6 @@ import logging
 import time
 
 import numpy as np
-import torch
 
 from serge.engine.embeddings import BATCH, EmbeddingModel
 from serge.engine.local import LoadOptions
@@ -48,7 +47,7 @@ class LlamaEncoder:
             ids = ids[: limit - 1] + ids[-1:]
         return ids
 
-    def vectors(self, batch: list[list[int]]) -> torch.Tensor:
+    def vectors(self, batch: list[list[int]]) -> np.ndarray:
         out, start = [], 0
         while start < len(batch):
             end, tokens = start, 0
@@ -57,8 +56,9 @@ class LlamaEncoder:
                 end += 1
             out.append(self._decode(batch[start:end]))
             start = end
-        vectors = torch.from_numpy(np.concatenate(out))
-        return torch.nn.functional.normalize(vectors, p=2, dim=-1)
+        vectors = np.concatenate(out).astype(np.float32)
+        norms = np.linalg.norm(vectors, axis=-1, keepdims=True)
+        return vectors / np.maximum(norms, 1e-12)  # torch's F.normalize: eps 1e-12
 
     def _decode(self, texts: list[list[int]]) -> np.ndarray:
         llm, lc = self.llm, self._lc
@@ -87,8 +87,10 @@ def load_llama_embedder(installed: InstalledModel, options: LoadOptions) -> Embe
     """Load a GGUF embedding model on llama.cpp (all its layers on the GPU where this build has one)."""
     import llama_cpp
 
+    from serge.engine.llamacpp.native_log import route_native_log
     from serge.engine.llamacpp.offload import can_offload
 
+    route_native_log()
     started = time.monotonic()
     on_gpu = options.plan.device_type != "cpu" and can_offload()
     log.info("Loading %s (embeddings) with llama.cpp on %s ...", installed.name, "the GPU" if on_gpu else "the CPU")

@@ -12,7 +12,7 @@ from serge.engine.embeddings import EmbeddingModel
 from serge.engine.info import sees_images
 import logging
 
-from serge.engine.llamacpp import memory, requantize
+from serge.engine.llamacpp import bert_gguf, memory, requantize
 from serge.engine.llamacpp.features import llama_cpp_offloads, llama_cpp_sees_images
 from serge.engine.llamacpp.options import LlamaOptions
 from serge.engine.local import LocalModel, trained_window
@@ -56,6 +56,8 @@ class LlamaCppFamily:
         if installed.facts.kind == "embedding":
             from serge.engine.llamacpp.embeddings import load_llama_embedder
 
+            if installed.gguf_path is None:  # a BERT folder where torch is not installed (`families.choose_engine`)
+                installed = bert_gguf.served(installed)
             return load_llama_embedder(installed, self.options)
         from serge.engine.llamacpp.forward import load_llamacpp
 

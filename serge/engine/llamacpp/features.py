@@ -21,6 +21,9 @@ def llama_cpp_available() -> bool:
         log.warning("llama-cpp-python is installed but its library does not load (%s): GGUF models will not run on "
                     "llama.cpp; reinstall it (make install)", e)
         return False
+    from serge.engine.llamacpp.native_log import route_native_log
+
+    route_native_log()  # before anything loads: its log goes to the `llama.cpp` logger, not the terminal
     return True
 
 

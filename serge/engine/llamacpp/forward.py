@@ -37,9 +37,9 @@ import logging
 import time
 
 import numpy as np
-import torch
 
 from serge.engine.models.library import InstalledModel
+from serge.engine.generation.batching.host_sampling import HOST
 from serge.engine.generation.kv.kv_store import KvStore
 from serge.engine.generation.batching.passes import kept
 from serge.engine.generation.sampling import SamplingParams
@@ -65,12 +65,15 @@ JOINS_FASTER = frozenset({"Q8_0"})
 class LlamaForward:
     """Forward passes of a llama.cpp model for sequences that each hold a `LlamaKV`."""
 
-    device = torch.device("cpu")  # the logits come back to the host; sampling runs there
+    device = HOST  # the logits come back to the host; sampling runs there, in numpy (no torch)
 
     def __init__(self, path: str, threads: int, max_batch: int, gpu_layers: int = 0,
                  kv: KvType = kv_type("f16"), joins: int = 0) -> None:
         import llama_cpp as lc
 
+        from serge.engine.llamacpp.native_log import route_native_log
+
+        route_native_log()
         self._lc = lc
         self.version = lc.__version__
         logging.getLogger("llama-cpp-python").setLevel(logging.ERROR)  # its C logs go to stderr otherwise
@@ -161,7 +164,6 @@ class LlamaForward:
 
     def set_threads(self, n: int) -> None:
         self._lc.llama_set_n_threads(self._ctx, n, n)
-        torch.set_num_threads(n)  # sampling's few tensor operations
 
     def close(self) -> None:
         lc = self._lc
@@ -240,7 +242,7 @@ class LlamaForward:
             return logits
         return logits[np.argsort(order)]
 
-    def prefill(self, kv: LlamaKV, tokens: list[int], images: dict | None = None) -> torch.Tensor:
+    def prefill(self, kv: LlamaKV, tokens: list[int], images: dict | None = None) -> np.ndarray:
         """Feed a chunk of one sequence's prompt (with images: all of it, through `vision`); the logits after
         its last token (a copy: they are kept)."""
         if images is not None:

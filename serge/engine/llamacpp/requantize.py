@@ -22,6 +22,8 @@ import threading
 import time
 from pathlib import Path
 
+from tqdm import tqdm
+
 from serge.engine.models.library import InstalledModel
 
 log = logging.getLogger(__name__)
@@ -73,9 +75,13 @@ def served(installed: InstalledModel, setting: str, on_gpu: bool) -> tuple[Insta
 
 def _make(source: Path, copy: Path, layout: str) -> None:
     """llama.cpp's quantize into a temporary file renamed into place: two processes loading at once make it twice,
-    and the second rename wins with the same bytes. Progress: the copy's bytes so far, logged every few seconds."""
+    and the second rename wins with the same bytes. Progress: the copy's bytes so far, as a bar on stderr where it
+    takes more than a second (tqdm's `delay`)."""
     import llama_cpp as lc
 
+    from serge.engine.llamacpp.native_log import route_native_log
+
+    route_native_log()  # every tensor it converts is a line of llama.cpp's log: debug level
     lc.llama_backend_init()
     params = lc.llama_model_quantize_default_params()
     params.ftype = _FTYPE[layout]
@@ -89,9 +95,11 @@ def _make(source: Path, copy: Path, layout: str) -> None:
     started, done = time.monotonic(), threading.Event()
 
     def progress() -> None:
-        while not done.wait(3.0):
-            size = os.path.getsize(partial) if os.path.exists(partial) else 0
-            log.info("Re-quantizing %s: %.0f%%", source.name, min(99.0, 100 * size / expected))
+        with tqdm(total=int(expected), unit="B", unit_scale=True, delay=1.0, leave=False,
+                  desc=f"Re-quantizing {source.name}") as bar:
+            while not done.wait(0.25):
+                size = os.path.getsize(partial) if os.path.exists(partial) else 0
+                bar.update(min(size, bar.total) - bar.n)
 
     reporter = threading.Thread(target=progress, name="serge-requantize-progress", daemon=True)
     reporter.start()

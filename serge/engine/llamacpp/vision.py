@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
+import numpy as np
 
 from serge.engine.generation.prompting.images import Image
 
@@ -198,7 +198,7 @@ class LlamaVision:
             raise RuntimeError(f"llama.cpp's multimodal library could not read an image (status {status})")
         return chunks
 
-    def prefill(self, forward, kv, tokens: list[int], images: dict) -> torch.Tensor:
+    def prefill(self, forward, kv, tokens: list[int], images: dict) -> np.ndarray:
         """A whole prompt with images into `kv`'s slice: text runs as tokens (in passes of the forward's batch),
         each image chunk encoded and its embeddings decoded at its positions; the logits after the last token."""
         spans: list[_Span] = images["mtmd"].spans

@@ -13,17 +13,17 @@ from pathlib import Path
 
 from serge.engine.models.errors import PullFailed
 from serge.engine.models.facts import gguf_metadata, is_embedding_gguf
+from serge.engine.models.gguf_tokenizer import tokenizer_from_gguf
+from serge.engine.optional import has_torch
 
 
 def save_gguf_tokenizer(folder: Path, gguf_file: str) -> None:
     """The Hugging Face tokenizer read out of a GGUF, saved beside it (llama.cpp's own is not used for prompts)."""
-    from transformers import AutoTokenizer
-
     if is_embedding_gguf(folder / gguf_file):
         return
 
     try:
-        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=gguf_file)
+        tokenizer = read_gguf_tokenizer(folder, gguf_file)
     except Exception as exc:  # an architecture transformers cannot read GGUF tokenizers of
         raise PullFailed(f"could not read the tokenizer out of {gguf_file}: {exc}") from None
     if not tokenizer.chat_template:  # transformers leaves it out in some cases; the GGUF's own is the one
@@ -31,9 +31,19 @@ def save_gguf_tokenizer(folder: Path, gguf_file: str) -> None:
     tokenizer.save_pretrained(folder)
 
 
+def read_gguf_tokenizer(folder: Path, gguf_file: str):
+    """A GGUF's Hugging Face tokenizer: transformers' own reader where torch is installed (it needs torch), else
+    the same builder fed by the `gguf` package (`gguf_tokenizer`)."""
+    if not has_torch():
+        return tokenizer_from_gguf(folder / gguf_file)
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(folder, gguf_file=gguf_file)
+
+
 def convert_gguf(gguf: Path, target: Path) -> None:
     """Dequantize a GGUF checkpoint through transformers and save it as float32 safetensors."""
-    import torch
+    import torch  # extra: transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     beside = (gguf.parent / "tokenizer_config.json").is_file()  # saved at install, with the chat template

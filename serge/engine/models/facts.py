@@ -150,7 +150,7 @@ def _transformers_facts(folder: Path) -> ModelFacts:
     parameters, dtypes, weights = 0, Counter(), 0
     for path in sorted(folder.glob("*.safetensors")):
         weights += path.stat().st_size
-        with safe_open(str(path), framework="pt") as f:
+        with safe_open(str(path), framework="numpy") as f:  # headers alone: no torch
             for key in f.keys():
                 tensor = f.get_slice(key)
                 count = 1

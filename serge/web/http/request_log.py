@@ -12,7 +12,8 @@ once the response has been sent, so the engine never learns about HTTP.
 
 Deliberately never logged: message text, the query string, cookies, headers,
 keys or passwords. At debug level (`serge serve --log-level debug`) the query
-string is added, for a developer on their own machine. A request whose hosted tools
+string is added, for a developer on their own machine; health probes and metrics
+scrapes (`PROBES`, every few seconds from a balancer or a page) are logged at debug level only. A request whose hosted tools
 (`web_search`, ...) were left out of what the model was offered names them (`tools_left_out=`).
 """
 
@@ -32,6 +33,7 @@ from serge.web.http.context import context, context_of
 log = logging.getLogger("serge.requests")
 
 HEADER = b"x-request-id"
+PROBES = frozenset({"/api/health", "/metrics"})  # a balancer's, a page's or a scraper's every few seconds: debug level
 _CALLER_ID = re.compile(rb"[A-Za-z0-9._-]{1,64}")
 _BARE = re.compile(r"[A-Za-z0-9._:/@+-]+")
 
@@ -105,4 +107,5 @@ class RequestLog(HttpMiddleware):
         fields["total_s"] = total_s
         if log.isEnabledFor(logging.DEBUG) and scope.get("query_string"):
             fields["query"] = scope["query_string"].decode("latin-1")
-        log.info("request %s", logfmt(fields))
+        # a balancer's or a page's health probes, and metrics scrapes, every few seconds: shown at debug level
+        log.log(logging.DEBUG if scope["path"] in PROBES else logging.INFO, "request %s", logfmt(fields))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 from typing import Literal
 
+import numpy as np
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from starlette.concurrency import run_in_threadpool
@@ -71,9 +72,9 @@ async def embeddings(body: EmbeddingRequest, request: Request):
     await run_in_threadpool(reserve_inputs, body.model, texts)  # held against the user's caps, or QuotaExceeded
     result = await run_in_threadpool(request.app.state.engine.embed, body.model, texts, body.dimensions)
     note_embedding(request, result.model, result.prompt_tokens)
-    rows = result.vectors
+    rows = np.asarray(result.vectors, np.float32)
     if body.encoding_format == "base64":
-        data = [base64.b64encode(row.numpy().astype("<f4").tobytes()).decode() for row in rows]
+        data = [base64.b64encode(row.astype("<f4").tobytes()).decode() for row in rows]
     else:
         data = rows.tolist()
     return {

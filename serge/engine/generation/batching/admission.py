@@ -16,11 +16,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import torch
-
 from serge.engine.generation.stream import FinishReason
 
 if TYPE_CHECKING:
+    import torch  # extra: transformers
+
     from serge.engine.generation.batching.sequence import Sequence
 
 

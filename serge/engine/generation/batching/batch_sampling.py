@@ -14,8 +14,9 @@ the host in one transfer. A row's numbers are those `choose_next` computes for i
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import torch
 
 from serge.engine.generation.sampling import (
     _FLOAT_MAX,
@@ -23,6 +24,9 @@ from serge.engine.generation.sampling import (
     Penalties,
     SamplingParams,
 )
+
+if TYPE_CHECKING:  # imported where tensors are sampled: a host forward's rows never are (`host_sampling`)
+    import torch  # extra: transformers
 
 # Columns of `Sampler.numbers` and of `Sampler.flags`.
 _TEMPERATURE, _TOP_P, _MIN_P, _REPETITION, _FREQUENCY, _PRESENCE = range(6)
@@ -35,6 +39,8 @@ class Sampler:
     def __init__(self, params: SamplingParams, width: int, penalties: Penalties | None = None,
                  generator: torch.Generator | None = None, bias: torch.Tensor | None = None,
                  device: torch.device | None = None) -> None:
+        import torch  # extra: transformers
+
         self.params, self.penalties, self.generator, self.bias = params, penalties, generator, bias
         self.greedy = params.greedy
         self.report = params.logprobs is not None
@@ -58,6 +64,8 @@ def choose_rows(logits: torch.Tensor, samplers: list[Sampler],
                 masks: list[torch.Tensor | None] | None = None) -> list[tuple[int, torch.Tensor | None]]:
     """`choose_next` for every row of `logits` ([len(samplers), vocabulary]), in one pass; `masks`: each row's
     grammar mask (True where allowed), or None."""
+    import torch  # extra: transformers
+
     masks = masks or [None] * len(samplers)
     if all(s.plain for s in samplers) and all(m is None for m in masks):
         return [(token, None) for token in greedy_tokens(logits)]
@@ -103,6 +111,8 @@ def choose_rows(logits: torch.Tensor, samplers: list[Sampler],
 def _distribution(scores: torch.Tensor, samplers: list[Sampler], numbers: torch.Tensor,
                   flags: torch.Tensor) -> torch.Tensor:
     """The probabilities each (non-greedy) row draws from: temperature, top_k, min_p, top_p as in `choose_next`."""
+    import torch  # extra: transformers
+
     scores = (scores / numbers[:, _TEMPERATURE, None]).clamp(max=_FLOAT_MAX)
     if any(s.top_k for s in samplers):
         top = torch.topk(scores, max(s.top_k for s in samplers), dim=-1).values
@@ -129,6 +139,8 @@ def greedy_tokens(logits: torch.Tensor | np.ndarray) -> list[int]:
     decode step of a greedy reply spends outside the model."""
     if isinstance(logits, np.ndarray):  # a host forward's rows (llama.cpp's): no torch call between passes
         return logits.argmax(axis=-1).tolist()
+    import torch  # extra: transformers
+
     if logits.device.type == "cpu" and logits.dtype == torch.float32:
         return logits.numpy().argmax(axis=-1).tolist()
     return logits.argmax(dim=-1).tolist()

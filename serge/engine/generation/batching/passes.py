@@ -19,8 +19,9 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import torch
 
 from serge.engine.generation.forward import Forward, OutOfKV
 from serge.engine.generation.batching.sequence import Sequence, choose_all
@@ -28,6 +29,9 @@ from serge.engine.generation.stream import FinishReason
 from serge.engine.generation.batching.threads import Threads
 from serge.engine.generation.batching.wakeups import Wakeups
 from serge.engine.metrics import ModelMetrics
+
+if TYPE_CHECKING:
+    import torch  # extra: transformers
 
 log = logging.getLogger(__name__)
 
@@ -43,9 +47,10 @@ def failure_message(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-def kept(row: torch.Tensor | np.ndarray) -> torch.Tensor:
-    """A pass's row as a tensor of its own, not a view of the pass's rows: kept past the next pass."""
-    return torch.from_numpy(row.copy()) if isinstance(row, np.ndarray) else row.clone()
+def kept(row: torch.Tensor | np.ndarray) -> torch.Tensor | np.ndarray:
+    """A pass's row as an array of its own, not a view of the pass's rows: kept past the next pass (a host
+    forward's stays a numpy array, sampled without torch)."""
+    return row.copy() if isinstance(row, np.ndarray) else row.clone()
 
 
 @dataclass(frozen=True)
@@ -203,7 +208,7 @@ class Step:
                 continue
             self._chunk_ran(seq, len(ids), logits)
 
-    def _chunk_ran(self, seq: Sequence, n: int, logits: torch.Tensor) -> None:
+    def _chunk_ran(self, seq: Sequence, n: int, logits: torch.Tensor | np.ndarray) -> None:
         seq.prefilled += n
         self._m.prefilled_tokens.inc(n)
         if seq.prefilled == seq.context_length and not seq.resumed:

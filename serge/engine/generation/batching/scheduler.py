@@ -38,11 +38,11 @@ import time
 from dataclasses import replace
 from collections import Counter
 
-import torch
 
 from serge.engine.generation.batching.admission import EngineBusy, SchedulerLimits, Waiting
 from serge.engine.generation.forward import Forward, OutOfKV
 from serge.engine.generation.constraints.grammar import Vocabulary
+from serge.engine.generation.batching.host_sampling import HOST
 from serge.engine.generation.kv.kv_reuse import KvReuse
 from serge.engine.generation.kv.kv_store import KvStore
 from serge.engine.generation.kv.prefix_cache import PrefixCache
@@ -185,7 +185,10 @@ class Scheduler:
 
     # --- the worker ---------------------------------------------------------
     def _run(self) -> None:
-        torch.set_num_threads(self._most_threads)  # per thread under OpenMP: set it where the work runs
+        if self._device is not HOST:  # a host forward samples in numpy: no torch to set
+            import torch  # extra: transformers
+
+            torch.set_num_threads(self._most_threads)  # per thread under OpenMP: set it where the work runs
         self.forward.prepare()  # measured with this thread's kernels, before any request waits on it
         if self._kv_store is not None:  # before any request looks in the prefix cache
             self._kv_store.load(self._prefixes)

@@ -15,15 +15,15 @@ from __future__ import annotations
 import copy
 import time
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
-import torch
 
 from serge.engine.generation.assembler import TextAssembler
 from serge.engine.generation.batching.batch_sampling import Sampler, choose_rows, greedy_tokens
 from serge.engine.generation.constraints.grammar import Matcher, Vocabulary
 from serge.engine.generation.prompting.prompts import ToolCall
+from serge.engine.generation.batching.host_sampling import HOST, HostSampler, choose_host_rows, host_top_logprobs
 from serge.engine.generation.sampling import (
     Penalties,
     SamplingParams,
@@ -39,6 +39,11 @@ from serge.engine.generation.stream import (
     TopLogprob,
 )
 from serge.engine.generation.prompting.thinking import Thinking
+
+if TYPE_CHECKING:  # a host forward's rows (numpy) are sampled without torch (`host_sampling`)
+    import torch  # extra: transformers
+
+    Logits = torch.Tensor | np.ndarray
 
 # A JSON-only reply is steered to its end once the token drawn would leave its grammar more to close than the
 # tokens left after it (`Matcher.distance`, walked each token within the last CLOSING_WINDOW).
@@ -80,10 +85,10 @@ class Sequence:
     prefilled: int = 0  # tokens of `context()` whose keys and values are in `kv`
     resumed: int = 0  # after a preemption: the reply's first tokens, run again after the prompt
     cached: int = 0  # tokens of the prompt the prefix cache gave when it first started (its record's cached_tokens)
-    logits: torch.Tensor | None = None  # the next token is sampled from these
-    prompt_logits: torch.Tensor | None = None  # after the whole prompt: kept with the KV for reuse
+    logits: Logits | None = None  # the next token is sampled from these
+    prompt_logits: Logits | None = None  # after the whole prompt: kept with the KV for reuse
     feed: int | None = None  # the sampled token the next decode step runs
-    generator: torch.Generator | None = None
+    generator: object | None = None  # torch's, or numpy's for a host forward (`SamplingParams.generator`)
     started: float | None = None
     first_token: float | None = None
     last_token: float | None = None
@@ -95,7 +100,7 @@ class Sequence:
     party: str = ""  # who asked (opaque): slots are shared fairly between parties (`admission.Waiting`)
     _answer: str = ""  # with `thinking`: the answer so far
     _thought_tokens: int = 0  # with `thinking`: tokens written inside <think> (its tags too)
-    _sampler: Sampler | None = None  # made on its first token: its settings, penalties, generator, logit_bias
+    _sampler: Sampler | HostSampler | None = None  # made on its first token: its settings, penalties, generator, logit_bias
     _steering: bool = False  # with finish_json: its budget reached its grammar's distance to an end
     _distance: int | None = None  # with finish_json: the last walk's distance to an end (after the token it took)
 
@@ -130,17 +135,21 @@ class Sequence:
     def context_length(self) -> int:
         return len(self.prompt) + self.resumed
 
-    def choose(self, logits: torch.Tensor) -> tuple[int, torch.Tensor | None]:
+    def choose(self, logits: Logits) -> tuple[int, Logits | None]:
         """The next token, and the log-probabilities it was drawn from when the request asked for them."""
         sampler, allowed = self.sampler(logits), self.mask(logits)
-        token, logprobs = choose_next(logits, sampler.params, sampler.penalties, sampler.generator, allowed,
-                                      sampler.bias)
+        if isinstance(sampler, HostSampler):
+            token, logprobs = sampler.choose(logits, allowed)
+        else:
+            token, logprobs = choose_next(logits, sampler.params, sampler.penalties, sampler.generator,
+                                          on_device(allowed, logits), sampler.bias)
         return self.closing(allowed, token), logprobs
 
-    def sampler(self, logits: torch.Tensor) -> Sampler:
+    def sampler(self, logits: Logits) -> Sampler | HostSampler:
         """What its tokens are drawn with: made on the first, kept to the last (its penalties follow the reply)."""
         if self._sampler is None:
-            self._sampler = make_sampler(self, logits.shape[-1], logits.device)
+            device = HOST if isinstance(logits, np.ndarray) else logits.device
+            self._sampler = make_sampler(self, logits.shape[-1], device)
         return self._sampler
 
     @property
@@ -149,16 +158,17 @@ class Sequence:
         (known once its sampler is made, at its first token)."""
         return self.matcher is None and self._sampler is not None and self._sampler.plain
 
-    def mask(self, logits: torch.Tensor) -> torch.Tensor | None:
-        """Its grammar's mask for the next token (None when unconstrained); raises when it allows no token."""
+    def mask(self, logits: Logits) -> np.ndarray | None:
+        """Its grammar's mask for the next token, in host memory (None when unconstrained); raises when it allows
+        no token."""
         if self.matcher is None:
             return None
-        allowed = self.matcher.allowed(logits.shape[-1]).to(logits.device)
+        allowed = self.matcher.allowed(logits.shape[-1])
         if not bool(allowed.any()):
             raise RuntimeError("the grammar allows no token here")
         return allowed
 
-    def closing(self, allowed: torch.Tensor | None, drawn: int) -> int:
+    def closing(self, allowed: np.ndarray | None, drawn: int) -> int:
         """Once the token drawn would leave a JSON-only reply's grammar further from an end (`Matcher.distance`)
         than the tokens left after it, and from then on: the token that closes soonest (forced, else the first of `"`, `}`, `]`, `0` allowed: a string closed, an
         object or array ended, a number as short as it gets), else the token drawn. So a constrained reply
@@ -180,7 +190,7 @@ class Sequence:
         token = self.matcher.closest(allowed, closers)
         return drawn if token is None else token
 
-    def accept(self, token: int, logprobs: torch.Tensor | None) -> FinishReason | None:
+    def accept(self, token: int, logprobs: Logits | None) -> FinishReason | None:
         """Take the chosen token: show what it adds; the reason the sequence ends here, or None."""
         now = time.monotonic()
         if self.first_token is None:
@@ -228,8 +238,9 @@ class Sequence:
                 text, calls = text + rest, calls + more
         self.stream.push(text, tokens, tuple(calls), thought, self.choice)
 
-    def _logprob(self, token: int, logprobs: torch.Tensor) -> TokenLogprob:
-        chosen, top = top_logprobs(logprobs, token, self.params.logprobs or 0)
+    def _logprob(self, token: int, logprobs: Logits) -> TokenLogprob:
+        top_of = host_top_logprobs if isinstance(logprobs, np.ndarray) else top_logprobs
+        chosen, top = top_of(logprobs, token, self.params.logprobs or 0)
         return TokenLogprob(self._text(token), chosen, self.vocabulary.token_bytes(token),
                             tuple(TopLogprob(self._text(i), lp, self.vocabulary.token_bytes(i)) for i, lp in top))
 
@@ -258,9 +269,21 @@ class Sequence:
         )
 
 
-def make_sampler(seq: Sequence, width: int, device: torch.device) -> Sampler:
-    """A sequence's `Sampler`, once: the penalty state it needs (from its prompt), its logit_bias as a row."""
+def on_device(mask: np.ndarray | None, logits: torch.Tensor) -> torch.Tensor | None:
+    """A grammar's mask (host memory) as a tensor where `logits` live."""
+    import torch  # extra: transformers
+
+    return None if mask is None else torch.from_numpy(mask).to(logits.device)
+
+
+def make_sampler(seq: Sequence, width: int, device) -> Sampler | HostSampler:
+    """A sequence's sampler, once: the penalty state it needs (from its prompt), its logit_bias as a row; numpy's
+    where the logits are a host forward's (`HOST`), else torch's on `device`."""
     params = seq.params
+    if device is HOST:
+        return HostSampler(params, width, seq.prompt, seq.generator)
+    import torch  # extra: transformers
+
     penalties = (Penalties(seq.prompt, width, device)
                  if params.repetition_penalty != 1.0 or params.frequency_penalty or params.presence_penalty else None)
     bias = None
@@ -272,16 +295,13 @@ def make_sampler(seq: Sequence, width: int, device: torch.device) -> Sampler:
     return Sampler(params, width, penalties, seq.generator, bias, device)
 
 
-def choose_all(seqs: list[Sequence], logits: torch.Tensor | np.ndarray | None = None
-               ) -> list[tuple[int, torch.Tensor | None] | Exception]:
+def choose_all(seqs: list[Sequence], logits: Logits | None = None) -> list[tuple[int, Logits | None] | Exception]:
     """Each sequence's next token from its `logits` (or row i of `logits`, when given: a forward's rows, a tensor
     or a host forward's numpy array), all sampled at once (one wait for the device); a sequence whose row cannot
     be made gets its exception in its place, the others are unaffected."""
     if logits is not None and all(seq.plain for seq in seqs):  # each decode step of greedy replies
         return [(token, None) for token in greedy_tokens(logits)]
-    if isinstance(logits, np.ndarray):
-        logits = torch.from_numpy(logits)
-    chosen: list[tuple[int, torch.Tensor | None] | Exception | None] = [None] * len(seqs)
+    chosen: list[tuple[int, Logits | None] | Exception | None] = [None] * len(seqs)
     ready, samplers, masks = [], [], []
     for i, seq in enumerate(seqs):
         try:
@@ -293,11 +313,21 @@ def choose_all(seqs: list[Sequence], logits: torch.Tensor | np.ndarray | None = 
             chosen[i] = exc
     if ready:
         try:
-            rows = (logits if logits is not None and len(ready) == len(seqs) else
-                    torch.stack([seqs[i].logits if logits is None else logits[i] for i in ready]))
-            picks = choose_rows(rows, samplers, masks)
+            picks = _choose_ready(seqs, logits, ready, samplers, masks)
         except Exception as exc:  # a bug, not a request's fault: these rows end, the batch goes on
             return [exc if i in ready else c for i, c in enumerate(chosen)]
         for i, allowed, (token, logprobs) in zip(ready, masks, picks):
             chosen[i] = (seqs[i].closing(allowed, token), logprobs)
     return chosen
+
+
+def _choose_ready(seqs: list[Sequence], logits: Logits | None, ready: list[int], samplers: list, masks: list
+                  ) -> list[tuple[int, Logits | None]]:
+    """The rows of the sequences in `ready` sampled together: on the host in numpy, else in torch where they live."""
+    rows = [seqs[i].logits if logits is None else logits[i] for i in ready]
+    if all(isinstance(s, HostSampler) for s in samplers):
+        return choose_host_rows(rows, samplers, masks)
+    import torch  # extra: transformers
+
+    stacked = logits if logits is not None and len(ready) == len(seqs) else torch.stack(rows)
+    return choose_rows(stacked, samplers, [on_device(m, stacked) for m in masks])

@@ -29,7 +29,7 @@ import re
 import threading
 from collections import OrderedDict
 
-import torch
+import numpy as np
 
 from serge.engine.generation.constraints.grammar_check import GrammarCheck
 from serge.engine.generation.constraints.schemas import GrammarError, InvalidRequest
@@ -122,9 +122,9 @@ class Vocabulary:
 
 def _probe(matcher, vocab_size: int) -> str | None:
     """Run a fresh matcher through its first mask and the tokens it forces: what blew a limit, or None."""
-    words = torch.zeros((vocab_size + 31) // 32, dtype=torch.int32)
+    words = np.zeros((vocab_size + 31) // 32, dtype=np.int32)
     for _ in range(PROBE_STEPS):
-        matcher.unsafe_compute_mask_ptr(words.data_ptr(), words.numel() * 4)
+        matcher.unsafe_compute_mask_ptr(words.ctypes.data, words.nbytes)
         if matcher.is_error():
             break
         forced = matcher.compute_ff_tokens()
@@ -157,10 +157,15 @@ def _first_line(error: str) -> str:
     return error.strip().splitlines()[0] if error.strip() else "the grammar is invalid"
 
 
-_SHIFTS = torch.arange(32, dtype=torch.int32)
+_SHIFTS = np.arange(32, dtype=np.int32)
 
 
-def _closing(allowed: torch.Tensor, closers: tuple[int | None, ...]) -> int | None:
+def _bits(words: np.ndarray, width: int) -> np.ndarray:
+    """llguidance's mask words as a bool row of `width`: bit i of word j is token 32 j + i."""
+    return ((words[:, None] >> _SHIFTS) & 1).astype(bool).ravel()[:width]
+
+
+def _closing(allowed: np.ndarray, closers: tuple[int | None, ...]) -> int | None:
     """The allowed token that closes soonest (see `Matcher.closest`). Where a closing brace and bracket are both
     allowed, a string is open: the quote ends it. Elsewhere a quote would open a key or a string, so a brace or a
     bracket comes first (`{"a": {"$ref": "#"}}` would otherwise nest for ever). Then a zero, a number at its
@@ -170,8 +175,8 @@ def _closing(allowed: torch.Tensor, closers: tuple[int | None, ...]) -> int | No
     for i in order:
         if ok[i]:
             return closers[i]
-    found = allowed.nonzero()
-    return int(found[0]) if found.numel() else None
+    found = np.flatnonzero(allowed)
+    return int(found[0]) if found.size else None
 
 
 class Matcher:
@@ -180,14 +185,14 @@ class Matcher:
     def __init__(self, matcher, vocab_size: int) -> None:
         self._m = matcher
         self._vocab = vocab_size
-        self._words = torch.zeros((vocab_size + 31) // 32, dtype=torch.int32)
+        self._words = np.zeros((vocab_size + 31) // 32, dtype=np.int32)
 
-    def allowed(self, width: int) -> torch.Tensor:
-        """A bool row of `width` (the logits' width): True where the grammar allows the token."""
-        self._m.unsafe_compute_mask_ptr(self._words.data_ptr(), self._words.numel() * 4)
-        bits = ((self._words[:, None] >> _SHIFTS) & 1).bool().flatten()[: min(width, self._vocab)]
-        if width > bits.numel():  # logits wider than the tokenizer: padding rows are never allowed
-            bits = torch.cat([bits, bits.new_zeros(width - bits.numel())])
+    def allowed(self, width: int) -> np.ndarray:
+        """A bool row of `width` (the logits' width), in host memory: True where the grammar allows the token."""
+        self._m.unsafe_compute_mask_ptr(self._words.ctypes.data, self._words.nbytes)
+        bits = _bits(self._words, min(width, self._vocab))
+        if width > bits.size:  # logits wider than the tokenizer: padding rows are never allowed
+            bits = np.concatenate([bits, np.zeros(width - bits.size, dtype=bool)])
         return bits
 
     def advance(self, token: int) -> None:
@@ -200,7 +205,7 @@ class Matcher:
         """Nothing may follow: the reply is over."""
         return self._m.is_stopped()
 
-    def closest(self, allowed: torch.Tensor, closers: tuple[int | None, ...]) -> int | None:
+    def closest(self, allowed: np.ndarray, closers: tuple[int | None, ...]) -> int | None:
         """The token that brings the grammar soonest to its end from here: the one it forces, else the first of
         `closers` it allows (a quote, a closing brace or bracket, a zero), else the allowed token of lowest id;
         None when it allows none."""
@@ -211,7 +216,7 @@ class Matcher:
         """How many tokens the grammar needs to reach its end from here (or from after the token `after`) when
         each is `closest` (what steering writes): counted on a copy, stopping past `limit`. llguidance gives no
         shortest path, so it is walked; greedy, it can be a token or two above the true shortest."""
-        m, words, steps = self._m.deep_copy(), torch.zeros_like(self._words), 0
+        m, words, steps = self._m.deep_copy(), np.zeros_like(self._words), 0
         if after is not None and not m.consume_token(after):
             return limit + 1
         while steps <= limit and not (m.is_accepting() or m.is_stopped() or m.is_error()):
@@ -220,8 +225,8 @@ class Matcher:
                 m.consume_tokens(forced)
                 steps += len(forced)
                 continue
-            m.unsafe_compute_mask_ptr(words.data_ptr(), words.numel() * 4)
-            token = _closing(((words[:, None] >> _SHIFTS) & 1).bool().flatten()[: self._vocab], closers)
+            m.unsafe_compute_mask_ptr(words.ctypes.data, words.nbytes)
+            token = _closing(_bits(words, self._vocab), closers)
             if token is None:
                 break
             m.consume_token(token)

@@ -29,7 +29,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from serge.engine.generation.forward import KV
 from serge.engine.generation.kv.prefix_cache import PrefixCache
@@ -64,7 +63,7 @@ class KvStore:
                 data = self._dump(kv)
                 name = f"{i}.npz"
                 np.savez(saving / name, ids=np.asarray(ids, np.int32), kv=np.frombuffer(data, np.uint8),
-                         logits=np.zeros(0, np.float32) if logits is None else logits.float().numpy())
+                         logits=np.zeros(0, np.float32) if logits is None else np.asarray(logits, np.float32))
                 listed.append({"file": name, "tokens": len(ids), "prompt_length": prompt_length})
                 size += len(data)
             (saving / MANIFEST).write_text(json.dumps({"identity": self.identity, "entries": listed}))
@@ -109,7 +108,7 @@ class KvStore:
                 log.warning("ignored %s's kept conversations from %s on (%s)", self.identity.get("model"),
                             listed.get("file"), exc)
                 break
-            cache.store(ids, kv, int(listed["prompt_length"]), torch.from_numpy(logits) if logits.size else None)
+            cache.store(ids, kv, int(listed["prompt_length"]), logits if logits.size else None)  # a host forward's
             loaded, tokens, size = loaded + 1, tokens + len(ids), size + data.size
         if loaded:
             log.info("Took back %d conversation(s) of %s from the last run (%d tokens, %.0f MB of keys and values) "

@@ -10,10 +10,13 @@ from __future__ import annotations
 import os
 from collections import OrderedDict
 from dataclasses import dataclass
-
-import torch
+from typing import TYPE_CHECKING
 
 from serge.engine.generation.forward import KV
+
+if TYPE_CHECKING:
+    import numpy as np
+    import torch  # extra: transformers
 
 
 @dataclass
@@ -21,14 +24,14 @@ class _Entry:
     ids: list[int]  # the tokens whose keys and values `kv` holds, in order
     kv: KV
     prompt_length: int  # the first tokens of `ids` were a prompt, whose next-token logits are kept
-    prompt_logits: torch.Tensor | None
+    prompt_logits: torch.Tensor | np.ndarray | None
 
 
 @dataclass(frozen=True)
 class PrefixHit:
     kv: KV  # its own: a copy, or (paged) shared blocks it copies before writing into
     length: int  # positions reused; the prompt's tokens from here on still need a forward pass
-    logits: torch.Tensor | None  # the next-token logits when the whole prompt was found
+    logits: torch.Tensor | np.ndarray | None  # the next-token logits when the whole prompt was found
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:
@@ -90,18 +93,19 @@ class PrefixCache:
                 best, best_length = key, length
         return best, best_length
 
-    def entries(self) -> list[tuple[list[int], KV, int, torch.Tensor | None]]:
+    def entries(self) -> list[tuple[list[int], KV, int, torch.Tensor | np.ndarray | None]]:
         """Each entry's tokens, KV, prompt length and prompt logits, least recently used first (what `store` takes)."""
         return [(e.ids, e.kv, e.prompt_length, e.prompt_logits) for e in self._entries.values()]
 
-    def store(self, ids: list[int], kv: KV, prompt_length: int, prompt_logits: torch.Tensor | None) -> None:
+    def store(self, ids: list[int], kv: KV, prompt_length: int,
+              prompt_logits: torch.Tensor | np.ndarray | None) -> None:
         """Keep a finished sequence's KV (taken over, not copied), dropping what it makes redundant."""
         ids = ids[: kv.length]
         if not ids:
             kv.release()
             return
         kv.shrink()
-        size = kv.nbytes + (prompt_logits.numel() * prompt_logits.element_size() if prompt_logits is not None else 0)
+        size = kv.nbytes + (prompt_logits.nbytes if prompt_logits is not None else 0)
         if size > self.budget_bytes:
             kv.release()
             return
@@ -128,5 +132,5 @@ class PrefixCache:
     def _drop(self, key: int) -> None:
         entry = self._entries.pop(key)
         logits = entry.prompt_logits
-        self.nbytes -= entry.kv.nbytes + (logits.numel() * logits.element_size() if logits is not None else 0)
+        self.nbytes -= entry.kv.nbytes + (logits.nbytes if logits is not None else 0)
         entry.kv.release()  # after reading its size: a paged KV holds no block once released
