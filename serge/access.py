@@ -52,11 +52,6 @@ def acting(name: str) -> Iterator[None]:
         _ACTOR.reset(token)
 
 
-def act_as(name: str) -> None:
-    """For a process that is one actor from start to end (the `serge` command): all it changes is `name`'s."""
-    _ACTOR.set(name)
-
-
 def actor() -> str:
     """Who the request being served is, for the audit log; "serge" outside any (Serge itself)."""
     return _ACTOR.get()

@@ -161,8 +161,11 @@ def test_pulling_and_deleting_are_for_admins():
     from serge.store import UserRecord
 
     def request(user) -> Request:
-        return Request({"type": "http", "client": ("127.0.0.1", 5000), "headers": [], "method": "POST", "path": "/",
-                        "state": {"user": user}})
+        from serge.web.http.context import context_of
+
+        scope = {"type": "http", "client": ("127.0.0.1", 5000), "headers": [], "method": "POST", "path": "/"}
+        context_of(scope).user = user  # as Authenticate leaves it
+        return Request(scope)
 
     require_admin(request(LOCAL_USER))  # no accounts yet: the local user
     require_admin(request(UserRecord(id="a", name="ada", admin=True, created_at=datetime.now(UTC))))

@@ -284,8 +284,8 @@ def pair(tmp_path_factory):
     from test_cluster import Serve
 
     database = fresh_database(POSTGRES_URL)
-    site = {"app": SimpleNamespace(state=SimpleNamespace(accounts=Accounts(AccountStore(database)),
-                                                         usage=Usage(UsageStore(database))))}
+    site = {"app": SimpleNamespace(state=SimpleNamespace(services=SimpleNamespace(
+        accounts=Accounts(AccountStore(database)), usage=Usage(UsageStore(database)))))}
     base = tmp_path_factory.mktemp("pair")
     env = {**os.environ, "SERGE_DATABASE_URL": POSTGRES_URL, "SERGE_DEFAULT_MODEL": REAL_MODEL,
            "SERGE_USER_MAX_STREAMS": "64"}

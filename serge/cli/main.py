@@ -29,7 +29,7 @@ from serge.cli.models import add_parsers as add_model_parsers
 from serge.cli.models import run as run_model_command
 from serge.cli.presets import PresetCommandFailed
 from serge.cli.presets import add_parsers as add_preset_parsers
-from serge.access import act_as
+from serge.access import acting
 from serge.settings import Settings
 
 
@@ -112,18 +112,18 @@ def main(argv: list[str] | None = None) -> None:
                    "mcp.server.streamable_http_manager", "gguf.gguf_writer"):  # a line per start, per file written
         logging.getLogger(chatty).setLevel(logging.WARNING)
 
-    act_as(f"cli:{_login()}")  # what the command changes is this login's, in the audit log
     try:
         settings = _settings(args)
         from serge.store.db import private_dir
 
         private_dir(settings.data_dir)  # the one place the data dir is made: the owner's alone, whichever command
-        if args.command in ("users", "keys", "usage", "groups"):
-            run_account_command(settings, args)  # no engine, no torch: answers at once
-        elif args.command == "mcp":
-            run_tool_command(settings, args)  # nor here
-        else:
-            _with_engine(settings, args)
+        with acting(f"cli:{_login()}"):  # what the command changes is this login's, in the audit log
+            if args.command in ("users", "keys", "usage", "groups"):
+                run_account_command(settings, args)  # no engine, no torch: answers at once
+            elif args.command == "mcp":
+                run_tool_command(settings, args)  # nor here
+            else:
+                _with_engine(settings, args)
     except ValidationError as exc:
         errors = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
         _fail(f"invalid setting: {errors}")

@@ -123,7 +123,7 @@ class SamplingParams(BaseModel):
     def generator(self, device):
         """This sequence's random generator where its logits live: numpy's on the host (`host_sampling.HOST`),
         else torch's on that device."""
-        from serge.engine.generation import host_sampling
+        from serge.engine.generation.batching import host_sampling
 
         if isinstance(device, host_sampling.HostDevice):
             return host_sampling.generator(self.seed)

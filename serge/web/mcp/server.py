@@ -57,7 +57,7 @@ def _owner(ctx: Context) -> str:
 def _metered(ctx: Context, app: FastAPI, texts: list[str] | None) -> Iterator[None]:
     """A tool that embeds `texts` is a model request of its user: admitted against their caps and counted."""
     request = ctx.request_context.request
-    noted, reservations = request_context(request), getattr(app.state, "reservations", None)
+    noted, reservations = request_context(request), app.state.services.reservations
     user = noted.user
     if texts is None or reservations is None or user is LOCAL_USER:
         yield
