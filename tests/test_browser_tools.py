@@ -28,6 +28,7 @@ def server(standin_settings, standin_engine, tmp_path_factory):
     registry = ToolServers(ToolServerStore(db))
     registry.register("clock", command=["python", "-m", "mcp_server_time"])
     registry.register("notes", command=script("notes", "write_note"), env={"NOTES_FILE": str(folder / "notes.txt")})
+    registry.register("hang", command=script("hang", "hang"))
     db.close()
     with own_server(standin_settings, standin_engine, folder) as url:
         yield url
@@ -58,9 +59,11 @@ def test_a_ticked_clock_is_called_and_the_call_is_folded_in_the_reply_and_still_
     assert call.get_attribute("open") is None  # folded
     call.locator("summary").click()
     expect(call.locator(".tool-result")).not_to_be_empty()
+    expect(call.locator(".tool-label")).to_have_text(["Arguments", "Result"])  # each part says what it is
     page.reload()
     again = page.locator('[data-role="assistant"]').first.locator(".tool-call").first
     expect(again.locator("summary")).to_contain_text("clock · ")
+    expect(again.locator(".tool-label")).to_have_text(["Arguments", "Result"])
     expect(again.locator(".tool-result")).to_have_text(call.locator(".tool-result").text_content())
 
 
@@ -74,3 +77,11 @@ def test_a_tool_that_writes_waits_for_the_person_and_deny_is_told_to_the_model(p
     denied = reply.locator(".tool-call").first
     expect(denied).to_have_attribute("data-state", "denied")
     expect(denied.locator(".tool-result")).to_contain_text("the user denied this call", use_inner_text=False)
+
+
+def test_a_running_call_shows_how_long_it_has_run(page, server):
+    ask_with_tool(page, server, "hang", "Wait for it.")
+    call = page.locator('[data-role="assistant"]').first.locator(".tool-call").first
+    expect(call.locator(".tool-state")).to_have_text(re.compile(r"running [2-9] s"), timeout=30_000)
+    page.get_by_role("button", name="Stop").click()
+    expect(page.locator('[data-role="assistant"]').first).to_have_attribute("data-status", "stopped")

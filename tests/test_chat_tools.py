@@ -152,7 +152,9 @@ def test_a_decision_for_no_waiting_call_is_a_409(client):
 
 
 def test_nine_calls_asked_for_stop_at_eight_and_the_model_then_answers(client):
-    calls, reply = ask(client, chat_with(client, ["echo"], choice="always"))
+    # a reply's max_new_tokens bounds all its passes together: room for nine calls and an answer
+    calls, reply = ask(client, chat_with(client, ["echo"], choice="always",
+                                         settings={"max_new_tokens": 4000, "temperature": 0}))
     finished = [c for c in calls if c["state"] != "running"]
     assert len(finished) == 8 and all(c["state"] == "done" for c in finished)
     assert reply["status"] == "complete" and reply["content"]

@@ -95,8 +95,12 @@ def site(settings, engine, tmp_path_factory):
         yield url, folder / "notes.txt"
 
 
-@pytest.mark.browser
-@pytest.mark.skipif(not CHROMIUM.exists(), reason="Debian's Chromium is not installed (apt-get install chromium)")
+BROWSER_ONLY = [pytest.mark.browser, pytest.mark.skipif(not CHROMIUM.exists(),
+                                                        reason="Debian's Chromium is not installed")]
+
+
+@BROWSER_ONLY[0]
+@BROWSER_ONLY[1]
 def test_a_reload_leaves_the_call_waiting_and_a_second_tab_can_allow_it(browser, site):
     pytest.importorskip("playwright.sync_api")
     from playwright.sync_api import expect
@@ -128,3 +132,40 @@ def test_a_reload_leaves_the_call_waiting_and_a_second_tab_can_allow_it(browser,
         "data-status", re.compile("complete|length"), timeout=60_000)
     assert notes_written(notes) == 1
     context.close()
+
+
+@BROWSER_ONLY[0]
+@BROWSER_ONLY[1]
+def test_always_allow_is_listed_in_the_page_and_revoked_there(browser, site):
+    """An Always allow answer is kept with the chat; its settings panel lists it, Revoke makes the tool ask again;
+    the API takes a shorter list, never a longer one."""
+    pytest.importorskip("playwright.sync_api")
+    from playwright.sync_api import expect
+
+    url, notes = site
+    with httpx.Client(base_url=url, timeout=120) as api:
+        chat = api.post("/api/chats", json={"tools": ["notes"], "tool_choice": "first",
+                                            "settings": {"max_new_tokens": 120, "temperature": 0}}).json()["id"]
+        calls = []
+
+        def answer_always(call):
+            if call["state"] == "waiting":
+                api.post(f"/api/chats/{chat}/tool-calls/{call['id']}", json={"allow": True, "always": True})
+
+        with api.stream("POST", f"/api/chats/{chat}/messages", json={"content": "Write a note"}) as response:
+            for kind, data in read_events(response):
+                if kind == "tool":
+                    calls.append(data["call"])
+                    answer_always(data["call"])
+        assert api.get(f"/api/chats/{chat}").json()["tool_approvals"] == ["notes/write_note"]
+        granted = api.patch(f"/api/chats/{chat}", json={"tool_approvals": ["notes/write_note", "x/y"]})
+        assert granted.status_code == 400 and granted.json()["error"]["param"] == "tool_approvals"
+        page = browser.new_page()
+        page.goto(f"{url}/c/{chat}")
+        page.get_by_role("button", name="Settings").click()
+        listed = page.locator("#always-allowed .approval")
+        expect(listed).to_have_text([re.compile("notes/write_note")])
+        page.get_by_role("button", name="Ask again before notes/write_note").click()
+        expect(listed).to_have_count(0)
+        page.close()
+        assert api.get(f"/api/chats/{chat}").json()["tool_approvals"] == []

@@ -83,6 +83,19 @@ def test_every_pass_of_a_page_tool_reply_is_metered(site):
     assert done["prompt_tokens"] >= 2 * len(long_ask) + len(call["result"])
 
 
+def test_a_replys_max_new_tokens_bounds_all_its_passes_together(site):
+    url, _ = site
+    with httpx.Client(base_url=url, timeout=120) as page:
+        # a call at every step: each pass alone would fit in 100 tokens, eight of them would not
+        chat = page.post("/api/chats", json={"tools": ["echo"], "tool_choice": "always",
+                                             "settings": {"max_new_tokens": 100, "temperature": 0}}).json()["id"]
+        with page.stream("POST", f"/api/chats/{chat}/messages", json={"content": "Say it back"}) as response:
+            done = [data for kind, data in read_events(response) if kind == "done"][0]["message"]
+    assert done["tool_calls"] and done["tool_calls"][0]["state"] == "done", "the call ran"
+    assert done["completion_tokens"] <= 100, "the limit is the reply's, not each pass's"
+    assert done["status"] == "length"
+
+
 def test_an_approval_sent_twice_on_the_same_response_runs_the_call_once(client, site):
     notes = site[1] / "notes.txt"
     first = client.responses.create(model=MODEL, input="Write a note", max_output_tokens=120,

@@ -128,6 +128,13 @@ class ChatService:
             checked["tools"] = self._tool_servers(user, changes["tools"]) or None
         if "tool_choice" in changes:
             checked["tool_choice"] = changes["tool_choice"] or None
+        if "tool_approvals" in changes:  # revoked here, never granted: only an Always allow answer grants one
+            current = self.store.get_chat(owner, chat_id).tool_approvals
+            if added := [k for k in changes["tool_approvals"] or () if k not in current]:
+                raise InvalidChatInput(f"{added[0]!r} is not always allowed in this chat; a tool is always allowed "
+                                       "by answering Always allow when it asks, and only revoked here",
+                                       "tool_approvals")
+            checked["tool_approvals"] = [k for k in current if k in (changes["tool_approvals"] or ())]
         return self.store.update_chat(owner, chat_id, **checked)
 
     def decide(self, owner: str, chat_id: str, call_id: str, allow: bool, always: bool = False) -> bool:

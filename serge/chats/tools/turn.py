@@ -26,7 +26,8 @@ from dataclasses import dataclass, replace
 from typing import Protocol
 
 from serge.chats.tools.offer import OfferedTool
-from serge.engine import ChatRequest, Delta, FinishReason, GenerationRecord, Message, Stream, ToolCall, Tools
+from serge.engine import (ChatRequest, Delta, FinishReason, GenerationRecord, InvalidRequest, Message, Stream, ToolCall,
+                          Tools)
 from serge.tools import ToolOutcome, ToolServerError, ToolSpec
 
 MAX_ARGUMENT_CHARS = 100_000
@@ -208,6 +209,8 @@ class ToolTurn:
             ask = replace(ask, tools=None)
         self._messages = list(ask.messages)
         self._ask = ask
+        self._limit = ask.params.max_new_tokens if ask.params is not None else None  # of the whole reply, every pass together (None: each its own)
+        self._spent = False  # the limit ended the reply before its answer
         self._stream = self._begin(ask)  # the first pass starts now: its refusals are the caller's
         self.model = self._stream.model
         self.dropped_messages = self._stream.dropped_messages
@@ -232,6 +235,8 @@ class ToolTurn:
         combined = summed(records)
         if self._cancelled.is_set() and combined.finish_reason is not FinishReason.ERROR:
             combined = replace(combined, finish_reason=FinishReason.CANCELLED)
+        elif self._spent and combined.finish_reason is FinishReason.STOP:
+            combined = replace(combined, finish_reason=FinishReason.LENGTH)  # cut by the reply's max_new_tokens
         return combined
 
     @property
@@ -301,8 +306,7 @@ class ToolTurn:
                 yield CallDone(call, self.tools.get(call.name), ToolOutcome(
                     "not run again: the same call was made before in this reply; its result is above", True,
                     False), "repeated")
-            self._next(None)
-            return True
+            return self._next(None)
         self._asked.update(_key(c) for c in mine)
         results: list[Message] = []
         asked = False
@@ -318,8 +322,7 @@ class ToolTurn:
             return False  # the client has a say: an approval to give, or its own function to run
         ran = tuple(c for c in mine)
         self._messages += [Message("assistant", record.text, tool_calls=ran), *results]
-        self._next(self._offer_after())
-        return True
+        return self._next(self._offer_after())
 
     def _offer_after(self) -> Tools | None:
         """What the next pass is offered: the tools again (forced only where every pass must call); none once the
@@ -328,11 +331,28 @@ class ToolTurn:
             return None
         return replace(self._offer, mode="required" if self._every_pass else "auto", name=None)
 
-    def _next(self, tools: Tools | None) -> None:
-        self._ask = replace(self._ask, messages=list(self._messages), tools=tools)
-        self._stream = self._begin(self._ask)
+    def _next(self, tools: Tools | None) -> bool:
+        """Start the next pass; False when the reply's `max_new_tokens` is spent (a limit on the whole reply,
+        its passes together), or what is left of it is too short for the call the pass must make."""
+        params = self._ask.params
+        if self._limit is not None:
+            left = self._limit - sum(r.completion_tokens for r in self._records)
+            if left < 1:
+                self._spent = True
+                return False
+            params = params.model_copy(update={"max_new_tokens": left})
+        try:
+            ask = replace(self._ask, messages=list(self._messages), tools=tools, params=params)
+            self._stream = self._begin(ask)
+        except InvalidRequest as exc:
+            if exc.param != "max_tokens":
+                raise
+            self._spent = True
+            return False
+        self._ask = ask
         if self._cancelled.is_set():  # stopped while the pass was being started
             self._stream.cancel()
+        return True
 
     def _count(self, stream: Stream) -> GenerationRecord:
         record = stream.close()

@@ -66,6 +66,11 @@ class ChatIn(BaseModel):
 class ChatPatch(ChatIn):
     """Only the fields sent are changed; `null` clears model or system prompt."""
 
+    tool_approvals: list[Annotated[str, Field(max_length=200)]] | None = Field(
+        None, max_length=256, description="The tools this chat runs without asking (`server/tool`), as an Always "
+                                          "allow answer left them: send the list without one to revoke it (a tool "
+                                          "is added only by answering Always allow).")
+
 
 class MessageIn(BaseModel):
     content: str = Field(description="What the user writes.")

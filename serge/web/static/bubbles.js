@@ -69,12 +69,14 @@ export function toolCallOf(article, call) {
   state.textContent = call.state + (call.cut ? " (output cut)" : "");
   summary.append(state);
   details.append(summary);
-  if (call.arguments) {
-    const args = document.createElement("pre");
-    args.className = "tool-arguments";
-    args.textContent = call.arguments;
-    details.append(args);
+  if (call.state === "running") {  // how long it has run, counted from when this page first saw it run
+    details.dataset.started = details.dataset.started || String(Date.now());
+    const seconds = Math.floor((Date.now() - Number(details.dataset.started)) / 1000);
+    state.textContent = `running ${seconds} s`;
+    clearTimeout(details.tick);
+    details.tick = setTimeout(() => { if (details.dataset.state === "running") toolCallOf(article, call); }, 1000);
   }
+  if (call.arguments) details.append(labelled("Arguments", "tool-arguments", call.arguments));
   if (call.state === "waiting") {
     details.open = true;
     const ask = document.createElement("div");
@@ -89,11 +91,21 @@ export function toolCallOf(article, call) {
       ask.append(button);
     }
     details.append(ask);
-  } else {
-    const result = document.createElement("pre");
-    result.className = "tool-result";
-    result.textContent = call.result;
-    details.append(result);
+  } else if (call.state !== "running") {
+    details.append(labelled("Result", "tool-result", call.result));
   }
   return details;
+}
+
+function labelled(label, className, text) {
+  const part = document.createElement("div");
+  part.className = "tool-part";
+  const name = document.createElement("span");
+  name.className = "tool-label";
+  name.textContent = label;
+  const body = document.createElement("pre");
+  body.className = className;
+  body.textContent = text;  // as text, never as markup
+  part.append(name, body);
+  return part;
 }

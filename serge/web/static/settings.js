@@ -48,8 +48,17 @@ export function settingsPanel({ panel, form, error, saved, toggle, chatId }) {
   async function listTools() {
     if (toolsListed) return;
     toolsListed = true;
+    const notes = [...form.querySelectorAll(".tool-names")];
+    for (const note of notes) {  // a server not started yet may take a while to list its tools
+      note.textContent = "Listing its tools…";
+      note.setAttribute("aria-busy", "true");
+    }
     const response = await fetch("/api/tools");
-    if (!response.ok) return;
+    for (const note of notes) note.removeAttribute("aria-busy");
+    if (!response.ok) {
+      for (const note of notes) note.textContent = "";
+      return;
+    }
     for (const server of (await response.json()).servers) {
       const note = [...form.querySelectorAll(".tool-names")].find((n) => n.dataset.server === server.name);
       if (!note) continue;
@@ -66,6 +75,24 @@ export function settingsPanel({ panel, form, error, saved, toggle, chatId }) {
     if (open) $("#set-model").focus();
     else toggle.focus();
   }
+
+  // "Always allow" answers, listed in the panel: Revoke makes that tool ask again in this chat.
+  form.addEventListener("click", async (event) => {
+    const button = event.target.closest("button.revoke");
+    if (!button || !chatId()) return;
+    const kept = [...form.querySelectorAll(".approval")].map((a) => a.dataset.key)
+      .filter((key) => key !== button.dataset.key);
+    const response = await fetch(`/api/chats/${chatId()}`, {
+      method: "PATCH", headers: { "Content-Type": "application/json" }, body: JSON.stringify({ tool_approvals: kept }),
+    });
+    if (response.ok) {
+      button.closest(".approval").remove();
+      saved.textContent = `${button.dataset.key} asks again before it runs.`;
+    } else {
+      error.textContent = await errorText(response);
+      error.hidden = false;
+    }
+  });
 
   form.addEventListener("input", save);
   form.addEventListener("submit", (event) => event.preventDefault());
