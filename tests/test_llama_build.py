@@ -93,6 +93,7 @@ def _fake_venv(tmp_path: Path, llama_installed: bool) -> Path:
     """A venv whose python runs the real build script and writes down each pip install instead of running it."""
     venv = tmp_path / "venv"
     (venv / "bin").mkdir(parents=True, exist_ok=True)
+    (venv / ".venv").touch()  # the venv is made: only llama.cpp's step runs
     (venv / ".torch").touch()
     _tool(venv / "bin", "python", f"""
 case "$1 $2 $3" in

@@ -152,7 +152,8 @@ def test_the_real_model_asking_the_same_call_again_runs_it_once_and_answers(real
     assert ran and len(ran) == len(set(ran)), ran
     for again in calls[len(ran):]:  # asked again: closed unrun, saying why
         assert again.status == "failed" and "not run again" in json.dumps(again.error.model_dump())
-    assert response.output[-1].type == "message" and '"tool_call"' not in response.output_text
+    # the answer is text: offered no tool, it cannot begin as a call (the 135M model may still quote one in prose)
+    assert response.output[-1].type == "message" and not response.output_text.lstrip().startswith("{")
 
 
 @pytest.mark.parametrize("listed", [{"tools": [{}]}, {"tools": [{"name": "tide", "annotations": "x"}]},
