@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
+import sys
 import threading
 import time
 from contextlib import closing
@@ -26,6 +27,17 @@ from test_chat_tools import ask, chat_with, script
 from mcp_servers import CONTROL, build
 
 settings, engine = stand_in("settings", "engine")
+
+
+def test_serge_mcp_list_keeps_a_servers_own_stderr_out_of_its_listing(cli, tmp_path):
+    data = str(tmp_path)
+    noisy = ["python", "-c", "import sys; print('NOISE FROM' + ' THE SERVER', file=sys.stderr); sys.exit(3)"]
+    assert cli("mcp", "add", "noisy", "--data-dir", data, "--", *noisy).returncode == 0
+    # the real command: a stdio server's stderr is a file descriptor, which only a process of its own shows
+    listing = subprocess.run([sys.executable, "-m", "serge", "mcp", "list", "--data-dir", data], capture_output=True,
+                             text=True, timeout=120)
+    assert listing.returncode == 0 and "noisy  stdio" in listing.stdout and "could not be" in listing.stdout
+    assert "NOISE FROM THE SERVER" not in listing.stdout + listing.stderr
 
 
 def test_serge_mcp_add_then_list_shows_the_servers_tools_and_never_a_secret(cli, tmp_path):

@@ -91,28 +91,40 @@ def run(settings: Settings, args: argparse.Namespace) -> None:
 
 
 async def _list(servers) -> None:
+    """Each server with its tools, all listed at once (a stdio server starts to say them), their stderr kept out of
+    the listing."""
+    import os
+
     from serge.tools import ToolServerError
     from serge.tools.secrets import shown_url
 
+    async def tools_of(name: str):
+        try:
+            return await servers.tools(name)
+        except ToolServerError as exc:
+            return exc
+
     await servers.start()
-    try:
-        records = servers.registered()
-        if not records:
-            print("No MCP servers. Register one with `serge mcp add NAME -- COMMAND` or `serge mcp add NAME --url URL`.")
-        for record in records:
-            where = " ".join(record.command) if record.command else shown_url(record.url)
-            secrets = [f"header {h}" for h in record.header_names] + [f"env {e}" for e in record.env_names]
-            print(f"{record.name}  {record.transport}  {where}"
-                  f"{'  admins only' if record.admins_only else ''}{'  (' + ', '.join(secrets) + ')' if secrets else ''}")
-            try:
-                tools = await servers.tools(record.name)
-            except ToolServerError as exc:
-                print(f"  {exc.message}")
-                continue
-            if not tools:
-                print("  (no tools)")
-            for tool in tools:
-                summary = tool.description.strip().splitlines()[0] if tool.description.strip() else ""
-                print(f"  {tool.name}{'' if tool.read_only else '  [asks before it runs]'}  {summary[:100]}")
-    finally:
-        await servers.close()
+    with open(os.devnull, "w") as quiet:
+        servers.errlog = quiet
+        try:
+            records = servers.registered()
+            if not records:
+                print("No MCP servers. Register one with `serge mcp add NAME -- COMMAND` or `serge mcp add NAME --url "
+                      "URL`.")
+            listed = await asyncio.gather(*(tools_of(r.name) for r in records))
+            for record, tools in zip(records, listed):
+                where = " ".join(record.command) if record.command else shown_url(record.url)
+                secrets = [f"header {h}" for h in record.header_names] + [f"env {e}" for e in record.env_names]
+                print(f"{record.name}  {record.transport}  {where}{'  admins only' if record.admins_only else ''}"
+                      f"{'  (' + ', '.join(secrets) + ')' if secrets else ''}")
+                if isinstance(tools, ToolServerError):
+                    print(f"  {tools.message}")
+                    continue
+                if not tools:
+                    print("  (no tools)")
+                for tool in tools:
+                    summary = tool.description.strip().splitlines()[0] if tool.description.strip() else ""
+                    print(f"  {tool.name}{'' if tool.read_only else '  [asks before it runs]'}  {summary[:100]}")
+        finally:
+            await servers.close()

@@ -41,6 +41,7 @@ class ToolServers:
     def __init__(self, store: ToolServerStore, *, timeout_s: float = 30.0, concurrency: int = 4,
                  output_chars: int = 20_000) -> None:
         self.store = store
+        self.errlog = None  # where stdio servers' stderr goes (None: Serge's own stderr)
         self.timeout_s, self.concurrency, self.output_chars = timeout_s, concurrency, output_chars
         self._sessions: dict[str, ServerSession] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -117,7 +118,7 @@ class ToolServers:
             session = None
         if session is None:
             session = ServerSession(connection, timeout_s=self.timeout_s, concurrency=self.concurrency,
-                                    output_chars=self.output_chars)
+                                    output_chars=self.output_chars, errlog=self.errlog)
             self._sessions[server] = session
         return session
 

@@ -59,8 +59,9 @@ class _Connection:
 
 class ServerSession:
     def __init__(self, connection: ToolServerConnection, *, timeout_s: float, concurrency: int,
-                 output_chars: int) -> None:
+                 output_chars: int, errlog=None) -> None:
         self.connection = connection
+        self.errlog = errlog  # a stdio server's stderr (None: Serge's own)
         self.name = connection.name
         self.timeout_s, self.output_chars = timeout_s, output_chars
         self._limit = asyncio.Semaphore(concurrency)
@@ -140,7 +141,7 @@ class ServerSession:
             if command in ("python", "python3"):  # the Python Serge runs on, with the packages it has (mcp-server-time ...)
                 command = sys.executable
             params = StdioServerParameters(command=command, args=args, env=dict(conn.env) or None)
-            return [lambda: Client(params)]
+            return [lambda: Client(_stdio(params, self.errlog or sys.stderr))]
         headers = dict(conn.headers)
         return [lambda: Client(_streamable_http(conn.url, headers)), lambda: Client(_sse(conn.url, headers))]
 
@@ -233,6 +234,14 @@ def _http(headers: dict[str, str]):
     import httpx2
 
     return httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(30.0, read=300.0))
+
+
+@contextlib.asynccontextmanager
+async def _stdio(params, errlog):
+    from mcp.client.stdio import stdio_client
+
+    async with stdio_client(params, errlog=errlog) as streams:
+        yield streams
 
 
 @contextlib.asynccontextmanager
