@@ -16,8 +16,9 @@ pytestmark = pytest.mark.real_model
 def test_the_real_model_calls_the_clock_and_answers_with_its_result(settings, engine, tmp_path):
     serge_main(["mcp", "add", "clock", "--data-dir", str(tmp_path), "--", "python", "-m", "mcp_server_time"])
     with own_server(settings, engine, tmp_path) as url, httpx.Client(base_url=url, timeout=300) as client:
+        # a reply's max_new_tokens holds its call and its answer together
         chat = client.post("/api/chats", json={"tools": ["clock"], "tool_choice": "first",
-                                                "settings": {"max_new_tokens": 64, "temperature": 0}}).json()["id"]
+                                                "settings": {"max_new_tokens": 160, "temperature": 0}}).json()["id"]
         calls, reply = ask(client, chat, "What time is it in Europe/Paris?")
     finished = [c for c in calls if c["state"] != "running"]
     assert finished and finished[0]["server"] == "clock"
