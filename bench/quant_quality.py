@@ -4,7 +4,7 @@ Makes Q8_0 and Q4_0 copies of the installed bundled GGUF (Q4_1) with llama.cpp's
 temporary folder, then for each file: its perplexity over the repo's own prose (as `bench.kv_quality`, 6,000
 tokens, f16 KV with flash attention) and, in-process on one llama.cpp thread, the CPU time of a 219-token
 prefill and of a decode step of 1 and of 8 streams (CPU time, not wall time, so that a busy machine inflates
-every file alike; compare the ratios). `serge.engine.llamacpp.requantize` serves a layout by default only
+every file alike; compare the ratios). `serge.engine.llamacpp.gguf.requantize` serves a layout by default only
 where its perplexity cost is negligible.
 
     python -m bench.quant_quality     # a table on stdout, JSON in bench/results/quant-quality-<date>.json

@@ -474,7 +474,7 @@ class LlamaServer(System):
     def _gguf(self) -> Path:
         if not self.served_copy:
             return self.cfg.gguf
-        copy = self.cfg.gguf.with_name(f"{self.cfg.gguf.stem}.serge-Q8_0.gguf")  # serge.engine.llamacpp.requantize's
+        copy = self.cfg.gguf.with_name(f"{self.cfg.gguf.stem}.serge-Q8_0.gguf")  # serge.engine.llamacpp.gguf.requantize's
         if not copy.exists():
             raise Unavailable(f"{copy.name} is not made yet: run serge-default before it")
         return copy

@@ -1,5 +1,5 @@
 """What the request being served may not use, carried in its context: the models, presets and MCP tool servers
-shared only with groups its user is not in (`serge.store.groups`).
+shared only with groups its user is not in (`serge.store.people.groups`).
 
 The web layer sets it once per request, from the user it resolved (`hiding`), as it sets the engine's party;
 the places that turn a name into a model, a preset or a tool server read it (`hidden`): the engine's name

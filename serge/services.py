@@ -17,8 +17,8 @@ from datetime import timedelta
 
 from serge.accounts import Accounts, LoginSessions, Usage, load_secret
 from serge.accounts.groups import Groups
-from serge.accounts.oidc import OpenIdSignIn, open_id_sign_in
-from serge.accounts.proxy import ProxySignIn
+from serge.accounts.signin.oidc import OpenIdSignIn, open_id_sign_in
+from serge.accounts.signin.proxy import ProxySignIn
 from serge.accounts.reservations import LEASE_S, Reservations, reserve_streams
 from serge.chats import ChatService, Indexer, Knowledge, Presets
 from serge.chats.documents import ChatDocuments
@@ -29,9 +29,9 @@ from serge.engine import Engine
 from serge.settings import Settings
 from serge.store import (AccountStore, ChatStore, CollectionStore, Database, DecisionStore, DocumentStore, FileStore,
                          PresetStore, ResponseStore, UsageStore)
-from serge.store.audit import AuditStore
-from serge.store.groups import GroupStore
-from serge.store.sign_ins import SignInStore
+from serge.store.people.audit import AuditStore
+from serge.store.people.groups import GroupStore
+from serge.store.people.sign_ins import SignInStore
 from serge.store.tools import ToolServerStore
 from serge.store.usage.reservations import ReservationStore
 from serge.tools import ToolServers

@@ -15,7 +15,7 @@ from sqlalchemy import text
 from serge.accounts import Accounts, LoginSessions, load_secret
 from serge.store import LOCAL_OWNER, AccountStore, ChatStore, Database
 from serge.store.tables import FULL_TEXT_COLUMN, FULL_TEXT_INDEX, FULL_TEXT_TABLE, Base
-from serge.web.http.user_limits import UserLimits
+from serge.web.http.limits.user_limits import UserLimits
 
 from conftest import DATABASES, POSTGRES_URL, migrate_to
 

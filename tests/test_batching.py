@@ -112,7 +112,7 @@ def test_a_joined_pass_gives_each_prompt_chunk_and_decode_the_bits_of_a_pass_of_
     """Where the forward `joins`, decodes and prompt chunks share a pass: each row as it would be apart
     (llama.cpp's on the file it serves here: the Q8_0 copy on an x86 CPU)."""
     from serge.engine.hf.forward import BatchForward
-    from serge.engine.llamacpp import requantize
+    from serge.engine.llamacpp.gguf import requantize
     from serge.engine.llamacpp.forward import JOIN_CHUNKS, LlamaForward
 
     loaded = engine.model()

@@ -11,7 +11,7 @@ from openai import OpenAI
 
 from conftest import ServerThread, free_port, models_dir
 from standin import NAME, standin_engine
-from serge.engine.llamacpp.bert_gguf import write_bert_gguf
+from serge.engine.llamacpp.gguf.bert import write_bert_gguf
 from serge.engine.models.library import ModelLibrary
 from serge.settings import Settings
 from serge.web.app import build_app

@@ -13,7 +13,7 @@ import logging
 import pytest
 
 from serge.engine import ChatRequest, Message, ModelLibrary, SamplingParams
-from serge.engine.llamacpp import requantize
+from serge.engine.llamacpp.gguf import requantize
 from serge.engine.llamacpp.family import LlamaCppFamily
 
 from conftest import MODEL, bundled_gguf, load_options

@@ -11,9 +11,9 @@ import pytest
 
 from serge.access import acting
 from serge.store import AccountStore
-from serge.store.audit import AuditStore, note
-from serge.store.groups import GroupExists, GroupStore
-from serge.store.sign_ins import ExternalUser, PendingRecord, SignInStore
+from serge.store.people.audit import AuditStore, note
+from serge.store.people.groups import GroupExists, GroupStore
+from serge.store.people.sign_ins import ExternalUser, PendingRecord, SignInStore
 
 PENDING = PendingRecord("a-nonce", "a-verifier", "http://127.0.0.1/auth/oidc/callback", "/c/1")
 

@@ -22,7 +22,7 @@ from test_chats_api import wait_for
 
 from serge.engine.generation.batching.host_sampling import HostPenalties, choose_host, generator, host_top_logprobs
 from serge.engine.generation.sampling import Penalties, SamplingParams, choose_next, top_logprobs
-from serge.engine.llamacpp.bert_gguf import target
+from serge.engine.llamacpp.gguf.bert import target
 from serge.engine.models.library import ModelLibrary
 
 CHAT, EMBEDDER, TINY = "smollm2-135m-instruct", "all-minilm-l6-v2", "tiny-safetensors"

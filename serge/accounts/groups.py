@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from serge.store.audit import note
+from serge.store.people.audit import note
 from serge.access import KINDS
 from serge.accounts.service import InvalidAccountInput, check_name
-from serge.store.accounts import UserRecord
-from serge.store.groups import GroupRecord, GroupStore
+from serge.store.people.accounts import UserRecord
+from serge.store.people.groups import GroupRecord, GroupStore
 
 MAX_GROUP_CHARS = 100
 

@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError
 
-from serge.store.audit import note
+from serge.store.people.audit import note
 from serge.store import LOCAL_OWNER, AccountStore, KeyRecord, UserRecord
 
 NAME_PATTERN = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")

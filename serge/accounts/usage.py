@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
 
-from serge.store.audit import note
+from serge.store.people.audit import note
 from serge.accounts.service import InvalidAccountInput
 from serge.store.usage.ledger import QuotaRecord, UsageCount, UsageFilter, UsageStore, UsageTotal
 

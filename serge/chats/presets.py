@@ -20,7 +20,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from serge.store.audit import note
+from serge.store.people.audit import note
 from serge.access import is_hidden
 from serge.chats.checks import MAX_SYSTEM_PROMPT_CHARS, InvalidChatInput, check_settings, check_text
 from serge.chats.documents import ChatDocuments

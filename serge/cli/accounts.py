@@ -79,7 +79,7 @@ def _password(args: argparse.Namespace) -> str:
 def run(settings: Settings, args: argparse.Namespace) -> None:
     from serge.accounts import InvalidAccountInput
     from serge.store import KeyNotFound, LastAdmin, NameTaken, UserNotFound
-    from serge.store.groups import GroupExists, GroupNotFound
+    from serge.store.people.groups import GroupExists, GroupNotFound
 
     from serge.services import Services
 
@@ -133,8 +133,8 @@ def _users(accounts: Accounts, args: argparse.Namespace) -> None:
 
 
 def _sync(settings: Settings, services) -> None:
-    from serge.accounts.ldap import DirectoryUnavailable, ldap_sign_in
-    from serge.store.audit import note
+    from serge.accounts.signin.ldap import DirectoryUnavailable, ldap_sign_in
+    from serge.store.people.audit import note
 
     directory = ldap_sign_in(settings)
     if directory is None:

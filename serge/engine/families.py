@@ -15,7 +15,7 @@ from typing import Protocol
 from serge.engine.embeddings import EmbeddingModel
 from serge.engine.hf.family import TorchFamily
 from serge.engine.info import EngineKind
-from serge.engine.llamacpp.bert_gguf import convertible
+from serge.engine.llamacpp.gguf.bert import convertible
 from serge.engine.llamacpp.family import LlamaCppFamily
 from serge.engine.llamacpp.features import llama_cpp_available, llama_cpp_offloads
 from serge.engine.llamacpp.options import LlamaOptions

@@ -3,7 +3,7 @@
 Nothing here knows about the engine or HTTP; every chat query is scoped by owner.
 """
 
-from serge.store.accounts import (
+from serge.store.people.accounts import (
     LOCAL_OWNER, AccountStore, KeyNotFound, KeyRecord, LastAdmin, NameTaken, UserNotFound, UserRecord,
 )
 from serge.store.chats import (MESSAGE_FIELDS, ChatNotFound, ChatRecord, ChatStore, MessageNotFound, MessageRecord,

@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
-from serge.store.audit import note
+from serge.store.people.audit import note
 from serge.access import is_hidden
 from serge.store import ToolServerExists, ToolServerMissing, ToolServerRecord, ToolServerStore
 from serge.tools.session import ServerSession

@@ -21,7 +21,7 @@ from serge.engine import Engine
 from serge.services import Services
 from serge.settings import Settings
 from serge.chats.lookup import Lookup
-from serge.accounts.ldap import ldap_sign_in
+from serge.accounts.signin.ldap import ldap_sign_in
 from serge.web.api.audit import router as audit_router
 from serge.web.api.groups import router as groups_router
 from serge.web.pages.groups import router as group_pages
@@ -53,9 +53,9 @@ from serge.web.openai.chat import router as openai_router
 from serge.web.pages.chat import STATIC, build_pages
 from serge.web.responses.api import router as responses_router
 from serge.web.http.request_log import RequestLog
-from serge.web.http.user_limits import UserLimits
+from serge.web.http.limits.user_limits import UserLimits
 from serge.web.mcp import install_mcp
-from serge.web.http.usage_meter import UsageMeter
+from serge.web.http.limits.usage_meter import UsageMeter
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,8 @@ from serge.engine.embeddings import EmbeddingModel
 from serge.engine.info import sees_images
 import logging
 
-from serge.engine.llamacpp import bert_gguf, memory, requantize
+from serge.engine.llamacpp import memory
+from serge.engine.llamacpp.gguf import bert as bert_gguf, requantize
 from serge.engine.llamacpp.features import llama_cpp_offloads, llama_cpp_sees_images
 from serge.engine.llamacpp.options import LlamaOptions
 from serge.engine.local import LocalModel, trained_window

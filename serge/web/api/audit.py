@@ -1,5 +1,5 @@
 """The audit log, for admins: `GET /api/audit` (JSON, newest first) and `GET /api/audit.csv` (the same as CSV, for
-a spreadsheet or an archive). A plain user gets 403. HTTP only; what is recorded is `serge.store.audit`'s."""
+a spreadsheet or an archive). A plain user gets 403. HTTP only; what is recorded is `serge.store.people.audit`'s."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import io
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
 
-from serge.store.audit import AuditRecord
+from serge.store.people.audit import AuditRecord
 from serge.web.http.auth import current_user
 from serge.web.http.errors import ApiError
 from serge.web.http.context import services

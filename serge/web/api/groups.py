@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from serge.accounts import InvalidAccountInput
 from serge.accounts.groups import Groups
 from serge.store import UserNotFound
-from serge.store.groups import GroupExists, GroupNotFound, GroupRecord
+from serge.store.people.groups import GroupExists, GroupNotFound, GroupRecord
 from serge.web.http.auth import current_user
 from serge.web.http.context import services
 from serge.web.http.errors import ApiError

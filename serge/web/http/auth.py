@@ -32,7 +32,7 @@ from serge.engine.sharing.party import asking
 from serge.store import DatabaseUnavailable, UserRecord
 from serge.web.http.context import context, context_of, services
 from serge.web.http.errors import ApiError, error_body, problem
-from serge.web.http.user_limits import UserLimits
+from serge.web.http.limits.user_limits import UserLimits
 
 SESSION_COOKIE = "serge_session"
 OPEN_PATHS = frozenset({"/login", "/api/health", "/metrics", "/auth/oidc/start", "/auth/oidc/callback"})

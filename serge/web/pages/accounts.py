@@ -22,8 +22,8 @@ from serge import __version__
 from serge.accounts import LOCAL_USER, Accounts, InvalidAccountInput, LoginFailed, LoginSessions
 from serge.store import KeyNotFound, LastAdmin, NameTaken, UserNotFound
 from serge.web.http.auth import SESSION_COOKIE, current_user, peer
-from serge.web.http.user_limits import UserLimits
-from serge.accounts.ldap import DirectoryUnavailable
+from serge.web.http.limits.user_limits import UserLimits
+from serge.accounts.signin.ldap import DirectoryUnavailable
 from serge.web.pages.sign_in import directory_login, provider_logout
 from serge.web.pages.usage import quota_context  # the caps' forms on the Users page
 from serge.web.http.context import context as request_context, services

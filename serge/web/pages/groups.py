@@ -17,7 +17,7 @@ from fastapi.templating import Jinja2Templates
 from serge import __version__
 from serge.accounts import LOCAL_USER, InvalidAccountInput
 from serge.store import UserNotFound
-from serge.store.groups import GroupExists, GroupNotFound
+from serge.store.people.groups import GroupExists, GroupNotFound
 from serge.web.http.context import services
 from serge.web.http.auth import current_user
 

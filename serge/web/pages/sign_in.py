@@ -5,7 +5,7 @@ and the login form's second try, with the directory's (LDAP) password.
 short-lived cookie holding its state; `/auth/oidc/callback` accepts the provider's answer only in the
 browser that started it (so a callback link someone else sends cannot sign you in as them), then
 starts the same login session a password does. A refusal is the login page with what went wrong and
-a 4xx (a 502 when the provider failed). The flow's rules live in `serge.accounts.oidc`; HTTP only.
+a 4xx (a 502 when the provider failed). The flow's rules live in `serge.accounts.signin.oidc`; HTTP only.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from fastapi.templating import Jinja2Templates
 
 from serge import __version__
 from serge.accounts import LoginFailed
-from serge.accounts.oidc import PENDING_LIFETIME, OpenIdSignIn, SignInFailed
+from serge.accounts.signin.oidc import PENDING_LIFETIME, OpenIdSignIn, SignInFailed
 from serge.store import UserRecord
 from serge.web.http.auth import SESSION_COOKIE
 from serge.web.http.errors import ApiError

@@ -24,8 +24,8 @@ from authlib.integrations.base_client.sync_openid import OpenIDMixin
 from authlib.integrations.httpx_client import OAuth2Client
 from joserfc.errors import ClaimError, ExpiredTokenError, JoseError
 
-from serge.accounts.provision import ClaimNames, Identity, identity
-from serge.store.sign_ins import PendingRecord, SignInStore
+from serge.accounts.signin.provision import ClaimNames, Identity, identity
+from serge.store.people.sign_ins import PendingRecord, SignInStore
 
 PENDING_LIFETIME = timedelta(minutes=10)  # from the button to the provider's answer
 LEEWAY_S = 60  # clocks of Serge and the provider may differ this much

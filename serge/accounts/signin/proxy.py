@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from uvicorn.middleware.proxy_headers import _TrustedHosts
 
-from serge.accounts.provision import user_names
+from serge.accounts.signin.provision import user_names
 from serge.accounts.service import InvalidAccountInput
 from serge.settings import check_addresses
-from serge.store.sign_ins import ExternalUser, SignInStore
-from serge.store.accounts import UserRecord
+from serge.store.people.sign_ins import ExternalUser, SignInStore
+from serge.store.people.accounts import UserRecord
 
 SOURCE = "proxy"
 MAX_VALUE_CHARS = 320

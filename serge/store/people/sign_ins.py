@@ -4,7 +4,7 @@ A sign-in sent to the provider is a row keyed by its state's hash, taken (read a
 transaction) when the provider sends the browser back, so a state answers once, in whichever process
 the callback reaches. A user from a provider is found by their `external_id` (the provider and its
 subject), never by a name: a provider's "admin" cannot become the local account named admin. It
-decides nothing about claims or names (`serge.accounts.provision` does) and never sees a token.
+decides nothing about claims or names (`serge.accounts.signin.provision` does) and never sees a token.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from datetime import timedelta
 from sqlalchemy import delete, func, select, update
 from sqlalchemy.exc import IntegrityError
 
-from serge.store.accounts import UserRecord
+from serge.store.people.accounts import UserRecord
 from serge.store.chats import new_id
 from serge.store.db import Database
 from serge.store.tables import ApiKey, LoginSession, PendingSignIn, User, now

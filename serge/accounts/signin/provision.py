@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from serge.accounts.service import NAME_PATTERN
-from serge.store.sign_ins import ExternalUser
+from serge.store.people.sign_ins import ExternalUser
 
 NOT_IN_NAMES = re.compile(r"[^a-z0-9._-]+")
 MAX_NAME_CHARS = 64

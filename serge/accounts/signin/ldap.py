@@ -20,9 +20,9 @@ from ldap3.core.exceptions import (LDAPBindError, LDAPException, LDAPInvalidCred
                                    LDAPNoSuchObjectResult, LDAPSocketOpenError)
 from ldap3.utils.conv import escape_filter_chars
 
-from serge.accounts.provision import Identity, groups_of, user_names
+from serge.accounts.signin.provision import Identity, groups_of, user_names
 from serge.accounts.service import InvalidAccountInput, LoginFailed, check_name
-from serge.store.sign_ins import ExternalUser
+from serge.store.people.sign_ins import ExternalUser
 
 SOURCE = "ldap"
 TIMEOUT_S = 10

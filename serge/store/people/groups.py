@@ -17,7 +17,7 @@ from datetime import datetime
 from sqlalchemy import delete, select
 from sqlalchemy.exc import IntegrityError
 
-from serge.store.accounts import UserNotFound
+from serge.store.people.accounts import UserNotFound
 from serge.store.chats import new_id
 from serge.store.db import Database
 from serge.store.tables import GroupMember, Share, User, UserGroup, now
