@@ -10,20 +10,24 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import NamedTuple
 
 from serge.accounts.usage import Usage, month_start, next_month, utc_midnight
 from serge.accounts.waits import in_words
 from serge.store import QuotaRecord, UsageFilter
 
 
-@dataclass(frozen=True)
-class Spent:
+class Spent(NamedTuple):
+    """What one period (today, this month) took, as its caps count it."""
+
     tokens: int
     requests: int
 
 
 @dataclass(frozen=True)
 class MyUsage:
+    """A person's own use against their caps, for the page and `/api/usage/mine`."""
+
     today: Spent
     month: Spent
     caps: QuotaRecord  # as they apply: the user's own, else the default's; None in a field: no cap

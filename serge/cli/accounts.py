@@ -14,6 +14,7 @@ import getpass
 import sys
 from typing import TYPE_CHECKING
 
+from serge.cli import CliError, command_group, opened
 from serge.cli.groups import add_parsers as add_group_parsers
 from serge.cli.groups import run as run_groups
 from serge.cli.usage import add_quota_parsers, add_usage_parser, run_quota, run_usage
@@ -23,14 +24,9 @@ if TYPE_CHECKING:
     from serge.accounts import Accounts
 
 
-class AccountCommandFailed(Exception):
-    """An expected failure (a bad name, a taken one, an unknown key): one line, exit status 2."""
-
-
 def add_parsers(sub, data_dir_flag) -> None:
-    users = sub.add_parser("users", help="add, remove, list and cap accounts (once one exists, Serge asks for a "
-                           "login)")
-    usub = users.add_subparsers(dest="users_command", required=True)
+    usub = command_group(sub, "users", "add, remove, list and cap accounts (once one exists, Serge asks for a "
+                                       "login)")
     add = usub.add_parser("add", help="add an account; the first one is an admin and takes over existing chats")
     add.add_argument("name")
     add.add_argument("--admin", action="store_true", help="may manage users")
@@ -50,8 +46,7 @@ def add_parsers(sub, data_dir_flag) -> None:
     for p in (add, rm, passwd, listing, approve, sync):
         data_dir_flag(p)
 
-    keys = sub.add_parser("keys", help="create, list, revoke and cap a user's API keys")
-    ksub = keys.add_subparsers(dest="keys_command", required=True)
+    ksub = command_group(sub, "keys", "create, list, revoke and cap a user's API keys")
     create = ksub.add_parser("create", help="create a key for USER and print it (shown only this once)")
     create.add_argument("user")
     create.add_argument("--name", help="what the key is for, to tell keys apart")
@@ -72,7 +67,7 @@ def _password(args: argparse.Namespace) -> str:
         return sys.stdin.readline().rstrip("\r\n")
     first = getpass.getpass("Password: ")
     if getpass.getpass("Again: ") != first:
-        raise AccountCommandFailed("the two passwords differ; nothing was changed")
+        raise CliError("the two passwords differ; nothing was changed")
     return first
 
 
@@ -81,11 +76,8 @@ def run(settings: Settings, args: argparse.Namespace) -> None:
     from serge.store import KeyNotFound, LastAdmin, NameTaken, UserNotFound
     from serge.store.people.groups import GroupExists, GroupNotFound
 
-    from serge.services import Services
-
-    services = Services.open(settings)
-    accounts = services.accounts
-    try:
+    with opened(settings, InvalidAccountInput, NameTaken, UserNotFound, KeyNotFound, LastAdmin, GroupExists,
+                GroupNotFound) as services:
         if args.command == "usage":
             run_usage(services, args)
         elif "quota" in (getattr(args, "users_command", None), getattr(args, "keys_command", None)):
@@ -93,15 +85,11 @@ def run(settings: Settings, args: argparse.Namespace) -> None:
         elif args.command == "users" and args.users_command == "sync":
             _sync(settings, services)
         elif args.command == "users":
-            _users(accounts, args)
+            _users(services.accounts, args)
         elif args.command == "groups":
             run_groups(services, args)
         else:
-            _keys(accounts, args)
-    except (InvalidAccountInput, NameTaken, UserNotFound, KeyNotFound, LastAdmin, GroupExists, GroupNotFound) as exc:
-        raise AccountCommandFailed(str(exc)) from None
-    finally:
-        services.close()
+            _keys(services.accounts, args)
 
 
 def _users(accounts: Accounts, args: argparse.Namespace) -> None:
@@ -138,14 +126,14 @@ def _sync(settings: Settings, services) -> None:
 
     directory = ldap_sign_in(settings)
     if directory is None:
-        raise AccountCommandFailed("no directory to ask: set SERGE_LDAP_URL (docs/sign-in-ldap.md)")
+        raise CliError("no directory to ask: set SERGE_LDAP_URL (docs/sign-in-ldap.md)")
     store = services.sign_ins
     made = store.from_source("ldap")
     for user, dn in made:
         try:
             there = directory.still_there(dn)
         except DirectoryUnavailable as exc:
-            raise AccountCommandFailed(f"{exc}; nothing was changed for {user.name} and the rest") from None
+            raise CliError(f"{exc}; nothing was changed for {user.name} and the rest") from None
         if not there:
             keys = store.cut_off(user.id)
             note(services.database, "user.cut_off", f"{user.name} (gone from the directory; {keys} API key(s) revoked)")

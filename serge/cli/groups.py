@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import argparse
 
+from serge.cli import command_group
+
 
 def add_parsers(sub, data_dir_flag) -> None:
-    groups = sub.add_parser("groups", help="make, remove and fill groups of users (or list them, with members)")
-    gsub = groups.add_subparsers(dest="groups_command", required=True)
+    gsub = command_group(sub, "groups", "make, remove and fill groups of users (or list them, with members)")
     listing = gsub.add_parser("list", help="list groups, where each comes from, and their members")
     add = gsub.add_parser("add", help="make a group")
     add.add_argument("name")

@@ -19,17 +19,16 @@ from contextlib import suppress
 from pydantic import ValidationError
 
 from serge import __version__
-from serge.cli.accounts import AccountCommandFailed
 from serge.cli.accounts import add_parsers as add_account_parsers
 from serge.cli.accounts import run as run_account_command
-from serge.cli.tools import ToolCommandFailed, split_server_command
+from serge.cli.tools import split_server_command
 from serge.cli.tools import add_parsers as add_tool_parsers
 from serge.cli.tools import run as run_tool_command
 from serge.cli.models import add_parsers as add_model_parsers
 from serge.cli.models import run as run_model_command
-from serge.cli.presets import PresetCommandFailed
 from serge.cli.presets import add_parsers as add_preset_parsers
 from serge.access import acting
+from serge.cli import CliError
 from serge.settings import Settings
 
 
@@ -94,10 +93,6 @@ def _settings(args: argparse.Namespace) -> Settings:
     return Settings(**overrides)
 
 
-class CliError(Exception):
-    """An expected failure: one line for the user, exit status 2."""
-
-
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     server_command = split_server_command(argv)  # `serge mcp add NAME [flags] -- COMMAND ...`
@@ -127,7 +122,7 @@ def main(argv: list[str] | None = None) -> None:
     except ValidationError as exc:
         errors = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
         _fail(f"invalid setting: {errors}")
-    except (CliError, AccountCommandFailed, ToolCommandFailed, PresetCommandFailed) as exc:
+    except CliError as exc:
         _fail(str(exc))
 
 

@@ -8,12 +8,12 @@ import argparse
 from contextlib import contextmanager
 from pathlib import Path
 
+from serge.cli import command_group
 from serge.settings import Settings
 
 
 def add_parsers(sub, common_flags, runtime_flags) -> None:
-    models = sub.add_parser("models", help="the model library: list, pull, import, remove, show one")
-    msub = models.add_subparsers(dest="models_command", required=True)
+    msub = command_group(sub, "models", "the model library: list, pull, import, remove, show one")
     listing = msub.add_parser("list", help="installed and remote models, their engine, size and source")
     common_flags(listing)
     pull = msub.add_parser(

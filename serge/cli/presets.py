@@ -11,23 +11,18 @@ from __future__ import annotations
 
 import argparse
 import json
-from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
+from serge.cli import CliError, command_group, opened
 from serge.settings import Settings
 
 if TYPE_CHECKING:
     from serge.chats import Presets
 
 
-class PresetCommandFailed(Exception):
-    """An expected failure (a bad name, a taken one, an unknown model): one line, exit status 2."""
-
-
 def add_parsers(sub, data_dir_flag) -> None:
-    presets = sub.add_parser("presets", help="presets: a model with a system prompt, settings and knowledge under "
-                                             "a name that requests and the page pick like a model's")
-    psub = presets.add_subparsers(dest="presets_command", required=True)
+    psub = command_group(sub, "presets", "presets: a model with a system prompt, settings and knowledge under "
+                                         "a name that requests and the page pick like a model's")
     listing = psub.add_parser("list", help="every preset: whose, its model, and whether that is installed")
     add = psub.add_parser("add", help="make a preset (for everyone, unless --own)")
     add.add_argument("name")
@@ -63,50 +58,35 @@ def _settings(pairs: list[str]) -> dict:
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key.strip():
-            raise PresetCommandFailed(f"--set takes KEY=VALUE (temperature=0.2); {pair!r} is not")
+            raise CliError(f"--set takes KEY=VALUE (temperature=0.2); {pair!r} is not")
         settings[key.strip()] = _value(value)
     return settings
-
-
-@contextmanager
-def _opened(settings: Settings):
-    from serge.engine import Engine
-    from serge.services import Services
-
-    with Engine(settings) as engine:
-        services = Services.open(settings, engine)
-        try:
-            yield services.presets, services.accounts
-        finally:
-            services.close()
 
 
 def run(settings: Settings, args: argparse.Namespace) -> None:
     from serge.chats import InvalidChatInput
     from serge.store import CollectionNotFound, LOCAL_OWNER, PresetExists, PresetNotFound, UserNotFound
-    from serge.engine import ModelNotFound
+    from serge.engine import Engine, ModelNotFound
 
-    with _opened(settings) as (presets, accounts):
+    expected = (InvalidChatInput, PresetExists, PresetNotFound, UserNotFound, ModelNotFound, CollectionNotFound)
+    with Engine(settings) as engine, opened(settings, *expected, engine=engine) as services:
+        presets, accounts = services.presets, services.accounts
         users = {u.id: u for u in accounts.users()}
-        try:
-            if args.presets_command == "add":
-                _add(presets, args, _author(accounts, users, args.user) or LOCAL_OWNER)
-            elif args.presets_command == "list":
-                _list(presets, users)
+        if args.presets_command == "add":
+            _add(presets, args, _author(accounts, users, args.user) or LOCAL_OWNER)
+        elif args.presets_command == "list":
+            _list(presets, users)
+        else:
+            owner = accounts.user(args.user).id if args.user else None
+            found = [p for p in presets.store.all() if p.name == args.name and p.owner == owner]
+            if not found:
+                whose = f"{args.user}'s own" if args.user else "for everyone (name a user's own with --user)"
+                raise PresetNotFound(f"there is no preset {args.name!r} {whose}")
+            if args.presets_command == "rm":
+                presets.store.delete(owner or LOCAL_OWNER, found[0].id)
+                print(f"Removed the preset {args.name}.")
             else:
-                owner = accounts.user(args.user).id if args.user else None
-                found = [p for p in presets.store.all() if p.name == args.name and p.owner == owner]
-                if not found:
-                    whose = f"{args.user}'s own" if args.user else "for everyone (name a user's own with --user)"
-                    raise PresetNotFound(f"there is no preset {args.name!r} {whose}")
-                if args.presets_command == "rm":
-                    presets.store.delete(owner or LOCAL_OWNER, found[0].id)
-                    print(f"Removed the preset {args.name}.")
-                else:
-                    print(json.dumps(_shown(presets.get(owner or LOCAL_OWNER, found[0].id), users), indent=2))
-        except (InvalidChatInput, PresetExists, PresetNotFound, UserNotFound, ModelNotFound,
-                CollectionNotFound) as exc:
-            raise PresetCommandFailed(str(exc)) from None
+                print(json.dumps(_shown(presets.get(owner or LOCAL_OWNER, found[0].id), users), indent=2))
 
 
 def _author(accounts, users: dict, name: str | None) -> str | None:

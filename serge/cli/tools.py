@@ -11,16 +11,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 
+from serge.cli import CliError, command_group, opened
 from serge.settings import Settings
 
 
-class ToolCommandFailed(Exception):
-    """An expected failure (a bad name, a taken one, an unknown server): one line, exit status 2."""
-
-
 def add_parsers(sub, data_dir_flag) -> None:
-    mcp = sub.add_parser("mcp", help="register, list and remove MCP servers whose tools chats may use")
-    msub = mcp.add_subparsers(dest="mcp_command", required=True)
+    msub = command_group(sub, "mcp", "register, list and remove MCP servers whose tools chats may use")
     add = msub.add_parser(
         "add", help="register a server: `-- COMMAND [ARGS...]` (stdio, started by Serge) or --url URL",
         epilog="Examples: serge mcp add clock -- python -m mcp_server_time; "
@@ -55,25 +51,22 @@ def _pairs(values: list[str], sep: str, what: str) -> dict[str, str]:
     for value in values:
         key, found, rest = value.partition(sep)
         if not found or not key.strip():
-            raise ToolCommandFailed(f"{what} {value.split(sep)[0]!r}... must be written as {what.upper()}"
+            raise CliError(f"{what} {value.split(sep)[0]!r}... must be written as {what.upper()}"
                                     f"{sep}{' ' if sep == ':' else ''}VALUE")
         pairs[key.strip()] = rest.strip() if sep == ":" else rest
     return pairs
 
 
 def run(settings: Settings, args: argparse.Namespace) -> None:
-    from serge.services import Services
     from serge.tools import ToolServerError
 
-    services = Services.open(settings)
-    servers = services.tools
-    try:
+    with opened(settings, ToolServerError) as services:
+        servers = services.tools
         if args.mcp_command == "add":
             if args.argv and args.url:
-                raise ToolCommandFailed("give either --url or a command after --, not both")
+                raise CliError("give either --url or a command after --, not both")
             if not args.argv and not args.url:
-                raise ToolCommandFailed("give the server's command after -- (serge mcp add NAME -- COMMAND ...) "
-                                        "or --url URL")
+                raise CliError("give the server's command after -- (serge mcp add NAME -- COMMAND ...) or --url URL")
             record = servers.register(args.name, command=args.argv or None, url=args.url,
                                       headers=_pairs(args.header, ":", "header"), env=_pairs(args.env, "=", "env"),
                                       admins_only=args.admins_only)
@@ -84,10 +77,6 @@ def run(settings: Settings, args: argparse.Namespace) -> None:
             print(f"Removed {args.name}.")
         else:
             asyncio.run(_list(servers))
-    except ToolServerError as exc:
-        raise ToolCommandFailed(exc.message) from None
-    finally:
-        services.close()
 
 
 async def _list(servers) -> None:

@@ -34,80 +34,72 @@ class ModelSnapshot:
     shared_tokens: int = 0  # prompt tokens copied from another running reply's KV (`shared_prefix`)
 
 
-class ModelMetrics:
+# Every metric a model's scheduler records, labelled by model: (attribute, kind, name, help, options).
+_PER_MODEL = (
+    ("rejected", Counter, "serge_requests_rejected", "Requests turned away: the queue was full.", {}),
+    ("prompt_tokens", Counter, "serge_prompt_tokens", "Prompt tokens of admitted requests.", {}),
+    ("prefilled_tokens", Counter, "serge_prefilled_tokens", "Prompt tokens run through the model.", {}),
+    ("reused_tokens", Counter, "serge_prefix_cache_tokens", "Prompt tokens found in the prefix cache, not run "
+     "again.", {}),
+    ("shared_tokens", Counter, "serge_shared_prefix_tokens", "Prompt tokens copied from another running reply's KV, "
+     "not run again.", {}),
+    ("generated_tokens", Counter, "serge_generated_tokens", "Tokens generated.", {}),
+    ("ttft", Histogram, "serge_time_to_first_token_seconds", "From submit to the first token, queue included.",
+     {"buckets": _LATENCY_BUCKETS}),
+    ("inter_token", Histogram, "serge_inter_token_latency_seconds", "Between two tokens of one reply.",
+     {"buckets": _TOKEN_BUCKETS}),
+    ("queue_wait", Histogram, "serge_queue_wait_seconds", "From submit to a free slot.", {"buckets": _LATENCY_BUCKETS}),
+    ("queued", Gauge, "serge_queue_length", "Requests waiting for a free slot.", {}),
+    ("running", Gauge, "serge_active_sequences", "Sequences in the running batch.", {}),
+    ("prefix_cache_bytes", Gauge, "serge_prefix_cache_bytes", "Memory held by the prefix cache.", {}),
+    ("preempted", Counter, "serge_preempted", "Replies made to wait, their KV given back: the KV pool was full.", {}),
+    ("threads", Gauge, "serge_worker_threads", "Threads the model's passes run on now: fewer while the machine is "
+     "busy.", {}),
+    ("warmed_tokens", Counter, "serge_warmed_tokens", "Prompt tokens prefilled into the prefix cache ahead of a reply "
+     "(a chat being read), not counted in serge_prefilled_tokens.", {}),
+)
+
+
+class _PerModel:
+    """The metrics of `_PER_MODEL`, by attribute."""
+
+    rejected: Counter
+    prompt_tokens: Counter
+    prefilled_tokens: Counter
+    reused_tokens: Counter
+    shared_tokens: Counter
+    generated_tokens: Counter
+    ttft: Histogram
+    inter_token: Histogram
+    queue_wait: Histogram
+    queued: Gauge
+    running: Gauge
+    prefix_cache_bytes: Gauge
+    preempted: Counter
+    threads: Gauge
+    warmed_tokens: Counter
+
+
+class ModelMetrics(_PerModel):
     """One model's metric children, labeled once; what a `Scheduler` records into."""
 
     def __init__(self, metrics: EngineMetrics, name: str) -> None:
         self._finished = metrics.requests
         self._name = name
-        self.rejected = metrics.rejected.labels(name)
-        self.prompt_tokens = metrics.prompt_tokens.labels(name)
-        self.prefilled_tokens = metrics.prefilled_tokens.labels(name)
-        self.reused_tokens = metrics.reused_tokens.labels(name)
-        self.shared_tokens = metrics.shared_tokens.labels(name)
-        self.generated_tokens = metrics.generated_tokens.labels(name)
-        self.ttft = metrics.ttft.labels(name)
-        self.inter_token = metrics.inter_token.labels(name)
-        self.queue_wait = metrics.queue_wait.labels(name)
-        self.queued = metrics.queued.labels(name)
-        self.running = metrics.running.labels(name)
-        self.prefix_cache_bytes = metrics.prefix_cache_bytes.labels(name)
-        self.preempted = metrics.preempted.labels(name)
-        self.threads = metrics.threads.labels(name)
-        self.warmed_tokens = metrics.warmed_tokens.labels(name)
+        for attribute, *_ in _PER_MODEL:
+            setattr(self, attribute, getattr(metrics, attribute).labels(name))
 
     def finished(self, reason: str) -> None:
         self._finished.labels(self._name, reason).inc()
 
 
-class EngineMetrics:
+class EngineMetrics(_PerModel):
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
-        self.registry = registry if registry is not None else CollectorRegistry()
-        r = self.registry
-        self.requests = Counter("serge_requests", "Generations finished, by finish reason.", ["model", "reason"], registry=r)
-        self.rejected = Counter("serge_requests_rejected", "Requests turned away: the queue was full.", ["model"], registry=r)
-        self.prompt_tokens = Counter("serge_prompt_tokens", "Prompt tokens of admitted requests.", ["model"], registry=r)
-        self.prefilled_tokens = Counter(
-            "serge_prefilled_tokens", "Prompt tokens run through the model.", ["model"], registry=r
-        )
-        self.reused_tokens = Counter(
-            "serge_prefix_cache_tokens", "Prompt tokens found in the prefix cache, not run again.", ["model"], registry=r
-        )
-        self.shared_tokens = Counter(
-            "serge_shared_prefix_tokens", "Prompt tokens copied from another running reply's KV, not run again.",
-            ["model"], registry=r,
-        )
-        self.generated_tokens = Counter("serge_generated_tokens", "Tokens generated.", ["model"], registry=r)
-        self.ttft = Histogram(
-            "serge_time_to_first_token_seconds",
-            "From submit to the first token, queue included.",
-            ["model"],
-            buckets=_LATENCY_BUCKETS,
-            registry=r,
-        )
-        self.inter_token = Histogram(
-            "serge_inter_token_latency_seconds", "Between two tokens of one reply.", ["model"], buckets=_TOKEN_BUCKETS, registry=r
-        )
-        self.queue_wait = Histogram(
-            "serge_queue_wait_seconds", "From submit to a free slot.", ["model"], buckets=_LATENCY_BUCKETS, registry=r
-        )
-        self.queued = Gauge("serge_queue_length", "Requests waiting for a free slot.", ["model"], registry=r)
-        self.running = Gauge("serge_active_sequences", "Sequences in the running batch.", ["model"], registry=r)
-        self.prefix_cache_bytes = Gauge(
-            "serge_prefix_cache_bytes", "Memory held by the prefix cache.", ["model"], registry=r
-        )
-        self.preempted = Counter(
-            "serge_preempted", "Replies made to wait, their KV given back: the KV pool was full.", ["model"], registry=r
-        )
-
-        self.threads = Gauge(
-            "serge_worker_threads", "Threads the model's passes run on now: fewer while the machine is busy.", ["model"],
-            registry=r,
-        )
-        self.warmed_tokens = Counter(
-            "serge_warmed_tokens", "Prompt tokens prefilled into the prefix cache ahead of a reply (a chat being read), "
-            "not counted in serge_prefilled_tokens.", ["model"], registry=r
-        )
+        self.registry = r = registry if registry is not None else CollectorRegistry()
+        self.requests = Counter("serge_requests", "Generations finished, by finish reason.", ["model", "reason"],
+                                registry=r)
+        for attribute, kind, name, doc, options in _PER_MODEL:
+            setattr(self, attribute, kind(name, doc, ["model"], registry=r, **options))
 
     def model(self, name: str) -> ModelMetrics:
         return ModelMetrics(self, name)

@@ -42,6 +42,8 @@ class FinishReason(StrEnum):
 
 @dataclass(frozen=True)
 class TopLogprob:
+    """One of the likeliest tokens at a step; `bytes` for a token that is not whole UTF-8 alone."""
+
     token: str
     logprob: float
     bytes: bytes

@@ -13,11 +13,12 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from serge.accounts import LOCAL_USER, Accounts
 from serge.store import KeyRecord, UserRecord
-from serge.web.http.auth import current_user
+from serge.web.http.auth import admins_only, current_user
 from serge.web.http.context import services
 from serge.web.http.errors import ApiError
 
 router = APIRouter(tags=["accounts"])
+ADMIN = admins_only("manage users")
 
 
 class UserIn(BaseModel):
@@ -49,12 +50,6 @@ def _accounts(request: Request) -> Accounts:
     return services(request).accounts
 
 
-def _admin(request: Request) -> UserRecord:
-    user = current_user(request)
-    if not user.admin:
-        raise ApiError(403, "only an admin may manage users", code="forbidden")
-    return user
-
 
 def _account(request: Request) -> UserRecord:
     user = current_user(request)
@@ -64,21 +59,20 @@ def _account(request: Request) -> UserRecord:
     return user
 
 
-@router.get("/api/users", summary="List users (admins only)")
+@router.get("/api/users", dependencies=[ADMIN], summary="List users (admins only)")
 def list_users(request: Request):
-    _admin(request)
     return {"data": [user_out(u) for u in _accounts(request).users()]}
 
 
-@router.post("/api/users", status_code=201, summary="Add a user (admins only); the first one takes over local chats")
+@router.post("/api/users", dependencies=[ADMIN],
+             status_code=201, summary="Add a user (admins only); the first one takes over local chats")
 def add_user(body: UserIn, request: Request):
-    _admin(request)
     return user_out(_accounts(request).add_user(body.name, body.password, admin=body.admin))
 
 
-@router.delete("/api/users/{name}", summary="Remove a user with their chats and keys (admins only)")
+@router.delete("/api/users/{name}", dependencies=[ADMIN],
+               summary="Remove a user with their chats and keys (admins only)")
 def remove_user(name: str, request: Request):
-    _admin(request)
     removed = _accounts(request).remove_user(name)
     return {"removed": name, "chats_removed": removed}
 
@@ -99,7 +93,7 @@ def revoke_key(key_id: str, request: Request):
     return key_out(_accounts(request).revoke_key(_account(request), key_id))
 
 
-@router.post("/api/users/{name}/approve", summary="Approve a user waiting since their first sign-in (admins only)")
+@router.post("/api/users/{name}/approve", dependencies=[ADMIN],
+             summary="Approve a user waiting since their first sign-in (admins only)")
 def approve_user(name: str, request: Request):
-    _admin(request)
     return user_out(_accounts(request).approve(name))

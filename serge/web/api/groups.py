@@ -88,14 +88,16 @@ def list_shares(request: Request):
 @router.put("/api/groups/{name}/shares/{kind}/{thing}", summary="Share a model or preset with a group (admins "
             "only): from then on only the groups it is shared with, and admins, see and use it")
 def share(name: str, kind: str, thing: str, request: Request):
-    groups = _groups(request)
-    _answer(lambda: groups.share(kind, thing, name))
-    return {"kind": kind, "name": thing.strip().lower(), "group": name, "shared": True}
+    return _shared(request, name, kind, thing, True)
 
 
 @router.delete("/api/groups/{name}/shares/{kind}/{thing}", summary="Stop sharing it with a group (admins only); "
                "shared with none, it is everyone's again")
 def unshare(name: str, kind: str, thing: str, request: Request):
+    return _shared(request, name, kind, thing, False)
+
+
+def _shared(request: Request, group: str, kind: str, thing: str, shared: bool) -> dict:
     groups = _groups(request)
-    _answer(lambda: groups.unshare(kind, thing, name))
-    return {"kind": kind, "name": thing.strip().lower(), "group": name, "shared": False}
+    _answer(lambda: (groups.share if shared else groups.unshare)(kind, thing, group))
+    return {"kind": kind, "name": thing.strip().lower(), "group": group, "shared": shared}

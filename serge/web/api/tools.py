@@ -17,11 +17,11 @@ from serge.chats.tools import KNOWLEDGE_SERVER, SEARCH_KNOWLEDGE
 from serge.tools.secrets import shown_url
 from serge.store import ToolServerRecord
 from serge.tools import ToolServerError, ToolServers, ToolSpec
-from serge.web.http.auth import current_user
+from serge.web.http.auth import admins_only, current_user
 from serge.web.http.context import services
-from serge.web.http.errors import ApiError
 
 router = APIRouter(tags=["tools"])
+ADMIN = admins_only("manage tool servers")
 
 
 class ServerIn(BaseModel):
@@ -39,10 +39,6 @@ class ServerIn(BaseModel):
 def servers(request: Request) -> ToolServers:
     return services(request).tools
 
-
-def _admin(request: Request) -> None:
-    if not current_user(request).admin:
-        raise ApiError(403, "only an admin may manage tool servers", code="forbidden")
 
 
 def server_out(record: ToolServerRecord) -> dict:
@@ -73,20 +69,20 @@ async def usable_tools(request: Request):
     return {"servers": found}
 
 
-@router.get("/api/mcp/servers", summary="The registered MCP servers (admins only); header values are never shown")
+@router.get("/api/mcp/servers", dependencies=[ADMIN],
+            summary="The registered MCP servers (admins only); header values are never shown")
 def list_servers(request: Request):
-    _admin(request)
     return {"servers": [server_out(r) for r in servers(request).registered()]}
 
 
-@router.post("/api/mcp/servers", status_code=201, summary="Register a streamable-HTTP MCP server (admins only)")
+@router.post("/api/mcp/servers", dependencies=[ADMIN],
+             status_code=201, summary="Register a streamable-HTTP MCP server (admins only)")
 def add_server(body: ServerIn, request: Request):
-    _admin(request)
     return server_out(servers(request).register(body.name, url=body.url, headers=body.headers,
                                                 admins_only=body.admins_only))
 
 
-@router.delete("/api/mcp/servers/{name}", status_code=204, summary="Remove an MCP server, stopping it (admins only)")
+@router.delete("/api/mcp/servers/{name}", dependencies=[ADMIN],
+               status_code=204, summary="Remove an MCP server, stopping it (admins only)")
 async def remove_server(name: str, request: Request):
-    _admin(request)
     await servers(request).unregister(name[:64])

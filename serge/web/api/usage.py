@@ -17,11 +17,12 @@ from serge.accounts import LOCAL_USER, Usage
 from serge.accounts.usage import MAX_QUOTA
 from serge.accounts.usage_report import usage_filter, usage_rows
 from serge.store import QuotaRecord
-from serge.web.http.auth import current_user
+from serge.web.http.auth import admins_only, current_user
 from serge.web.http.context import services
 from serge.web.http.errors import ApiError
 
 router = APIRouter(tags=["usage"])
+ADMIN = admins_only("set caps")
 
 
 class QuotaIn(BaseModel):
@@ -82,22 +83,18 @@ def read_quota(request: Request):
     return {"applied": quota_out(quota.applied), "own": quota_out(quota.own), "default": quota_out(quota.default)}
 
 
-def _admin(request: Request) -> None:
-    if not current_user(request).admin:
-        raise ApiError(403, "only an admin may set caps", code="forbidden")
 
-
-@router.put("/api/quotas/default", summary="Set the caps of every user without their own (admins only)")
+@router.put("/api/quotas/default", dependencies=[ADMIN],
+            summary="Set the caps of every user without their own (admins only)")
 def set_default_quota(body: QuotaIn, request: Request):
-    _admin(request)
     _usage(request).set_default_quota(QuotaRecord(body.tokens_per_day, body.tokens_per_month,
                                                   body.requests_per_minute))
     return {"default": quota_out(_usage(request).default_quota())}
 
 
-@router.put("/api/users/{name}/quota", summary="Set a user's own caps (admins only; all null: the default's apply)")
+@router.put("/api/users/{name}/quota", dependencies=[ADMIN],
+            summary="Set a user's own caps (admins only; all null: the default's apply)")
 def set_user_quota(name: str, body: QuotaIn, request: Request):
-    _admin(request)
     user = services(request).accounts.user(name)
     usage = _usage(request)
     usage.set_user_quota(user.id, QuotaRecord(body.tokens_per_day, body.tokens_per_month, body.requests_per_minute))
@@ -105,10 +102,9 @@ def set_user_quota(name: str, body: QuotaIn, request: Request):
     return {"user": user.name, "applied": quota_out(quota.applied), "own": quota_out(quota.own)}
 
 
-@router.put("/api/users/{name}/keys/{key_id}/quota", summary="Set one API key's caps (admins only; they apply on "
-                                                              "top of its user's)")
+@router.put("/api/users/{name}/keys/{key_id}/quota", dependencies=[ADMIN],
+            summary="Set one API key's caps (admins only; they apply on top of its user's)")
 def set_key_quota(name: str, key_id: str, body: QuotaIn, request: Request):
-    _admin(request)
     accounts = services(request).accounts
     user = accounts.user(name)
     if key_id not in {k.id for k in accounts.keys(user)}:

@@ -22,7 +22,7 @@ import ipaddress
 from urllib.parse import quote
 
 import anyio
-from fastapi import Request
+from fastapi import Depends, Request
 from fastapi.responses import JSONResponse, RedirectResponse
 from starlette.concurrency import run_in_threadpool
 
@@ -96,6 +96,14 @@ def current_user(request: Request) -> UserRecord:
     if user is None:
         raise ApiError(401, "log in first", code="unauthorized")
     return user
+
+
+def admins_only(what: str):
+    """A route's dependency: anyone but an admin gets a 403 saying who may `what`, before the body is checked."""
+    def check(request: Request) -> None:
+        if not current_user(request).admin:
+            raise ApiError(403, f"only an admin may {what}", code="forbidden")
+    return Depends(check)
 
 
 def owner(request: Request) -> str:

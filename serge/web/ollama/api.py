@@ -231,11 +231,16 @@ async def chat(body: OllamaChatRequest, request: Request):
     ask = ChatRequest(messages, params, tools, response_format, trim=body.truncate is not False,
                       think=None if body.think is None else body.think is not False, cap=True, window=num_ctx,
                       budget_name="num_predict")
-    ask = await run_in_threadpool(_preset_ask, request, preset, ask)
-    stream = await run_in_threadpool(engine.chat, name, ask)
+    stream = await _chatting(request, engine, name, preset, ask)
     return await _answer(request, stream, chat=True, streamed=body.streamed, logprobs=bool(body.logprobs),
                          started=started, load_s=time.monotonic() - started, unload=unload,
                          shown=preset and preset.name)
+
+
+async def _chatting(request: Request, engine, name: str, preset, ask: ChatRequest) -> Stream:
+    """The reply to `ask`, with the preset's prompt, knowledge and settings under the request's own."""
+    ask = await run_in_threadpool(_preset_ask, request, preset, ask)
+    return await run_in_threadpool(engine.chat, name, ask)
 
 
 GENERATE_DOC = """Ollama's completion of one prompt. `prompt` (and `system`) go through the model's chat template
@@ -266,8 +271,7 @@ async def generate(body: OllamaGenerateRequest, request: Request):
         messages = await run_in_threadpool(body.conversation)
         ask = ChatRequest(messages, params, response_format=response_format, cap=True, window=num_ctx,
                           budget_name="num_predict")
-        ask = await run_in_threadpool(_preset_ask, request, preset, ask)
-        stream = await run_in_threadpool(engine.chat, name, ask)
+        stream = await _chatting(request, engine, name, preset, ask)
     return await _answer(request, stream, chat=False, streamed=body.streamed, logprobs=bool(body.logprobs),
                          started=started, load_s=time.monotonic() - started, unload=unload,
                          shown=preset and preset.name)

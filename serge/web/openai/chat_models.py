@@ -235,3 +235,18 @@ class ChatCompletionRequest(StrictRequest):
             calls = tuple(ToolCall(c.id, c.function.name, c.function.arguments) for c in m.tool_calls or ())
             messages.append(Message(role, text, calls, m.tool_call_id, m.name, m.images(f"messages.{i}.content")))
         return messages
+
+
+def check_texts(items: list, param: str, max_chars: int, max_ids: int, *, empty: bool = True) -> None:
+    """Each of a `prompt` or `input` list within its limit: a text of at most `max_chars` characters (not empty
+    unless `empty`), or 1 to `max_ids` token ids; the first that is not is a 400 naming it."""
+    for i, item in enumerate(items):
+        if isinstance(item, str) and not item and not empty:
+            raise ApiError(400, f"{param}[{i}] is an empty string; every text needs at least one character",
+                           code="invalid_value", param=param)
+        if isinstance(item, str) and len(item) > max_chars:
+            raise ApiError(400, f"{param}[{i}] is {len(item)} characters; the limit is {max_chars}",
+                           code="invalid_value", param=param)
+        if isinstance(item, list) and not 0 < len(item) <= max_ids:
+            raise ApiError(400, f"{param}[{i}] has {len(item)} token ids; send 1 to {max_ids}",
+                           code="invalid_value", param=param)

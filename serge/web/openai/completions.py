@@ -26,7 +26,7 @@ from serge.web.http.errors import ApiError
 from serge.web.http.context import RouteKind
 from serge.web.http.dialects import StrictRequest, cancel_on_disconnect, failure, refused_settings, stream_response, SSE_DONE, sse
 from serge.web.openai.chat import fingerprint, usage
-from serge.web.openai.chat_models import MAX_CHOICES, StreamOptions
+from serge.web.openai.chat_models import MAX_CHOICES, StreamOptions, check_texts
 from serge.web.http.request_log import note_generation
 
 router = APIRouter(prefix="/v1", tags=["OpenAI-compatible"])
@@ -80,16 +80,10 @@ class CompletionRequest(StrictRequest):
             prompts = [prompts]
         if not prompts or len(prompts) > MAX_PROMPTS:
             raise ApiError(400, f"prompt needs 1 to {MAX_PROMPTS} prompts", code="invalid_value", param="prompt")
-        for i, prompt in enumerate(prompts):
-            if isinstance(prompt, str) and len(prompt) > MAX_PROMPT_CHARS:
-                raise ApiError(400, f"prompt[{i}] is {len(prompt)} characters; the limit is {MAX_PROMPT_CHARS}",
-                               code="invalid_value", param="prompt")
-            if isinstance(prompt, list) and not 0 < len(prompt) <= MAX_PROMPT_IDS:
-                raise ApiError(400, f"prompt[{i}] has {len(prompt)} token ids; send 1 to {MAX_PROMPT_IDS}",
-                               code="invalid_value", param="prompt")
-            if isinstance(prompt, list) and self.echo:
-                raise ApiError(400, "echo repeats a text prompt; send the prompt as text, or leave echo out",
-                               code="invalid_value", param="echo")
+        check_texts(prompts, "prompt", MAX_PROMPT_CHARS, MAX_PROMPT_IDS)
+        if self.echo and any(isinstance(prompt, list) for prompt in prompts):
+            raise ApiError(400, "echo repeats a text prompt; send the prompt as text, or leave echo out",
+                           code="invalid_value", param="echo")
         return prompts
 
     def sampling(self) -> SamplingParams:

@@ -18,6 +18,7 @@ from serge.accounts.reservations import reserve_inputs
 from serge.web.http.errors import ApiError
 from serge.web.http.context import RouteKind
 from serge.web.http.request_log import note_embedding
+from serge.web.openai.chat_models import check_texts
 
 router = APIRouter(prefix="/v1", tags=["OpenAI-compatible"])
 EMBEDS = RouteKind("openai", model=True).depends  # a route that runs an embedding model
@@ -52,16 +53,7 @@ class EmbeddingRequest(BaseModel):
         if len(items) > MAX_INPUTS:
             raise ApiError(400, f"input has {len(items)} items; the limit is {MAX_INPUTS} per request",
                            code="invalid_value", param="input")
-        for i, item in enumerate(items):
-            if isinstance(item, str) and not item:
-                raise ApiError(400, f"input[{i}] is an empty string; every text needs at least one character",
-                               code="invalid_value", param="input")
-            if isinstance(item, str) and len(item) > MAX_INPUT_CHARS:
-                raise ApiError(400, f"input[{i}] is {len(item)} characters; the limit is {MAX_INPUT_CHARS}",
-                               code="invalid_value", param="input")
-            if isinstance(item, list) and not 0 < len(item) <= MAX_INPUT_TOKENS:
-                raise ApiError(400, f"input[{i}] has {len(item)} token ids; send 1 to {MAX_INPUT_TOKENS}",
-                               code="invalid_value", param="input")
+        check_texts(items, "input", MAX_INPUT_CHARS, MAX_INPUT_TOKENS, empty=False)
         return items
 
 

@@ -11,6 +11,7 @@ stays slow; a login that succeeds costs nothing. The rules themselves live in `s
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Annotated
 
@@ -166,39 +167,36 @@ def build_account_pages(limits: UserLimits) -> APIRouter:
             return users_page(request, 400, error=str(exc), name=name)
         return users_page(request, 201, added=added)
 
-    @router.post("/admin/users/{name}/password")
-    def set_password(name: str, request: Request, password: Text = "", keep_keys: Text = ""):
+    def changing_user(request: Request, change: Callable[[], Response],
+                      refusals: Mapping[type[Exception], int]) -> Response:
+        """An admin's change to a user; refused, the users page says why, with the refusal's status."""
         if not current_user(request).admin:
             return users_page(request)
         try:
+            return change()
+        except tuple(refusals) as exc:
+            return users_page(request, next(s for t, s in refusals.items() if isinstance(exc, t)), error=str(exc))
+
+    @router.post("/admin/users/{name}/password")
+    def set_password(name: str, request: Request, password: Text = "", keep_keys: Text = ""):
+        def change() -> Response:
             revoked = accounts(request).set_password(name, password, keep_keys=bool(keep_keys))
-        except InvalidAccountInput as exc:
-            return users_page(request, 400, error=str(exc))
-        except UserNotFound as exc:
-            return users_page(request, 404, error=str(exc))
-        keys = "their API keys were kept" if keep_keys else f"{revoked} API key(s) of theirs were revoked"
-        return users_page(request, changed=f"Changed the password of {name}; their logins have ended and {keys}.")
+            keys = "their API keys were kept" if keep_keys else f"{revoked} API key(s) of theirs were revoked"
+            return users_page(request, changed=f"Changed the password of {name}; their logins have ended and {keys}.")
+        return changing_user(request, change, {InvalidAccountInput: 400, UserNotFound: 404})
 
     @router.post("/admin/users/{name}/approve")
     def approve_user(name: str, request: Request):
-        if not current_user(request).admin:
-            return users_page(request)
-        try:
+        def change() -> Response:
             approved = accounts(request).approve(name)
-        except (InvalidAccountInput, UserNotFound) as exc:
-            return users_page(request, 404, error=str(exc))
-        return users_page(request, changed=f"Approved {approved.name}: they may use Serge now.")
+            return users_page(request, changed=f"Approved {approved.name}: they may use Serge now.")
+        return changing_user(request, change, {InvalidAccountInput: 404, UserNotFound: 404})
 
     @router.post("/admin/users/{name}/remove")
     def remove_user(name: str, request: Request):
-        if not current_user(request).admin:
-            return users_page(request)
-        try:
+        def change() -> Response:
             accounts(request).remove_user(name)
-        except (InvalidAccountInput, UserNotFound) as exc:
-            return users_page(request, 404, error=str(exc))
-        except LastAdmin as exc:
-            return users_page(request, 409, error=str(exc))
-        return RedirectResponse("/admin/users", status_code=303)
+            return RedirectResponse("/admin/users", status_code=303)
+        return changing_user(request, change, {InvalidAccountInput: 404, UserNotFound: 404, LastAdmin: 409})
 
     return router

@@ -142,13 +142,18 @@ class McpListToolsItem(_Item):
     error: str | None = Field(None, max_length=10_000)
 
 
-class McpApprovalRequestItem(_Item):
-    """An mcp_approval_request item sent back: a call the model asked to make."""
+class _McpCall(_Item):
+    """A call of one server's tool, as the model wrote it: what an approval request and a call item share."""
 
-    type: Literal["mcp_approval_request"]
     server_label: str = Field(max_length=64)
     name: str = Field(max_length=128)
     arguments: str = Field(max_length=MAX_MESSAGE_CHARS)
+
+
+class McpApprovalRequestItem(_McpCall):
+    """An mcp_approval_request item sent back: a call the model asked to make."""
+
+    type: Literal["mcp_approval_request"]
 
 
 class McpApprovalResponseItem(_Item):
@@ -160,13 +165,10 @@ class McpApprovalResponseItem(_Item):
     reason: str | None = Field(None, max_length=10_000)
 
 
-class McpCallItem(_Item):
+class McpCallItem(_McpCall):
     """An mcp_call item sent back: a call Serge ran, with its output or error."""
 
     type: Literal["mcp_call"]
-    server_label: str = Field(max_length=64)
-    name: str = Field(max_length=128)
-    arguments: str = Field(max_length=MAX_MESSAGE_CHARS)
     output: str | None = Field(None, max_length=MAX_MESSAGE_CHARS)
     error: Any = None
     approval_request_id: str | None = Field(None, max_length=256)
