@@ -35,6 +35,7 @@ from serge.store.people.sign_ins import SignInStore
 from serge.store.tools import ToolServerStore
 from serge.store.usage.reservations import ReservationStore
 from serge.tools import ToolServers
+from serge.tools.secrets import scrub_logs
 
 
 @dataclass
@@ -64,6 +65,7 @@ class Services:
 
     @classmethod
     def open(cls, settings: Settings, engine: Engine | None = None, *, serving: bool = False) -> Services:
+        scrub_logs()  # before a tool server's URL can reach a log line
         database = Database(settings.database, settings.database_busy_timeout_s)
         database.migrate()  # schema changes are applied at start, before anything reads
         accounts = AccountStore(database)

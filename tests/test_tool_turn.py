@@ -192,7 +192,9 @@ def test_a_tool_servers_url_secrets_never_reach_a_plain_user_an_export_or_the_lo
     ToolServerStore(database).add(
         "web", url=f"http://user:{PASSWORD}@127.0.0.1:{failing.server_port}/mcp?token={TOKEN}")
     database.close()
-    caplog.set_level(logging.INFO)
+    caplog.set_level(logging.DEBUG)
+    for name in ("httpx", "httpcore", "mcp"):  # the MCP client logs the URL it connects to at debug
+        caplog.set_level(logging.DEBUG, logger=name)
     try:
         with own_server(settings, engine, data_dir) as url:
             bob = login(url, "bob")
@@ -210,6 +212,7 @@ def test_a_tool_servers_url_secrets_never_reach_a_plain_user_an_export_or_the_lo
                                          "tools": [{"type": "mcp", "server_label": "web"}]}).text)
     finally:
         failing.shutdown()
-    text = "\n".join(seen) + "\n" + "\n".join(r.getMessage() for r in caplog.records)
+    text = "\n".join(seen) + "\n" + caplog.text
     assert "web" in text and "could not be reached" in text, "the failure itself is told"
     assert PASSWORD not in text and TOKEN not in text
+    assert f"user:***@127.0.0.1:{failing.server_port}/mcp" in caplog.text, "the log names the server, masked"

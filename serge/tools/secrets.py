@@ -3,12 +3,16 @@
 An admin may register `http://user:PASSWORD@host/mcp?token=TOKEN`; the HTTP library's errors quote
 the whole URL. Whatever a user, an export or the log sees of a server goes through here first: a
 URL's password and query values become `***`, and every secret the registration holds (the URL's
-password and query values, header values) is masked wherever it appears in a text.
+password and query values, header values) is masked wherever it appears in a text. The MCP client logs
+a server's whole URL (at debug) and quotes it in its errors: `scrub_logs` shows every URL in a log
+record, its traceback included, as `shown_url` does.
 """
 
 from __future__ import annotations
 
+import logging
 import re
+import traceback
 from collections.abc import Iterable
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
@@ -52,3 +56,26 @@ def without_secrets(text: str, secrets: Iterable[str] = ()) -> str:
     for secret in secrets:
         text = text.replace(secret, MASK)
     return text
+
+
+def scrub_logs() -> None:
+    """Every log record of this process made with its URLs shown as `shown_url` shows them (once per process:
+    the record factory is logging's own, shared by every logger)."""
+    made = logging.getLogRecordFactory()
+    if getattr(made, "scrubs_urls", False):
+        return
+
+    def scrubbed(*args, **kwargs) -> logging.LogRecord:
+        record = made(*args, **kwargs)
+        try:
+            message = record.getMessage()
+        except Exception:  # noqa: BLE001 - a malformed call is logging's to report, when it formats the record
+            return record
+        if "://" in message:
+            record.msg, record.args = without_secrets(message), None
+        if record.exc_info and record.exc_info[1] is not None:
+            record.exc_text = without_secrets("".join(traceback.format_exception(*record.exc_info)).rstrip("\n"))
+        return record
+
+    scrubbed.scrubs_urls = True  # type: ignore[attr-defined]
+    logging.setLogRecordFactory(scrubbed)
