@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import argparse
 
+from serge.cli.usage import _asks_change, _describe, _merged, _quota_flags
+
 
 def add_parsers(sub, data_dir_flag) -> None:
     groups = sub.add_parser("groups", help="make, remove and fill groups of users (or list them, with members)")
@@ -31,7 +33,11 @@ def add_parsers(sub, data_dir_flag) -> None:
         p.add_argument("kind", choices=["model", "preset", "tool_server"])
         p.add_argument("thing", metavar="NAME", help="the model's, preset's or MCP tool server's name")
     shares = gsub.add_parser("shares", help="list what is shared with which groups (the rest is everyone's)")
-    for p in (listing, add, rm, join, leave, share, unshare, shares):
+    quota = gsub.add_parser("quota", help="show or set a group's caps: a member without a cap of their own has, per "
+                            "field, the most generous cap among their groups', else the default's")
+    quota.add_argument("name", help="the group")
+    _quota_flags(quota)
+    for p in (listing, add, rm, join, leave, share, unshare, shares, quota):
         data_dir_flag(p)
 
 
@@ -55,6 +61,12 @@ def run(services, args: argparse.Namespace) -> None:
     elif args.groups_command == "unshare":
         groups.unshare(args.kind, args.thing, args.name)
         print(f"The {args.kind} {args.thing.strip()} is no longer shared with {args.name.strip()}.")
+    elif args.groups_command == "quota":
+        group, usage = groups.group(args.name), services.usage
+        if _asks_change(args):
+            usage.set_group_quota(group.id, group.name, _merged(usage.group_quota(group.id), args))
+        print(f"Group {group.name}: {_describe(usage.group_quota(group.id))} (for each member without a cap of "
+              "their own, the most generous of their groups' caps applies).")
     elif args.groups_command == "shares":
         found = groups.shares()
         if not found:

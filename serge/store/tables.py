@@ -371,7 +371,8 @@ class UsageReservation(Base):
 
 
 class Quota(Base):
-    """A cap: the account-wide default (kind "default", subject ""), a user's or a key's; null: no cap of that kind."""
+    """A cap: the account-wide default (kind "default", subject ""), a user's, a key's or a group's (its id); null: no cap
+    of that kind."""
 
     __tablename__ = "quotas"
 

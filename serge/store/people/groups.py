@@ -20,7 +20,7 @@ from sqlalchemy.exc import IntegrityError
 from serge.store.people.accounts import UserNotFound
 from serge.store.chats import new_id
 from serge.store.db import Database
-from serge.store.tables import GroupMember, Share, User, UserGroup, now
+from serge.store.tables import GroupMember, Quota, Share, User, UserGroup, now
 
 MADE_HERE = "serge"
 
@@ -72,6 +72,7 @@ class GroupStore:
             row = self._group(session, name)
             session.execute(delete(GroupMember).where(GroupMember.group_id == row.id))
             session.execute(delete(Share).where(Share.group_id == row.id))
+            session.execute(delete(Quota).where(Quota.kind == "group", Quota.subject == row.id))
             session.delete(row)
 
     def groups(self) -> list[GroupRecord]:
