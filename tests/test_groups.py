@@ -103,3 +103,49 @@ def test_the_docs_commands_run_as_written(cli, tmp_path):
         if line.endswith("groups shares"):
             assert ran.stdout.split() == ["model", "smollm2-135m-instruct", "ml-team", "preset", "reviewer", "ml-team",
                                           "tool_server", "clock", "ml-team"]
+
+
+def test_a_groups_caps_are_set_by_cli_api_and_page_and_each_member_sees_where_theirs_come_from(cli, accounts):
+    assert serge(cli, accounts, "groups", "add", "capped-team").returncode == 0
+    assert serge(cli, accounts, "groups", "join", "capped-team", "ada").returncode == 0
+    said = serge(cli, accounts, "groups", "quota", "capped-team", "--tokens-per-day", "5000")
+    assert said.returncode == 0 and said.stdout.startswith("Group capped-team: 5,000 tokens a day"), said.stderr
+    with closing(login(accounts, "root")) as root, closing(login(accounts, "ada")) as ada:
+        assert root.get("/api/groups/capped-team/quota").json()["own"]["tokens_per_day"] == 5000
+        put = root.put("/api/groups/capped-team/quota", json={"tokens_per_day": 5000, "requests_per_minute": 30})
+        assert put.status_code == 200 and put.json()["own"]["requests_per_minute"] == 30
+        assert root.put("/api/groups/absent/quota", json={}).status_code == 404
+        assert ada.put("/api/groups/capped-team/quota", json={"tokens_per_day": 10**9}).status_code == 403
+        assert ada.get("/api/groups/capped-team/quota").status_code == 403
+        assert root.put("/api/quotas/default", json={"tokens_per_month": 90000}).status_code == 200
+        assert root.put("/api/users/ada/quota", json={"requests_per_minute": 3}).status_code == 200
+
+        mine = ada.get("/api/usage/mine").json()
+        assert (mine["today"]["cap"], mine["today"]["cap_from"]) == (5000, "group:capped-team")
+        assert (mine["month"]["cap"], mine["month"]["cap_from"]) == (90000, "default")
+        assert (mine["requests_per_minute"], mine["requests_per_minute_from"]) == (3, "own")  # hers wins
+        assert ada.get("/api/quota").json()["sources"] == {"tokens_per_day": "group:capped-team",
+                                                           "tokens_per_month": "default", "requests_per_minute": "own"}
+        page = ada.get("/usage").text
+        assert "the quota of your group capped-team" in page and "the default quota" in page
+
+        # a second group with a larger day cap: the most generous applies; set on the Groups page
+        assert root.post("/api/groups", json={"name": "generous-team"}).status_code == 201
+        assert root.put("/api/groups/generous-team/members/ada").status_code == 200
+        form = root.post("/admin/groups/generous-team/quota", data={"tokens_per_day": "8000"})
+        assert form.status_code == 200 and "Set the caps of generous-team." in form.text
+        assert 'value="8000"' in root.get("/admin/groups").text
+        assert root.post("/admin/groups/generous-team/quota", data={"tokens_per_day": "lots"}).status_code == 400
+        assert ada.get("/api/usage/mine").json()["today"] == {**mine["today"], "cap": 8000,
+                                                             "cap_from": "group:generous-team", "left": 8000}
+
+        audit = root.get("/api/audit").json()["data"]
+        assert any(e["action"] == "quota.set" and e["target"].startswith("group generous-team:") and
+                   e["actor"] == "root" for e in audit), audit
+        assert any(e["action"] == "quota.set" and e["target"].startswith("group capped-team:") and
+                   e["actor"].startswith("cli:") for e in audit), audit
+        assert root.delete("/api/groups/generous-team").status_code == 200  # its caps go with it
+        assert ada.get("/api/usage/mine").json()["today"]["cap"] == 5000
+        root.put("/api/quotas/default", json={})
+        root.put("/api/users/ada/quota", json={})
+        root.delete("/api/groups/capped-team")

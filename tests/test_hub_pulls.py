@@ -163,3 +163,23 @@ def test_a_cancelled_pull_installs_nothing_and_keeps_no_cache(library, hub):
         library.pull(f"{GGUF_REPO}:Q4_K_M", progress=progress, log=quiet)
     assert leftovers(library) == []
     assert not any(library.cache_dir.glob("models--*")), "cancelled: the partial files are gone too"
+
+
+def test_serge_models_pull_and_rm_from_the_cli_are_in_the_audit_log_as_cli_login(hub, tmp_path, cli, monkeypatch):
+    import getpass
+
+    from serge.store.db import Database
+    from serge.store.people.audit import AuditStore
+
+    monkeypatch.setenv("SERGE_HF_ENDPOINT", hub.url)
+    where = ["--data-dir", str(tmp_path / "data"), "--models-dir", str(tmp_path / "models")]
+    pulled = cli("models", "pull", TINY_REPO, "--name", "tiny-audited", *where)
+    assert pulled.returncode == 0, pulled.stderr
+    assert cli("models", "rm", "tiny-audited", *where).returncode == 0
+    database = Database(f"sqlite:///{tmp_path / 'data' / 'serge.db'}")
+    try:
+        said = [(e.actor, e.action, e.target) for e in AuditStore(database).entries()]
+    finally:
+        database.close()
+    login = f"cli:{getpass.getuser()}"
+    assert said == [(login, "model.remove", "tiny-audited"), (login, "model.pull", f"{TINY_REPO} as tiny-audited")]

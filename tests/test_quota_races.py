@@ -27,10 +27,12 @@ from test_knowledge import indexed, make, put
 
 import documents as files
 from serge.accounts import Accounts
+from serge.accounts.groups import Groups
 from serge.accounts.usage import Usage
 from serge.engine.generation.batching.scheduler import SchedulerLimits
 from serge.engine import Engine
 from serge.settings import RemoteModel, Settings
+from serge.store.people.groups import GroupStore
 from serge.store import AccountStore, QuotaRecord, UsageCount, UsageFilter, UsageStore
 from serge.web.app import build_app
 
@@ -136,6 +138,42 @@ def test_twenty_requests_at_once_against_a_300_token_day_serve_the_quota_plus_on
     assert_refused(answers, "your quota of 300 tokens a day is used up")
     ok = sum(a.status_code == 200 for a in answers)
     assert ledger_of(site, key) == (ok, served)  # each settled to what it was told
+
+
+def in_group(site, group: str, user: str, **caps: int) -> None:
+    """`user` in `group` (made on first use, with `caps`), through the running app's services, as `serge groups`."""
+    services = site["app"].state.services
+    if group not in {g.name for g in services.groups.groups()}:
+        made = services.groups.add(group)
+        services.usage.set_group_quota(made.id, made.name, QuotaRecord(**caps))
+    services.groups.join(group, user)
+
+
+def test_eight_requests_at_once_against_a_groups_four_a_minute_get_at_most_four_answers(site):
+    key = capped(site, "grp-rpm-four")
+    in_group(site, "rpm-four-team", "grp-rpm-four", requests_per_minute=4)
+    in_group(site, "rpm-two-team", "grp-rpm-four", requests_per_minute=2)  # the most generous of the two applies
+    answers = four_a_minute([site["url"]], key)
+    assert sum(a.status_code == 200 for a in answers) == 4, [a.status_code for a in answers]
+    assert_refused(answers, "the group rpm-four-team's quota of 4 model requests a minute is used up")
+
+
+def test_twenty_requests_at_once_against_a_groups_300_token_day_serve_the_cap_plus_one_replys_budget_at_most(site):
+    key = capped(site, "grp-day-300")
+    in_group(site, "day-300-team", "grp-day-300", tokens_per_day=300)
+    answers, served, budget = three_hundred_a_day([site["url"]], key)
+    assert served <= 300 + budget, (served, budget, [a.status_code for a in answers])
+    assert_refused(answers, "the group day-300-team's quota of 300 tokens a day is used up")
+    ok = sum(a.status_code == 200 for a in answers)
+    assert 1 <= ok < 20 and ledger_of(site, key) == (ok, served)
+
+
+def test_a_users_own_cap_wins_over_their_groups(site):
+    key = capped(site, "grp-own-two", requests_per_minute=2)
+    in_group(site, "rpm-six-team", "grp-own-two", requests_per_minute=6)
+    answers = four_a_minute([site["url"]], key)
+    assert sum(a.status_code == 200 for a in answers) == 2, [a.status_code for a in answers]
+    assert_refused(answers, "your quota of 2 model requests a minute is used up")
 
 
 def test_chat_replies_of_the_page_at_once_serve_a_token_day_plus_one_replys_budget_at_most(site):
@@ -285,7 +323,8 @@ def pair(tmp_path_factory):
 
     database = fresh_database(POSTGRES_URL)
     site = {"app": SimpleNamespace(state=SimpleNamespace(services=SimpleNamespace(
-        accounts=Accounts(AccountStore(database)), usage=Usage(UsageStore(database)))))}
+        accounts=Accounts(AccountStore(database)), usage=Usage(UsageStore(database)),
+        groups=Groups(GroupStore(database)))))}
     base = tmp_path_factory.mktemp("pair")
     env = {**os.environ, "SERGE_DATABASE_URL": POSTGRES_URL, "SERGE_DEFAULT_MODEL": REAL_MODEL,
            "SERGE_USER_MAX_STREAMS": "64"}
@@ -324,6 +363,16 @@ def test_two_processes_on_postgresql_serve_a_300_token_day_plus_one_replys_budge
     assert_refused(answers, "your quota of 300 tokens a day is used up")
     ok = sum(a.status_code == 200 for a in answers)
     assert 1 <= ok < 20 and ledger_of(pair, key) == (ok, served)
+
+
+@pytest.mark.postgres
+def test_two_processes_on_postgresql_give_a_groups_members_eight_requests_at_once_at_most_four_a_minute(pair):
+    key = capped(pair, "pg-grp-rpm")
+    in_group(pair, "pg-rpm-four-team", "pg-grp-rpm", requests_per_minute=4)
+    clear_of_the_minutes_end()
+    answers = four_a_minute(pair["urls"], key, REAL_MODEL)
+    assert sum(a.status_code == 200 for a in answers) == 4, [a.status_code for a in answers]
+    assert_refused(answers, "the group pg-rpm-four-team's quota of 4 model requests a minute is used up")
 
 
 @pytest.mark.postgres

@@ -28,8 +28,8 @@ def check_group_name(name: str) -> str:
 
 
 def _kind(kind: str) -> str:
-    if kind not in KINDS:
-        raise InvalidAccountInput(f"{kind!r} cannot be shared; share a {', a '.join(KINDS)}", "kind")
+    if kind not in (*KINDS, "collection"):
+        raise InvalidAccountInput(f"{kind!r} cannot be shared; share a {', a '.join(KINDS)} or a collection", "kind")
     return kind
 
 
@@ -70,15 +70,25 @@ class Groups:
         return self.store.group(check_group_name(name))
 
     def share(self, kind: str, name: str, group: str) -> None:
-        self.store.share(_kind(kind), _thing(name), check_group_name(group))
+        """Share a model, preset or tool server (then the group's only), or a knowledge collection ("USER/NAME" or
+        its id: then the group's members may read and search it too)."""
+        if _kind(kind) == "collection":
+            name = self.store.share_collection(_thing(name), check_group_name(group))
+        else:
+            self.store.share(kind, _thing(name), check_group_name(group))
         note(self.store.db, "share", f"{kind} {_thing(name)} with {check_group_name(group)}")
 
     def unshare(self, kind: str, name: str, group: str) -> None:
-        self.store.unshare(_kind(kind), _thing(name), check_group_name(group))
+        if _kind(kind) == "collection":
+            name = self.store.unshare_collection(_thing(name), check_group_name(group))
+        else:
+            self.store.unshare(kind, _thing(name), check_group_name(group))
         note(self.store.db, "unshare", f"{kind} {_thing(name)} from {check_group_name(group)}")
 
     def shares(self) -> list[tuple[str, str, str]]:
-        return self.store.shares()
+        """(kind, name, group): models, presets and tool servers, then collections ("owner/name"; group "*":
+        shared with everyone)."""
+        return self.store.shares() + self.store.collection_shares()
 
     def hidden_from(self, user: UserRecord) -> dict[str, frozenset[str]]:
         """What `user` may not use: nothing for an admin (they manage the shares) or the local user."""

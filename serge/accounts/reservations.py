@@ -182,7 +182,8 @@ class Reservations:
 
     # --- the caps ---------------------------------------------------------------------------
     def _check(self, user_id: str, key_id: str, now: datetime, period: Period, *, requests: bool) -> Check:
-        caps = [("your", self.usage.user_quota(user_id).applied, None)]
+        users = self.usage.user_quota(user_id)  # their own, their groups' or the default's, field by field
+        caps = [(users.whose, users.applied, None)]
         if key_id and (own := self.usage.key_quota(key_id)) is not None:
             caps.append(("this API key's", own, key_id))
 
@@ -218,18 +219,22 @@ class Reservations:
                 return
 
 
-def refuse(whose: str, quota: QuotaRecord, spent: Spent, now: datetime, period: Period, requests: bool) -> None:
-    """Raise `QuotaExceeded` where `spent` reaches a cap of `quota` (its requests a minute only when `requests`)."""
+def refuse(whose, quota: QuotaRecord, spent: Spent, now: datetime, period: Period, requests: bool) -> None:
+    """Raise `QuotaExceeded` where `spent` reaches a cap of `quota` (its requests a minute only when `requests`);
+    `whose`: who set the caps ("your"), or a function of a cap's field that says it."""
+    said = whose if callable(whose) else (lambda _field: whose)
     if requests and quota.requests_per_minute is not None and spent.requests_this_minute >= quota.requests_per_minute:
-        _refuse(f"{whose} quota of {quota.requests_per_minute:,} model requests a minute is used up",
-                datetime.fromtimestamp((period.minute + 1) * 60, UTC), now, "requests_per_minute")
+        _refuse(f"{said('requests_per_minute')} quota of {quota.requests_per_minute:,} model requests a minute is "
+                "used up", datetime.fromtimestamp((period.minute + 1) * 60, UTC), now, "requests_per_minute")
     held = f", {spent.reserved:,} of them held by requests still running" if spent.reserved else ""
     if quota.tokens_per_day is not None and spent.tokens_today >= quota.tokens_per_day:
-        _refuse(f"{whose} quota of {quota.tokens_per_day:,} tokens a day is used up ({spent.tokens_today:,} used "
-                f"today{held})", utc_midnight(period.day + timedelta(days=1)), now, "tokens_per_day")
+        _refuse(f"{said('tokens_per_day')} quota of {quota.tokens_per_day:,} tokens a day is used up "
+                f"({spent.tokens_today:,} used today{held})", utc_midnight(period.day + timedelta(days=1)), now,
+                "tokens_per_day")
     if quota.tokens_per_month is not None and spent.tokens_this_month >= quota.tokens_per_month:
-        _refuse(f"{whose} quota of {quota.tokens_per_month:,} tokens a month is used up ({spent.tokens_this_month:,} "
-                f"used this month{held})", utc_midnight(next_month(period.day)), now, "tokens_per_month")
+        _refuse(f"{said('tokens_per_month')} quota of {quota.tokens_per_month:,} tokens a month is used up "
+                f"({spent.tokens_this_month:,} used this month{held})", utc_midnight(next_month(period.day)), now,
+                "tokens_per_month")
 
 
 def _refuse(what: str, reset: datetime, now: datetime, quota: str) -> None:

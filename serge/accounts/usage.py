@@ -1,7 +1,9 @@
 """`Usage`: what each user and key spent, and the caps that stop them before a request runs.
 
-The ledger (`record`, `totals`) and the caps as they apply (a user's own, else the default's; a key's on
-top of its user's). A model request is admitted and its budget held against the caps by
+The ledger (`record`, `totals`) and the caps as they apply, field by field (tokens a day, tokens a month,
+requests a minute): a user's own cap, where set, wins; else the most generous cap their groups' quotas set
+(a group's quota that leaves a field out says nothing of it); else the account-wide default's; else none.
+A key's caps apply on top of its user's. A model request is admitted and its budget held against the caps by
 `serge.accounts.reservations`, which settles it into this ledger when it ends; everything goes through
 the database, so every process sharing it counts the same. Tokens are prompt plus generated tokens
 (cached ones are part of the prompt's); a day and a month are UTC's, read from an injected clock.
@@ -11,7 +13,7 @@ Nothing here knows about HTTP or a dialect's error shape.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
 
 from serge.store.people.audit import note
@@ -31,13 +33,24 @@ class QuotaExceeded(Exception):
         self.quota = quota
 
 
+FIELDS = ("tokens_per_day", "tokens_per_month", "requests_per_minute")
+
+
 @dataclass(frozen=True)
 class UserQuota:
-    """A user's caps as they apply (theirs, else the account-wide default's), and their own as set."""
+    """A user's caps as they apply (field by field: theirs, else their groups' most generous, else the
+    account-wide default's), their own as set, and where each applied cap comes from."""
 
     applied: QuotaRecord
     own: QuotaRecord | None
     default: QuotaRecord
+    # field -> "own", "group:NAME", "default", or None (no cap of that kind)
+    sources: dict[str, str | None] = field(default_factory=lambda: dict.fromkeys(FIELDS))
+
+    def whose(self, name: str) -> str:
+        """Whose cap `name` is, as a refusal says it: "your" or "the group NAME's"."""
+        source = self.sources.get(name) or ""
+        return f"the group {source[6:]}'s" if source.startswith("group:") else "your"
 
 
 def utc_now() -> datetime:
@@ -64,11 +77,23 @@ def check_quota(quota: QuotaRecord) -> QuotaRecord:
     return quota
 
 
-def _merge(own: QuotaRecord | None, default: QuotaRecord) -> QuotaRecord:
-    if own is None:
-        return default
-    return QuotaRecord(*(getattr(own, f) if getattr(own, f) is not None else getattr(default, f)
-                         for f in ("tokens_per_day", "tokens_per_month", "requests_per_minute")))
+def applied_caps(own: QuotaRecord | None, groups: list[tuple[str, QuotaRecord]],
+                 default: QuotaRecord) -> tuple[QuotaRecord, dict[str, str | None]]:
+    """The caps that apply, field by field, and where each comes from: the user's own, where set; else the
+    largest of those their groups' quotas set (the first group by name on a tie); else the default's."""
+    values: dict[str, int | None] = {}
+    sources: dict[str, str | None] = {}
+    for name in FIELDS:
+        set_by_groups = sorted((-getattr(q, name), group) for group, q in groups if getattr(q, name) is not None)
+        if own is not None and getattr(own, name) is not None:
+            values[name], sources[name] = getattr(own, name), "own"
+        elif set_by_groups:
+            values[name], sources[name] = -set_by_groups[0][0], f"group:{set_by_groups[0][1]}"
+        elif getattr(default, name) is not None:
+            values[name], sources[name] = getattr(default, name), "default"
+        else:
+            values[name], sources[name] = None, None
+    return QuotaRecord(**values), sources
 
 
 class Usage:
@@ -91,7 +116,8 @@ class Usage:
     def user_quota(self, user_id: str) -> UserQuota:
         default = self.default_quota()
         own = self.store.quota("user", user_id)
-        return UserQuota(applied=_merge(own, default), own=own, default=default)
+        applied, sources = applied_caps(own, self.store.group_quotas_of(user_id), default)
+        return UserQuota(applied=applied, own=own, default=default, sources=sources)
 
     def user_quotas(self) -> dict[str, QuotaRecord]:
         """Every user's own caps, by user id (users without any are absent: the default applies)."""
@@ -108,6 +134,14 @@ class Usage:
         """A user's own caps (an empty one: the default applies again)."""
         self.store.set_quota("user", user_id, check_quota(quota))
         note(self.store.db, "quota.set", f"user {user_id}: {quota}")
+
+    def group_quota(self, group_id: str) -> QuotaRecord | None:
+        return self.store.quota("group", group_id)
+
+    def set_group_quota(self, group_id: str, group_name: str, quota: QuotaRecord) -> None:
+        """A group's caps (an empty one: none); they apply to its members without caps of their own."""
+        self.store.set_quota("group", group_id, check_quota(quota))
+        note(self.store.db, "quota.set", f"group {group_name}: {quota}")
 
     def set_key_quota(self, key_id: str, quota: QuotaRecord) -> None:
         self.store.set_quota("key", key_id, check_quota(quota))

@@ -2,7 +2,7 @@
 
 from serge.chats.checks import MAX_MESSAGE_CHARS, MAX_SYSTEM_PROMPT_CHARS, InvalidChatInput
 from serge.chats.indexing import Indexer
-from serge.chats.knowledge import InvalidCollectionInput, Knowledge
+from serge.chats.knowledge import CollectionReadOnly, InvalidCollectionInput, Knowledge
 from serge.chats.presets import InvalidPresetInput, PresetForbidden, PresetModelMissing, Presets, PresetView
 from serge.chats.replies.reply import Reply
 from serge.chats.replies.active import ChatBusy
@@ -11,6 +11,6 @@ from serge.chats.transfer import ChatExport, export_markdown
 from serge.store import ChatNotFound, MessageNotFound
 
 __all__ = [
-    "MAX_MESSAGE_CHARS", "MAX_SYSTEM_PROMPT_CHARS", "ChatBusy", "Indexer", "InvalidCollectionInput", "Knowledge", "ChatExport", "ChatNotFound", "ChatService", "InvalidChatInput", "MessageNotFound", "Reply",
+    "MAX_MESSAGE_CHARS", "MAX_SYSTEM_PROMPT_CHARS", "ChatBusy", "Indexer", "CollectionReadOnly", "InvalidCollectionInput", "Knowledge", "ChatExport", "ChatNotFound", "ChatService", "InvalidChatInput", "MessageNotFound", "Reply",
     "export_markdown", "InvalidPresetInput", "PresetForbidden", "PresetModelMissing", "Presets", "PresetView",
 ]

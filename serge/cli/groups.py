@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 
 from serge.cli import command_group
+from serge.cli.usage import _asks_change, _describe, _merged, _quota_flags
 
 
 def add_parsers(sub, data_dir_flag) -> None:
@@ -25,14 +26,20 @@ def add_parsers(sub, data_dir_flag) -> None:
         p.add_argument("name")
         p.add_argument("user")
     share = gsub.add_parser("share", help="share a model, preset or tool server with the group: from then on only the groups "
-                            "it is shared with (and admins) see and use it")
+                            "it is shared with (and admins) see and use it; or a knowledge collection (USER/NAME or "
+                            "its id): then the group's members may read and search it too")
     unshare = gsub.add_parser("unshare", help="stop sharing it with the group (shared with none: everyone's again)")
     for p in (share, unshare):
         p.add_argument("name", help="the group")
-        p.add_argument("kind", choices=["model", "preset", "tool_server"])
-        p.add_argument("thing", metavar="NAME", help="the model's, preset's or MCP tool server's name")
+        p.add_argument("kind", choices=["model", "preset", "tool_server", "collection"])
+        p.add_argument("thing", metavar="NAME", help="the model's, preset's or MCP tool server's name; a collection's "
+                       "owner and name as USER/NAME, or its id")
     shares = gsub.add_parser("shares", help="list what is shared with which groups (the rest is everyone's)")
-    for p in (listing, add, rm, join, leave, share, unshare, shares):
+    quota = gsub.add_parser("quota", help="show or set a group's caps: a member without a cap of their own has, per "
+                            "field, the most generous cap among their groups', else the default's")
+    quota.add_argument("name", help="the group")
+    _quota_flags(quota)
+    for p in (listing, add, rm, join, leave, share, unshare, shares, quota):
         data_dir_flag(p)
 
 
@@ -49,6 +56,10 @@ def run(services, args: argparse.Namespace) -> None:
     elif args.groups_command == "leave":
         group = groups.leave(args.name, args.user)
         print(f"{args.user.strip().lower()} left {group.name} ({len(group.members)} member(s)).")
+    elif args.groups_command == "share" and args.kind == "collection":
+        groups.share(args.kind, args.thing, args.name)
+        print(f"The collection {args.thing.strip()} may now be read and searched by {args.name.strip()}'s members "
+              "(and stays its owner's to change).")
     elif args.groups_command == "share":
         groups.share(args.kind, args.thing, args.name)
         print(f"The {args.kind} {args.thing.strip()} is now for {args.name.strip()} (and any other group it is "
@@ -56,6 +67,12 @@ def run(services, args: argparse.Namespace) -> None:
     elif args.groups_command == "unshare":
         groups.unshare(args.kind, args.thing, args.name)
         print(f"The {args.kind} {args.thing.strip()} is no longer shared with {args.name.strip()}.")
+    elif args.groups_command == "quota":
+        group, usage = groups.group(args.name), services.usage
+        if _asks_change(args):
+            usage.set_group_quota(group.id, group.name, _merged(usage.group_quota(group.id), args))
+        print(f"Group {group.name}: {_describe(usage.group_quota(group.id))} (for each member without a cap of "
+              "their own, the most generous of their groups' caps applies).")
     elif args.groups_command == "shares":
         found = groups.shares()
         if not found:

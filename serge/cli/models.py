@@ -47,12 +47,14 @@ def run(settings: Settings, args: argparse.Namespace) -> None:
         if command == "pull":
             with _progress_bar() as progress:
                 model = engine.pull(args.name, args.as_name, progress)
+            _audit(settings, "model.pull", f"{args.name}{f' as {args.as_name}' if args.as_name else ''}")
             print(f"{model.name}: {_summary(model)}")
         elif command == "import":
             model = engine.import_model(Path(args.path), args.as_name)
             print(f"Installed {model.name}: {_summary(model)}")
         elif command == "rm":
             engine.remove(args.name)
+            _audit(settings, "model.remove", args.name)
             print(f"Removed {args.name}")
         elif command == "info":
             for key, value in _facts(engine.info(args.name)):
@@ -64,6 +66,19 @@ def run(settings: Settings, args: argparse.Namespace) -> None:
             for m in models:
                 mark = " (default)" if m.default else ""
                 print(f"{m.name + mark:40} {m.engine or '?':12} {_summary(m)}  {m.source}")
+
+
+def _audit(settings: Settings, action: str, target: str) -> None:
+    """Note a pull or a removal in the audit log, as the page's are (the actor: `cli:LOGIN`, set by main)."""
+    from serge.store.db import Database
+    from serge.store.people.audit import note
+
+    database = Database(settings.database, settings.database_busy_timeout_s)
+    try:
+        database.migrate()
+        note(database, action, target)
+    finally:
+        database.close()
 
 
 @contextmanager

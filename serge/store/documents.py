@@ -1,7 +1,8 @@
 """The documents repository: files given to a chat or a collection (bytes kept once by their hash), their
 passages, and search.
 
-Every method takes the owner; another owner's document is "not found". A file's
+Every method takes the owner; another owner's document is "not found", except that the searches
+(`names`, `by_meaning`, `by_words`) also read the files of collections shared with them. A file's
 bytes live in the data dir under their SHA-256 (`FileStore`), never under a name
 a request gave, and go when the last document with that hash does. Search comes
 in two rankings of one chat's passages, whatever the database: by meaning (cosine
@@ -31,12 +32,14 @@ from datetime import datetime
 from pathlib import Path
 
 import numpy as np
-from sqlalchemy import bindparam, delete, func, literal_column, select, text
+from sqlalchemy import bindparam, delete, func, literal_column, or_, select, text
 from sqlalchemy.orm import Session
 
 from serge.store.chats import new_id
 from serge.store.db import Database, private_dir
-from serge.store.tables import FULL_TEXT_COLUMN, Document, DocumentChunk, now
+from serge.store.tables import FULL_TEXT_COLUMN, CollectionShare, Document, DocumentChunk, GroupMember, now
+
+EVERYONE = "*"  # a collection share's group id that shares it with everyone
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +50,18 @@ class DocumentNotFound(LookupError):
 
 VECTOR_CACHE_BYTES = 512 * 2**20  # of passage vectors kept in memory, least recently searched dropped first
 
+
+
+def shared_collections(user: str):
+    """The ids of the collections shared with `user`: with a group of theirs, or with everyone (a select)."""
+    return select(CollectionShare.collection_id).where(or_(
+        CollectionShare.group_id == EVERYONE,
+        CollectionShare.group_id.in_(select(GroupMember.group_id).where(GroupMember.user_id == user))))
+
+
+def readable(user: str):
+    """The documents `user` may read: their own, and the files of collections shared with them (read-only)."""
+    return or_(Document.owner == user, Document.collection_id.in_(shared_collections(user)))
 
 @dataclass(frozen=True)
 class DocumentRecord:
@@ -240,7 +255,7 @@ class DocumentStore:
         """document id -> file name, without reading the files' text."""
         with self.db.session() as session:
             return dict(session.execute(select(Document.id, Document.name).where(
-                Document.owner == owner, Document.id.in_(list(document_ids)))).all())
+                readable(owner), Document.id.in_(list(document_ids)))).all())
 
     def read(self, owner: str, document_id: str) -> bytes:
         return self.files.path(self.get(owner, document_id).sha256).read_bytes()
@@ -274,8 +289,7 @@ class DocumentStore:
 
     def by_meaning(self, owner: str, document_ids: Sequence[str], vector: np.ndarray, limit: int) -> list[ChunkHit]:
         """The passages nearest `vector` (cosine), best first; ties by document, then passage."""
-        stmt = (select(Document.id, Document.revision).where(Document.owner == owner,
-                                                             Document.id.in_(list(document_ids)))
+        stmt = (select(Document.id, Document.revision).where(readable(owner), Document.id.in_(list(document_ids)))
                 .order_by(Document.id))
         query = np.asarray(vector, dtype=np.float32)
         query = query / (np.linalg.norm(query) + 1e-12)
@@ -325,20 +339,23 @@ class DocumentStore:
             return []
         ids = list(document_ids)
         with self.db.session() as session:
-            own = select(Document.id).where(Document.owner == owner, Document.id.in_(ids))
+            own = select(Document.id).where(readable(owner), Document.id.in_(ids))
+            ids = list(session.scalars(own))  # those `owner` may read (a shared collection's files too)
+            if not ids:
+                return []
             if self.db.engine.dialect.name == "sqlite":
                 match = " OR ".join(f'"{w}"' for w in words)
                 rows = session.execute(text(
                     "SELECT f.rowid, -bm25(document_chunks_fts) FROM document_chunks_fts f "
                     "JOIN document_chunks c ON c.id = f.rowid "
-                    "WHERE document_chunks_fts MATCH :match AND c.document_id IN (SELECT id FROM documents "
-                    "WHERE owner = :owner AND id IN :ids) ORDER BY bm25(document_chunks_fts) LIMIT :limit"
-                ).bindparams(bindparam("ids", ids, expanding=True), match=match, owner=owner, limit=limit)).all()
+                    "WHERE document_chunks_fts MATCH :match AND c.document_id IN :ids "
+                    "ORDER BY bm25(document_chunks_fts) LIMIT :limit"
+                ).bindparams(bindparam("ids", ids, expanding=True), match=match, limit=limit)).all()
             else:
                 vector = literal_column(f"document_chunks.{FULL_TEXT_COLUMN}")
                 tsquery = func.to_tsquery("simple", " | ".join(words))
                 rank = func.ts_rank(vector, tsquery)
                 rows = session.execute(
-                    select(DocumentChunk.id, rank).where(DocumentChunk.document_id.in_(own), vector.op("@@")(tsquery))
+                    select(DocumentChunk.id, rank).where(DocumentChunk.document_id.in_(ids), vector.op("@@")(tsquery))
                     .order_by(rank.desc(), DocumentChunk.id).limit(limit)).all()
             return self._hits(session, [(r[0], r[1]) for r in rows])

@@ -207,6 +207,16 @@ class Share(Base):
                                           index=True)
 
 
+class CollectionShare(Base):
+    """A knowledge collection shared with a group (`group_id` "*": with everyone): its members read and search it;
+    only its owner (and admins) change it. A collection with no row is its owner's alone."""
+
+    __tablename__ = "collection_shares"
+
+    collection_id: Mapped[str] = mapped_column(ForeignKey("collections.id", ondelete="CASCADE"), primary_key=True)
+    group_id: Mapped[str] = mapped_column(String(32), primary_key=True, index=True)
+
+
 class AuditEntry(Base):
     """An admin action: who, what, on what, when (users, groups, shares, quotas, tool servers, presets, models)."""
 
@@ -371,7 +381,8 @@ class UsageReservation(Base):
 
 
 class Quota(Base):
-    """A cap: the account-wide default (kind "default", subject ""), a user's or a key's; null: no cap of that kind."""
+    """A cap: the account-wide default (kind "default", subject ""), a user's, a key's or a group's (its id); null: no cap
+    of that kind."""
 
     __tablename__ = "quotas"
 

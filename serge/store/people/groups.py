@@ -20,7 +20,7 @@ from sqlalchemy.exc import IntegrityError
 from serge.store.people.accounts import UserNotFound
 from serge.store.chats import new_id
 from serge.store.db import Database
-from serge.store.tables import GroupMember, Share, User, UserGroup, now
+from serge.store.tables import Collection, CollectionShare, GroupMember, Quota, Share, User, UserGroup, now
 
 MADE_HERE = "serge"
 
@@ -31,6 +31,11 @@ class GroupNotFound(LookupError):
 
 class GroupExists(ValueError):
     pass
+
+
+class CollectionMissing(GroupNotFound):
+    """No knowledge collection by that USER/NAME or id (a GroupNotFound, so whatever answers a share's missing
+    name answers it too: 404, or exit status 2)."""
 
 
 @dataclass(frozen=True)
@@ -72,6 +77,8 @@ class GroupStore:
             row = self._group(session, name)
             session.execute(delete(GroupMember).where(GroupMember.group_id == row.id))
             session.execute(delete(Share).where(Share.group_id == row.id))
+            session.execute(delete(Quota).where(Quota.kind == "group", Quota.subject == row.id))
+            session.execute(delete(CollectionShare).where(CollectionShare.group_id == row.id))
             session.delete(row)
 
     def groups(self) -> list[GroupRecord]:
@@ -122,6 +129,44 @@ class GroupStore:
             rows = session.execute(select(Share.kind, Share.name, UserGroup.name)
                                    .join(UserGroup, UserGroup.id == Share.group_id))
             return sorted(tuple(r) for r in rows)
+
+    # --- knowledge collections (their owners share them on the Knowledge page too) -------------
+    @staticmethod
+    def _collection(session, ref: str) -> tuple[str, str]:
+        """(id, "owner/name") of the collection `ref` names: "USER/NAME" or its id."""
+        query = select(Collection.id, User.name, Collection.name).join(User, User.id == Collection.owner)
+        user, _, name = ref.partition("/")
+        found = session.execute(query.where(User.name == user.strip().lower(), Collection.name == name.strip())
+                                if name else query.where(Collection.id == ref.strip())).first()
+        if found is None:
+            raise CollectionMissing(f"there is no collection {ref!r}; name it as USER/NAME or by its id")
+        return found[0], f"{found[1]}/{found[2]}"
+
+    def share_collection(self, ref: str, group_name: str) -> str:
+        """Members of the group may read and search the collection (again is harmless); its "owner/name"."""
+        with self.db.session() as session, session.begin():
+            group = self._group(session, group_name)
+            collection_id, said = self._collection(session, ref)
+            if session.get(CollectionShare, (collection_id, group.id)) is None:
+                session.add(CollectionShare(collection_id=collection_id, group_id=group.id))
+            return said
+
+    def unshare_collection(self, ref: str, group_name: str) -> str:
+        with self.db.session() as session, session.begin():
+            group = self._group(session, group_name)
+            collection_id, said = self._collection(session, ref)
+            session.execute(delete(CollectionShare).where(CollectionShare.collection_id == collection_id,
+                                                          CollectionShare.group_id == group.id))
+            return said
+
+    def collection_shares(self) -> list[tuple[str, str, str]]:
+        """("collection", "owner/name", group) for every collection shared with a group ("*": with everyone)."""
+        with self.db.session() as session:
+            rows = session.execute(select(User.name, Collection.name, CollectionShare.group_id, UserGroup.name)
+                                   .join(Collection, Collection.id == CollectionShare.collection_id)
+                                   .join(User, User.id == Collection.owner)
+                                   .outerjoin(UserGroup, UserGroup.id == CollectionShare.group_id))
+            return sorted(("collection", f"{user}/{name}", group or "*") for user, name, _, group in rows)
 
     def hidden_from(self, user_id: str) -> dict[str, frozenset[str]]:
         """kind -> the (lowercased) names shared only with groups `user_id` is not in."""

@@ -15,7 +15,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from serge.store.db import Database
-from serge.store.tables import Quota, UsageDay
+from serge.store.tables import GroupMember, Quota, UsageDay, UserGroup
 
 GROUPS = ("day", "user", "key", "model", "dialect")
 MINUTES_KEPT = 5  # per-minute request counts older than this are cleared as new ones come (serge/store/usage/reservations.py)
@@ -130,6 +130,15 @@ class UsageStore:
         with self.db.session() as session:
             return {row.subject: QuotaRecord(row.tokens_per_day, row.tokens_per_month, row.requests_per_minute)
                     for row in session.scalars(select(Quota).where(Quota.kind == kind))}
+
+    def group_quotas_of(self, user_id: str) -> list[tuple[str, QuotaRecord]]:
+        """(group name, caps) of each group of the user that has caps, by name."""
+        query = (select(UserGroup.name, Quota).join(Quota, (Quota.kind == "group") & (Quota.subject == UserGroup.id))
+                 .join(GroupMember, GroupMember.group_id == UserGroup.id).where(GroupMember.user_id == user_id)
+                 .order_by(UserGroup.name))
+        with self.db.session() as session:
+            return [(name, QuotaRecord(row.tokens_per_day, row.tokens_per_month, row.requests_per_minute))
+                    for name, row in session.execute(query)]
 
     def set_quota(self, kind: str, subject: str, quota: QuotaRecord) -> None:
         """Replace a cap; an empty one is removed (the default applies again)."""

@@ -1,7 +1,8 @@
 """The usage API: `GET /api/usage` (tokens per day, user, key, model or dialect) and the caps. HTTP only.
 
-An admin reads anyone's usage and sets caps; a plain user reads their own (a `user` other than
-themselves is 403) and their own caps (`GET /api/quota`). Days are UTC's.
+An admin reads anyone's usage and sets caps (the default, a user's, a key's, a group's); a plain user reads
+their own (a `user` other than themselves is 403) and their own caps (`GET /api/quota`), with where each
+comes from. Which cap applies is `serge.accounts.usage`'s rule. Days are UTC's.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from serge.accounts import LOCAL_USER, Usage
 from serge.accounts.usage import MAX_QUOTA
 from serge.accounts.usage_report import usage_filter, usage_rows
 from serge.store import QuotaRecord
+from serge.store.people.groups import GroupNotFound
 from serge.web.http.auth import admins_only, current_user
 from serge.web.http.context import services
 from serge.web.http.errors import ApiError
@@ -80,7 +82,8 @@ def read_quota(request: Request):
     if caller is LOCAL_USER:
         return {"applied": None, "own": None, "default": quota_out(usage.default_quota())}
     quota = usage.user_quota(caller.id)
-    return {"applied": quota_out(quota.applied), "own": quota_out(quota.own), "default": quota_out(quota.default)}
+    return {"applied": quota_out(quota.applied), "own": quota_out(quota.own), "default": quota_out(quota.default),
+            "sources": quota.sources}
 
 
 
@@ -112,3 +115,27 @@ def set_key_quota(name: str, key_id: str, body: QuotaIn, request: Request):
     usage = _usage(request)
     usage.set_key_quota(key_id, QuotaRecord(body.tokens_per_day, body.tokens_per_month, body.requests_per_minute))
     return {"user": user.name, "key": key_id, "own": quota_out(usage.key_quota(key_id))}
+
+
+@router.get("/api/groups/{name}/quota", dependencies=[ADMIN], summary="A group's caps (admins only)")
+def read_group_quota(name: str, request: Request):
+    group = _group(request, name)
+    return {"group": group.name, "own": quota_out(_usage(request).group_quota(group.id))}
+
+
+@router.put("/api/groups/{name}/quota", dependencies=[ADMIN],
+            summary="Set a group's caps (admins only; all null: none). A member without a cap of their own has, per "
+            "field, the most generous cap among their groups', else the default's")
+def set_group_quota(name: str, body: QuotaIn, request: Request):
+    group = _group(request, name)
+    usage = _usage(request)
+    usage.set_group_quota(group.id, group.name, QuotaRecord(body.tokens_per_day, body.tokens_per_month,
+                                                            body.requests_per_minute))
+    return {"group": group.name, "own": quota_out(usage.group_quota(group.id))}
+
+
+def _group(request: Request, name: str):
+    try:
+        return services(request).groups.group(name)
+    except GroupNotFound as exc:
+        raise ApiError(404, str(exc), code="not_found", param="name") from None

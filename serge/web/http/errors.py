@@ -22,13 +22,14 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from serge.accounts import InvalidAccountInput, QuotaExceeded
 from serge.tools import ToolServerError, ToolServerForbidden, ToolServerNotFound, ToolServerUnreachable
-from serge.chats import (ChatBusy, ChatNotFound, InvalidChatInput, InvalidCollectionInput, MessageNotFound,
-                         PresetForbidden)
+from serge.chats import (ChatBusy, ChatNotFound, CollectionReadOnly, InvalidChatInput, InvalidCollectionInput,
+                         MessageNotFound, PresetForbidden)
 from serge.documents import FileTooLarge, UnreadableFile, UnsupportedFile
 from serge.engine import (ContextTooLong, DeviceUnavailable, EngineBusy, ImageTooLarge, InvalidModelName, InvalidRequest,
                           InvalidSource, ModelInUse, ModelLoadFailed, ModelNotFound, ModelTooLarge, PullFailed,
                           PullNotFound, PullRefused)
 from serge.store import PresetExists, PresetNotFound
+from serge.store.people.groups import GroupNotFound
 from serge.store import CollectionExists, CollectionNotFound, DatabaseUnavailable, DocumentNotFound, KeyNotFound, LastAdmin, NameTaken, ResponseNotFound, UserNotFound
 
 
@@ -152,6 +153,8 @@ ERRORS: dict[type[Exception], tuple[int, str, str | None]] = {
     UnreadableFile: (422, "unreadable_file", "file"),
     CollectionNotFound: (404, "collection_not_found", "knowledge"),
     CollectionExists: (409, "collection_exists", "name"),
+    CollectionReadOnly: (403, "collection_read_only", "knowledge"),
+    GroupNotFound: (404, "not_found", "groups"),
     InvalidCollectionInput: (400, "invalid_value", "name"),
     ToolServerNotFound: (400, "tool_server_not_found", "tools"),
     ToolServerForbidden: (403, "tool_server_forbidden", "tools"),

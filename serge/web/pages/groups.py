@@ -16,7 +16,7 @@ from fastapi.templating import Jinja2Templates
 
 from serge import __version__
 from serge.accounts import LOCAL_USER, InvalidAccountInput
-from serge.store import UserNotFound
+from serge.store import QuotaRecord, UserNotFound
 from serge.store.people.groups import GroupExists, GroupNotFound
 from serge.web.http.context import services
 from serge.web.http.auth import current_user
@@ -37,9 +37,11 @@ def _page(request: Request, status_code: int = 200, **context):
     shared: dict[str, list[tuple[str, str]]] = {}
     for kind, thing, group in groups.shares():
         shared.setdefault(group, []).append((kind, thing))
+    listed, usage = groups.groups(), services(request).usage
+    quotas = {g.name: q.__dict__ for g in listed if (q := usage.group_quota(g.id)) is not None}
     return templates.TemplateResponse(request, "groups.html", {
-        "user": user, "local": user is LOCAL_USER, "version": __version__, "groups": groups.groups(),
-        "shared": shared, **context}, status_code=status_code)
+        "user": user, "local": user is LOCAL_USER, "version": __version__, "groups": listed,
+        "shared": shared, "quotas": quotas, **context}, status_code=status_code)
 
 
 def _change(request: Request, work, done: str):
@@ -94,6 +96,24 @@ def share(name: str, request: Request, kind: Text = "", thing: Text = ""):
 def unshare(name: str, kind: str, thing: str, request: Request):
     return _change(request, lambda g: g.unshare(kind, thing, name), f"The {kind} {thing} is no longer shared with "
                    f"{name}.")
+
+
+@router.post("/admin/groups/{name}/quota")
+def set_group_quota(name: str, request: Request, tokens_per_day: Text = "", tokens_per_month: Text = "",
+                    requests_per_minute: Text = ""):
+    def work(groups):
+        caps = {}
+        for field, text in (("tokens_per_day", tokens_per_day), ("tokens_per_month", tokens_per_month),
+                            ("requests_per_minute", requests_per_minute)):
+            try:
+                caps[field] = int(text.replace(",", "")) if text.strip() else None
+            except ValueError:
+                raise InvalidAccountInput(f"{field} is {text!r}; give a whole number, or nothing for no cap",
+                                          field) from None
+        group = groups.group(name)
+        services(request).usage.set_group_quota(group.id, group.name, QuotaRecord(**caps))
+
+    return _change(request, work, f"Set the caps of {name}.")
 
 
 @router.get("/admin/audit")

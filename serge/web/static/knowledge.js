@@ -1,5 +1,6 @@
-// The Knowledge page: make, rename and delete collections, upload files with a progress bar, and follow
-// their indexing (asked again every second while a file waits). Everything shown comes from
+// The Knowledge page: make, rename and delete collections, upload files with a progress bar, follow
+// their indexing (asked again every second while a file waits), and share one with groups or everyone
+// (a collection shared with you is listed read-only). Everything shown comes from
 // /api/knowledge and is set as text, never as markup.
 
 import { errorText } from "./sse.js";
@@ -74,9 +75,30 @@ function fileRow(collection, file) {
   return el("tr", { className: `file ${file.state}` },
     el("td", { className: "source", textContent: file.name }), state,
     el("td", { textContent: passages }), el("td", { textContent: file.pages ?? "" }),
-    el("td", {}, button("Delete", async () => {
+    el("td", {}, collection.read_only ? "" : button("Delete", async () => {
       if (await call("DELETE", `/api/knowledge/${collection.id}/files/${file.id}`)) refresh();
     }, `Delete ${file.name}`)));
+}
+
+function sharing(collection) {
+  // a small form: the groups (by name, commas between) and everyone; saved as the collection's whole list
+  const shared = collection.shared_with;
+  const groups = el("input", { name: "groups", value: shared.groups.join(", "), size: 24, placeholder: "group, group" });
+  groups.setAttribute("aria-label", `Groups to share ${collection.name} with`);
+  const everyone = el("input", { type: "checkbox", name: "everyone", checked: shared.everyone });
+  const form = el("form", { className: "inline share-form" }, groups,
+    el("label", {}, everyone, " everyone"), el("button", { type: "submit", textContent: "Share" }));
+  form.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    const names = groups.value.split(",").map((g) => g.trim()).filter(Boolean);
+    if (await call("PUT", `/api/knowledge/${collection.id}/shares`, { groups: names, everyone: everyone.checked })) {
+      showStatus(names.length || everyone.checked ? `${collection.name} is shared.` : `${collection.name} is yours alone.`);
+      refresh();
+    }
+  });
+  return el("details", { className: "share" }, el("summary", { textContent:
+    shared.everyone ? "Shared with everyone" : shared.groups.length ? `Shared with ${shared.groups.join(", ")}`
+      : "Share" }), form);
 }
 
 function card(collection) {
@@ -100,6 +122,13 @@ function card(collection) {
       if (confirm(`Delete ${collection.name} and its files?`)
           && (await call("DELETE", `/api/knowledge/${collection.id}`))) refresh();
     }, `Delete ${collection.name}`));
+  if (collection.read_only) {
+    // shared with this user: read and searched, never changed
+    head.append(el("span", { className: "help", textContent: "shared with you · read-only" }));
+    actions.replaceChildren();
+  } else {
+    actions.append(sharing(collection));
+  }
   const box = el("article", { className: "pull collection" }, head);
   box.dataset.name = collection.name;
   box.dataset.state = collection.state;
