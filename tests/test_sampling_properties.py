@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
+from serge.engine.generation.batching.host_sampling import generator
 from serge.engine.generation.sampling import MAX_STOP_LENGTH, MAX_STOP_STRINGS, Penalties, SamplingParams, choose_next
 
 FIELDS = sorted(SamplingParams.model_fields)
@@ -87,7 +88,7 @@ def test_any_accepted_setting_picks_a_token(raw, logprobs):
     logits = torch.linspace(-5.0, 5.0, 32)
     penalties = Penalties([1, 2, 3], 32, torch.device("cpu"))
     penalties.add(3)
-    token, reported = choose_next(logits, resolved, penalties, resolved.generator(torch.device("cpu")))
+    token, reported = choose_next(logits, resolved, penalties, generator(resolved.seed, torch.device("cpu")))
     assert 0 <= token < 32
     assert (reported is None) == (logprobs is None)
 

@@ -170,7 +170,7 @@ def test_host_sampling_keeps_choose_nexts_rules():
         params = params.resolved(100)
         ours = choose_host(logits, params, HostPenalties(prompt, 500), generator(params.seed), allowed, bias)
         theirs = choose_next(torch.from_numpy(logits), params, Penalties(prompt, 500, torch.device("cpu")),
-                             params.generator(torch.device("cpu")), torch.from_numpy(allowed), torch.from_numpy(bias))
+                             generator(params.seed, torch.device("cpu")), torch.from_numpy(allowed), torch.from_numpy(bias))
         assert ours[0] == theirs[0], params
         (mine, top), (their, others) = (host_top_logprobs(ours[1], ours[0], params.logprobs),
                                         top_logprobs(theirs[1], theirs[0], params.logprobs))

@@ -120,17 +120,6 @@ class SamplingParams(BaseModel):
     def greedy(self) -> bool:
         return self.temperature is not None and self.temperature < MIN_TEMPERATURE
 
-    def generator(self, device):
-        """This sequence's random generator where its logits live: numpy's on the host (`host_sampling.HOST`),
-        else torch's on that device."""
-        from serge.engine.generation.batching import host_sampling
-
-        if isinstance(device, host_sampling.HostDevice):
-            return host_sampling.generator(self.seed)
-        import torch  # extra: transformers
-
-        return torch.Generator(device=device).manual_seed(self.seed)
-
 
 ENGINE_DEFAULTS = SamplingParams(
     temperature=0.7,

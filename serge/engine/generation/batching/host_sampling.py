@@ -36,8 +36,14 @@ class HostDevice:
 HOST = HostDevice()
 
 
-def generator(seed: int) -> np.random.Generator:
-    return np.random.Generator(np.random.PCG64(seed))
+def generator(seed: int, device: object = HOST):
+    """A sequence's random generator where its logits live: numpy's on the host (`HOST`), else torch's on that
+    device."""
+    if isinstance(device, HostDevice):
+        return np.random.Generator(np.random.PCG64(seed))
+    import torch  # extra: transformers
+
+    return torch.Generator(device=device).manual_seed(seed)
 
 
 class HostPenalties:

@@ -42,7 +42,7 @@ from collections import Counter
 from serge.engine.generation.batching.admission import EngineBusy, SchedulerLimits, Waiting
 from serge.engine.generation.forward import Forward, OutOfKV
 from serge.engine.generation.constraints.grammar import Vocabulary
-from serge.engine.generation.batching.host_sampling import HOST
+from serge.engine.generation.batching.host_sampling import HOST, generator
 from serge.engine.generation.kv.kv_reuse import KvReuse
 from serge.engine.generation.kv.kv_store import KvStore
 from serge.engine.generation.kv.prefix_cache import PrefixCache
@@ -270,7 +270,7 @@ class Scheduler:
         if seq.started is None:  # not when it comes back after waiting for KV room: its generator goes on
             seq.started = time.monotonic()
             if not seq.params.greedy:
-                seq.generator = seq.params.generator(self._device)
+                seq.generator = generator(seq.params.seed, self._device)
             if seq.choice:  # its prompt comes from choice 0 (`KvReuse.share`)
                 return
             self._m.queue_wait.observe(seq.started - seq.stream.created)
