@@ -133,16 +133,12 @@ def test_a_provider_that_answers_5xx_or_is_down_cuts_nobody_off(settings, engine
 
 
 def test_a_provider_that_is_down_cuts_nobody_off(settings, engine, tmp_path):
-    port = held_port()
-    with oidc_provider(tmp_path, free_port(), f"http://127.0.0.1:{port}", PEOPLE, refresh_tokens=True) as provider:
-        with own_server(settings, engine, tmp_path, port=port, oidc_issuer=provider.url, oidc_client_id=CLIENT_ID,
-                        oidc_client_secret=CLIENT_SECRET, oidc_scopes=SCOPES, sign_in_sync_s=1) as url:
-            site = {"url": url, "data_dir": tmp_path}
-            ada = sign_in_over_http(url, "ada")
+    with site_and_provider(settings, engine, tmp_path, sync_s=1) as (site, provider):
+        ada = sign_in_over_http(site["url"], "ada")
+        with closing(ada):
             key = key_of(ada)
             provider.remove("ada")
             provider.stop()
             time.sleep(3.5)  # three rounds against a closed port
-            with closing(ada):
-                assert works(site, ada, key) == (200, 200)
+            assert works(site, ada, key) == (200, 200)
     assert not [e for e in audit(site) if "user.cut_off" in e]
