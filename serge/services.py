@@ -5,8 +5,8 @@ its reservations, tool servers and the answers to their calls, presets, document
 stored responses. `Services.open(settings)` opens the parts that need only the database (what `serge users`,
 `serge mcp` or `serge usage` use); with an engine (`Services.open(settings, engine)`) the parts that
 generate or embed too; `serving=True` starts what runs in the background of a server (the knowledge
-indexer, the reservations' heartbeat, the shared replies of several processes). `close()` stops them in
-order. The web layer reaches them as one typed dependency (`serge.web.http.context.services`). It wires;
+indexer, the reservations' heartbeat, the shared replies of several processes, the sign-in sync).
+`close()` stops them in order. The web layer reaches them as one typed dependency (`serge.web.http.context.services`). It wires;
 it decides nothing.
 """
 
@@ -17,8 +17,11 @@ from datetime import timedelta
 
 from serge.accounts import Accounts, LoginSessions, Usage, load_secret
 from serge.accounts.groups import Groups
+from serge.accounts.signin.grants import ProviderGrants
+from serge.accounts.signin.ldap import ldap_sign_in
 from serge.accounts.signin.oidc import OpenIdSignIn, open_id_sign_in
 from serge.accounts.signin.proxy import ProxySignIn
+from serge.accounts.signin.sync import SignInSync, SyncLoop
 from serge.accounts.reservations import LEASE_S, Reservations, reserve_streams
 from serge.chats import ChatService, Indexer, Knowledge, Presets
 from serge.chats.documents import ChatDocuments
@@ -51,6 +54,8 @@ class Services:
     reservations: Reservations
     tools: ToolServers
     decisions: ToolDecisions
+    grants: ProviderGrants  # the providers' refresh tokens, sealed
+    sign_in_sync: SignInSync  # asks the providers about the people they signed in
     oidc: OpenIdSignIn | None = None  # the OpenID Connect sign-in, where SERGE_OIDC_ISSUER is set
     proxy_sign_in: ProxySignIn | None = None
     # with an engine
@@ -62,6 +67,7 @@ class Services:
     responses: StoredResponses | None = None
     shared: SharedReplies | None = None  # replies in progress in the database, where processes share it
     _indexer: Indexer | None = None
+    _sync_loop: SyncLoop | None = None
 
     @classmethod
     def open(cls, settings: Settings, engine: Engine | None = None, *, serving: bool = False) -> Services:
@@ -72,16 +78,21 @@ class Services:
         sign_ins = SignInStore(database, settings.new_users_pending)
         usage = Usage(UsageStore(database))
         reservations = Reservations(usage, ReservationStore(database, process_name(), LEASE_S))
+        secret, groups = load_secret(settings.data_dir), Groups(GroupStore(database))
+        grants, oidc = ProviderGrants(sign_ins, secret), open_id_sign_in(settings, sign_ins)
         made = cls(
             settings=settings, database=database, accounts=Accounts(accounts),
-            sessions=LoginSessions(accounts, load_secret(settings.data_dir), timedelta(days=settings.session_days)),
-            sign_ins=sign_ins, groups=Groups(GroupStore(database)), audit=AuditStore(database), usage=usage,
+            sessions=LoginSessions(accounts, secret, timedelta(days=settings.session_days)),
+            sign_ins=sign_ins, groups=groups, audit=AuditStore(database), usage=usage,
             reservations=reservations.start() if serving else reservations,
             tools=ToolServers.of(ToolServerStore(database), settings),  # MCP servers start on first use
-            decisions=ToolDecisions(DecisionStore(database)),
-            oidc=open_id_sign_in(settings, sign_ins) if serving else None,
+            decisions=ToolDecisions(DecisionStore(database)), grants=grants,
+            sign_in_sync=SignInSync(sign_ins, groups, database, grants, ldap_sign_in(settings), oidc),
+            oidc=oidc,
             proxy_sign_in=ProxySignIn(settings.proxy_user_header, settings.proxy_user_from, sign_ins)
             if settings.proxy_user_header else None)
+        if serving and settings.sign_in_sync_s and made.sign_in_sync.has_providers:
+            made._sync_loop = SyncLoop(made.sign_in_sync, settings.sign_in_sync_s).start()
         if engine is not None:
             made._with_engine(engine, serving)
         return made
@@ -114,5 +125,7 @@ class Services:
             self.chats.close()
         if self._indexer is not None:
             self._indexer.close()
+        if self._sync_loop is not None:
+            self._sync_loop.close()
         self.reservations.close()
         self.database.close()

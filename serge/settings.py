@@ -292,6 +292,11 @@ class Settings(BaseSettings):
                                          "(set at each sign-in); unset: admins are made by hand.")
     ldap_start_tls: bool = Field(False, description="LDAP: upgrade an ldap:// connection with StartTLS.")
 
+    sign_in_sync_s: int = Field(
+        900, ge=0, description="Every this many seconds `serge serve` asks the LDAP directory and the OpenID Connect "
+        "provider whether the people they signed in may still sign in, and cuts off those who may not (their logins "
+        "end, their API keys are revoked); 0: only `serge users sync` asks.",
+    )
     new_users_pending: bool = Field(
         False, description="Accounts made at a first sign-in (OpenID Connect, LDAP, a proxy's header) wait for an "
         "admin's approval (the Users page, `serge users approve NAME`) before they may use anything.",

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import re
 import shlex
-from contextlib import closing
+import time
+from contextlib import ExitStack, closing, contextmanager
 from pathlib import Path
 
 import httpx
@@ -19,6 +20,7 @@ from test_sign_in_proxy import first_account
 
 from serge.settings import Settings
 from serge.store import AccountStore, Database
+from serge.store.people.audit import AuditStore
 
 if not installed():
     pytest.skip("Debian's slapd and ldap-utils are not installed (apt-get install slapd ldap-utils; .ci/run does)",
@@ -28,7 +30,8 @@ settings, engine = stand_in("settings", "engine")
 
 PEOPLE = {"ada": {"password": "ada-directory-password", "mail": "ada@example.org"},
           "bo": {"password": "bo-directory-password", "mail": "bo@example.org"},
-          "cy": {"password": "cy-directory-password", "mail": "cy@example.org"}}
+          "cy": {"password": "cy-directory-password", "mail": "cy@example.org"},
+          "dee": {"password": "dee-directory-password", "mail": "dee@example.org"}}
 GROUPS = {"ml-team": ["ada", "bo"], "serge-admins": ["ada"]}
 DOC = Path(__file__).parent.parent / "docs" / "sign-in-ldap.md"
 
@@ -39,18 +42,24 @@ def ldap_url(tmp_path_factory):
         yield url
 
 
-def served(settings, engine, tmp_path_factory, name: str, url: str):
+def served(settings, engine, tmp_path_factory, name: str, url: str, **changes):
     """A server whose first account (an admin, with a password) was made with `serge users add`."""
     folder = tmp_path_factory.mktemp(name)
     first_account(folder)
     with own_server(settings, engine, folder, ldap_url=url, ldap_user_base=f"ou=people,{SUFFIX}",
-                    ldap_group_base=f"ou=groups,{SUFFIX}", ldap_admin_group="serge-admins") as served_url:
+                    ldap_group_base=f"ou=groups,{SUFFIX}", ldap_admin_group="serge-admins", **changes) as served_url:
         yield {"url": served_url, "data_dir": folder}
 
 
 @pytest.fixture(scope="module")
 def site(settings, engine, tmp_path_factory, ldap_url):
     yield from served(settings, engine, tmp_path_factory, "ldap", ldap_url)
+
+
+@pytest.fixture(scope="module")
+def syncing(settings, engine, tmp_path_factory, ldap_url):
+    """A server that asks the directory about its accounts every second by itself."""
+    yield from served(settings, engine, tmp_path_factory, "ldap-sync", ldap_url, sign_in_sync_s=1)
 
 
 @pytest.fixture(scope="module")
@@ -64,6 +73,20 @@ def names(site) -> set[str]:
         return {u.name for u in AccountStore(db).users()}
     finally:
         db.close()
+
+
+def cut_offs(site) -> list[str]:
+    db = Database(f"sqlite:///{site['data_dir'] / 'serge.db'}")
+    try:
+        return [f"{e.actor} {e.target}" for e in AuditStore(db).entries() if e.action == "user.cut_off"]
+    finally:
+        db.close()
+
+
+def works(site, client: httpx.Client, key: str) -> tuple[int, int]:
+    """What the person's login and their API key are answered now."""
+    return (client.get("/api/me").status_code,
+            httpx.get(site["url"] + "/v1/models", headers={"Authorization": f"Bearer {key}"}).status_code)
 
 
 def log_in(site, name: str, password: str) -> tuple[httpx.Response, httpx.Client]:
@@ -126,6 +149,39 @@ def test_someone_removed_from_the_directory_loses_their_logins_and_keys_at_the_n
     answer, client = log_in(site, "cy", PEOPLE["cy"]["password"])
     client.close()
     assert answer.status_code == 401
+
+
+def test_the_servers_own_sync_cuts_off_someone_removed_from_the_directory(syncing, ldap_url):
+    answer, dee = log_in(syncing, "dee", PEOPLE["dee"]["password"])
+    _, bo = log_in(syncing, "bo", PEOPLE["bo"]["password"])
+    with closing(dee), closing(bo):
+        assert answer.status_code == 303
+        dee_key, bo_key = (c.post("/api/keys", json={"name": "laptop"}).json()["key"] for c in (dee, bo))
+        time.sleep(1.5)  # a round or two while dee is in the directory: nothing changes
+        assert works(syncing, dee, dee_key) == works(syncing, bo, bo_key) == (200, 200)
+        remove(ldap_url, f"uid=dee,ou=people,{SUFFIX}")
+        deadline = time.monotonic() + 20
+        while works(syncing, dee, dee_key) != (401, 401) and time.monotonic() < deadline:
+            time.sleep(0.5)  # two requests a poll: well under the requests-a-minute limit
+        assert works(syncing, dee, dee_key) == (401, 401)
+        assert works(syncing, bo, bo_key) == (200, 200)
+        time.sleep(1.5)  # more rounds find dee gone again, with nothing left to end: noted once
+    assert cut_offs(syncing) == [f"serge dee (gone from the directory (uid=dee,ou=people,{SUFFIX}); 1 login(s) "
+                                 "ended, 1 API key(s) revoked)"]
+
+
+def test_a_directory_that_goes_down_cuts_nobody_off(settings, engine, tmp_path_factory):
+    slapd = ExitStack()
+    url = slapd.enter_context(directory(tmp_path_factory.mktemp("slapd-down"), free_port(), entries(PEOPLE, GROUPS)))
+    with slapd, contextmanager(served)(settings, engine, tmp_path_factory, "ldap-sync-down", url,
+                                       sign_in_sync_s=1) as site:
+        _, bo = log_in(site, "bo", PEOPLE["bo"]["password"])
+        with closing(bo):
+            key = bo.post("/api/keys", json={"name": "laptop"}).json()["key"]
+            slapd.close()  # the directory stops
+            time.sleep(3.5)  # three rounds without it
+            assert works(site, bo, key) == (200, 200)
+    assert cut_offs(site) == []
 
 
 def test_a_directory_that_cannot_be_reached_is_a_clear_503(unreachable):

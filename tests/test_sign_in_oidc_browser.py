@@ -7,25 +7,18 @@ The provider is npm's oidc-provider (the OpenID-certified Node implementation, p
 
 from __future__ import annotations
 
-import json
 import re
-import shutil
-import subprocess
-import time
-from pathlib import Path
 
-import httpx
 import pytest
 from conftest import BROWSER, free_port, held_port, own_server, start_chat
+from oidc_provider import CLIENT_ID, CLIENT_SECRET, installed, oidc_provider
 
 pytestmark = [pytest.mark.real_model, *BROWSER]
 
 playwright_sync = pytest.importorskip("playwright.sync_api")
 expect = playwright_sync.expect
 
-PROVIDER = Path(__file__).parent / "oidc"
-NODE = shutil.which("node")
-if not NODE or not (PROVIDER / "node_modules" / "oidc-provider").is_dir():
+if not installed():
     pytest.skip("the test OpenID provider is not installed: `npm ci --prefix tests/oidc` (make test does it)",
                 allow_module_level=True)
 
@@ -33,39 +26,16 @@ if not NODE or not (PROVIDER / "node_modules" / "oidc-provider").is_dir():
 @pytest.fixture(scope="module")
 def site(settings, engine, tmp_path_factory):
     folder = tmp_path_factory.mktemp("sign-in-oidc-browser")
-    serge_port, provider_port = held_port(), free_port()
-    serge, issuer = f"http://127.0.0.1:{serge_port}", f"http://127.0.0.1:{provider_port}"
-    config = folder / "provider.json"
-    config.write_text(json.dumps({
-        "port": provider_port,
-        "clients": [{"client_id": "serge", "client_secret": "a-secret-for-tests-only",
-                     "redirect_uris": [f"{serge}/auth/oidc/callback"],
-                     "post_logout_redirect_uris": [f"{serge}/login"]}],
-        "accounts": {"ada": {"preferred_username": "ada", "name": "Ada Lovelace", "email": "ada@example.org",
-                             "email_verified": True, "groups": ["staff"]}},
-    }))
-    with (folder / "provider.log").open("w") as log:
-        provider = subprocess.Popen([NODE, str(PROVIDER / "provider.js"), str(config)], stdout=log,
-                                    stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"{issuer}/.well-known/openid-configuration", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if provider.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the OpenID provider did not start: {(folder / 'provider.log').read_text()}")
-            time.sleep(0.1)
-        with own_server(settings, engine, folder, port=serge_port, oidc_issuer=issuer, oidc_client_id="serge",
-                        oidc_client_secret="a-secret-for-tests-only", oidc_provider_name="Example ID",
-                        oidc_scopes="openid profile email groups") as url:
-            assert url == serge
-            yield url
-    finally:
-        provider.terminate()
-        provider.wait(10)
+    serge_port = held_port()
+    serge = f"http://127.0.0.1:{serge_port}"
+    accounts = {"ada": {"preferred_username": "ada", "name": "Ada Lovelace", "email": "ada@example.org",
+                        "email_verified": True, "groups": ["staff"]}}
+    with oidc_provider(folder, free_port(), serge, accounts) as provider, \
+            own_server(settings, engine, folder, port=serge_port, oidc_issuer=provider.url, oidc_client_id=CLIENT_ID,
+                       oidc_client_secret=CLIENT_SECRET, oidc_provider_name="Example ID",
+                       oidc_scopes="openid profile email groups") as url:
+        assert url == serge
+        yield url
 
 
 def sign_in_at_the_provider(page, name: str) -> None:

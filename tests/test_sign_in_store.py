@@ -1,7 +1,8 @@
 """The stores behind sign-in, groups, shares and the audit log, on SQLite and (where CI names one) PostgreSQL: a
 sign-in on its way is taken once, a provider's person is found by who they are there and never by name, a
-provider's groups claim moves its own groups only, a share hides a name from everyone outside its groups, and
-the audit log keeps who did what, newest first."""
+provider's groups claim moves its own groups only, a share hides a name from everyone outside its groups, the
+audit log keeps who did what, newest first, and a provider's refresh token is kept sealed and redeemed by one
+process at a time."""
 
 from __future__ import annotations
 
@@ -10,10 +11,12 @@ from datetime import timedelta
 import pytest
 
 from serge.access import acting
+from serge.accounts.signin.grants import ProviderGrants
 from serge.store import AccountStore
 from serge.store.people.audit import AuditStore, note
 from serge.store.people.groups import GroupExists, GroupStore
 from serge.store.people.sign_ins import ExternalUser, PendingRecord, SignInStore
+from serge.store.tables import ProviderGrant, now
 
 PENDING = PendingRecord("a-nonce", "a-verifier", "http://127.0.0.1/auth/oidc/callback", "/c/1")
 
@@ -92,3 +95,34 @@ def test_the_audit_log_keeps_who_did_what_newest_first(database):
     assert [(e.actor, e.action, e.target) for e in entries] == [
         ("serge", "user.cut_off", "bo"), ("cli:root", "share", "model x with ml"), ("ada", "group.add", "ml")]
     assert len(AuditStore(database).entries(limit=1)) == 1
+
+
+def test_a_refresh_token_is_kept_sealed_and_claimed_by_one_process_at_a_time(database):
+    store = SignInStore(database)
+    eve = store.provision(person("u9", "eve"))
+    grants, other_process = ProviderGrants(store, b"the-data-dir-secret"), ProviderGrants(store, b"the-data-dir-secret")
+    grants.keep(eve.id, "the-refresh-token")
+    with database.session() as session:
+        assert "the-refresh-token" not in session.get(ProviderGrant, eve.id).sealed  # never in the clear
+    lease = timedelta(minutes=1)
+    claimed = list(grants.due("oidc", now(), lease))
+    assert [(g.user.name, g.external, g.refresh_token) for g in claimed] == [("eve", "https://id.example#u9",
+                                                                              "the-refresh-token")]
+    assert list(other_process.due("oidc", now(), lease)) == [], "being redeemed elsewhere"
+    grants.renewed(eve.id, "the-next-token")
+    assert list(other_process.due("oidc", now() - timedelta(minutes=5), lease)) == [], "checked a moment ago"
+    assert [g.refresh_token for g in other_process.due("oidc", now(), lease)] == ["the-next-token"]
+    other_process.unanswered(eve.id)
+    assert [g.refresh_token for g in ProviderGrants(store, b"a-replaced-secret").due("oidc", now(), lease)] == [None]
+    grants.renewed(eve.id, None)
+    assert list(grants.due("oidc", now(), lease)) == []
+
+
+def test_cutting_someone_off_twice_ends_their_logins_and_keys_once(database):
+    accounts, store = AccountStore(database), SignInStore(database)
+    fay = store.provision(person("u10", "fay"))
+    accounts.add_session("a-session-hash", fay.id, timedelta(days=1))
+    accounts.add_key(fay.id, "laptop", "sk-serge-abc", "a-key-hash")
+    first, second = store.cut_off(fay.id), store.cut_off(fay.id)  # two processes' rounds, one after the other
+    assert (first.sessions, first.keys, second.anything) == (1, 1, False)
+    assert accounts.user_for_session("a-session-hash") is None and accounts.user_for_key("a-key-hash") is None

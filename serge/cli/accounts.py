@@ -41,8 +41,10 @@ def add_parsers(sub, data_dir_flag) -> None:
     approve = usub.add_parser("approve", help="let a user who waits since their first sign-in use Serge "
                               "(SERGE_NEW_USERS_PENDING)")
     approve.add_argument("name")
-    sync = usub.add_parser("sync", help="ask the LDAP directory about every account it made: one whose entry is gone "
-                           "(or no longer matches SERGE_LDAP_USER_FILTER) loses its logins and API keys")
+    sync = usub.add_parser("sync", help="ask the LDAP directory and the OpenID Connect provider about every account "
+                           "they made: one gone from the directory (or no longer matching SERGE_LDAP_USER_FILTER), "
+                           "or whose refresh token the provider refuses, loses its logins and API keys "
+                           "(`serge serve` does it every SERGE_SIGN_IN_SYNC_S)")
     for p in (add, rm, passwd, listing, approve, sync):
         data_dir_flag(p)
 
@@ -83,7 +85,7 @@ def run(settings: Settings, args: argparse.Namespace) -> None:
         elif "quota" in (getattr(args, "users_command", None), getattr(args, "keys_command", None)):
             run_quota(services, args)
         elif args.command == "users" and args.users_command == "sync":
-            _sync(settings, services)
+            _sync(services)
         elif args.command == "users":
             _users(services.accounts, args)
         elif args.command == "groups":
@@ -120,25 +122,17 @@ def _users(accounts: Accounts, args: argparse.Namespace) -> None:
                   f"{'' if u.signed_in_by == 'password' else '  ' + u.signed_in_by}{waiting}")
 
 
-def _sync(settings: Settings, services) -> None:
-    from serge.accounts.signin.ldap import DirectoryUnavailable, ldap_sign_in
-    from serge.store.people.audit import note
-
-    directory = ldap_sign_in(settings)
-    if directory is None:
-        raise CliError("no directory to ask: set SERGE_LDAP_URL (docs/sign-in-ldap.md)")
-    store = services.sign_ins
-    made = store.from_source("ldap")
-    for user, dn in made:
-        try:
-            there = directory.still_there(dn)
-        except DirectoryUnavailable as exc:
-            raise CliError(f"{exc}; nothing was changed for {user.name} and the rest") from None
-        if not there:
-            keys = store.cut_off(user.id)
-            note(services.database, "user.cut_off", f"{user.name} (gone from the directory; {keys} API key(s) revoked)")
-            print(f"{user.name}: gone from the directory ({dn}); their logins ended and {keys} API key(s) revoked.")
-    print(f"Asked the directory about {len(made)} account(s).")
+def _sync(services) -> None:
+    sync = services.sign_in_sync
+    if not sync.has_providers:
+        raise CliError("no provider to ask: set SERGE_LDAP_URL (docs/sign-in-ldap.md) or SERGE_OIDC_ISSUER "
+                       "(docs/sign-in-oidc.md)")
+    report = sync.run()
+    for gone in report.gone:
+        print(f"{gone.user.name}: {gone.why}; their logins ended and {gone.ended.keys} API key(s) revoked.")
+    print(f"Asked about {report.asked} account(s).")
+    if report.unreachable:
+        raise CliError("; ".join(report.unreachable) + "; nobody was cut off by what could not be asked")
 
 
 def _keys(accounts: Accounts, args: argparse.Namespace) -> None:

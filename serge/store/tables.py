@@ -242,6 +242,19 @@ class PendingSignIn(Base):
     expires_at: Mapped[datetime] = mapped_column(UTCDateTime, index=True)
 
 
+class ProviderGrant(Base):
+    """An identity provider's refresh token for one user, sealed (encrypted) by serge.accounts: what lets Serge ask
+    the provider, later, whether the person may still sign in. `redeeming_until`: a process is redeeming it."""
+
+    __tablename__ = "provider_grants"
+
+    user_id: Mapped[str] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), primary_key=True)
+    sealed: Mapped[str] = mapped_column(Text)
+    kept_at: Mapped[datetime] = mapped_column(UTCDateTime, default=now)
+    checked_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    redeeming_until: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+
 class ApiKey(Base):
     __tablename__ = "api_keys"
 

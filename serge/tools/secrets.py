@@ -25,13 +25,13 @@ def shown_url(url: str) -> str:
     """`url` without its password and query values."""
     try:
         parts = urlsplit(url)
-        host = parts.hostname or ""
+        host, port = parts.hostname or "", parts.port  # a port that is no number ("host:1234:") raises too
     except ValueError:
         return MASK
     if ":" in host:
         host = f"[{host}]"
     netloc = (f"{parts.username}:{MASK}@" if parts.password is not None else
-              f"{parts.username}@" if parts.username else "") + host + (f":{parts.port}" if parts.port else "")
+              f"{parts.username}@" if parts.username else "") + host + (f":{port}" if port else "")
     query = "&".join(f"{k}={MASK}" for k, _ in parse_qsl(parts.query, keep_blank_values=True))
     return urlunsplit((parts.scheme, netloc, parts.path, query, ""))
 

@@ -7,13 +7,17 @@ state, exchanges the code with the verifier, and has Authlib check the ID token 
 JWKS: its signature (an asymmetric algorithm the provider announces: never `none`, never a shared-secret
 HMAC), issuer, audience (this client), expiry, and the nonce sent. The claims then name the account
 (`provision.identity`). Anything wrong is a `SignInFailed` that says what, and nothing is provisioned.
+Where the discovery lists `offline_access`, it is asked for too (with `prompt=consent`, as OpenID Connect Core
+section 11 wants), and the refresh token the provider gives
+comes with the identity: `redeem` later exchanges it at the token endpoint, so the sign-in sync learns
+whether the person may still sign in (`invalid_grant`: they may not) without them coming back.
 It knows nothing about cookies, pages or HTTP routes; the provider is reached with httpx.
 """
 
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from urllib.parse import urlencode
 
@@ -31,6 +35,7 @@ PENDING_LIFETIME = timedelta(minutes=10)  # from the button to the provider's an
 LEEWAY_S = 60  # clocks of Serge and the provider may differ this much
 PROVIDER_TIMEOUT_S = 10.0
 SOURCE = "oidc"
+OFFLINE = "offline_access"
 
 
 def _provider_errors() -> tuple[type[Exception], ...]:
@@ -47,6 +52,20 @@ def _provider_errors() -> tuple[type[Exception], ...]:
 
 
 PROVIDER_ERRORS = _provider_errors()
+
+
+class GrantRefused(Exception):
+    """The provider refused a refresh token (`invalid_grant`): the account was removed or disabled there, or the
+    grant revoked. The message says what the provider said."""
+
+
+@dataclass(frozen=True)
+class Renewed:
+    """What a redeemed refresh token brought: the token to keep in its place, and the groups claim of the fresh
+    ID token (None when no ID token or no groups claim came back)."""
+
+    refresh_token: str = field(repr=False)
+    groups: tuple[str, ...] | None
 
 
 class SignInFailed(Exception):
@@ -95,12 +114,14 @@ class OpenIdSignIn:
     def __init__(self, config: OidcConfig, store: SignInStore) -> None:
         self.config = config
         self.store = store
+        # a refresh asks for no scope: it keeps the grant's own
+        self._token_kwargs = {"timeout": PROVIDER_TIMEOUT_S,
+                              "token_endpoint_auth_method": "client_secret_basic" if config.client_secret else "none"}
         self._client = _Client(
             FrameworkIntegration(SOURCE), name=SOURCE, client_id=config.client_id,
             client_secret=config.client_secret,
             server_metadata_url=config.issuer.rstrip("/") + "/.well-known/openid-configuration",
-            client_kwargs={"scope": config.scopes, "code_challenge_method": "S256", "timeout": PROVIDER_TIMEOUT_S,
-                           "token_endpoint_auth_method": "client_secret_basic" if config.client_secret else "none"})
+            client_kwargs={"scope": config.scopes, "code_challenge_method": "S256", **self._token_kwargs})
 
     @property
     def provider_name(self) -> str:
@@ -125,8 +146,11 @@ class OpenIdSignIn:
 
     def begin(self, redirect_uri: str, next_path: str) -> tuple[str, str]:
         """The provider's URL to send the browser to, and the sign-in's state; kept until its callback."""
-        self._metadata()
-        started = self._client.create_authorization_url(redirect_uri)
+        scopes = self.config.scopes.split()
+        if OFFLINE in (self._metadata().get("scopes_supported") or []) and OFFLINE not in scopes:
+            scopes.append(OFFLINE)  # a refresh token, for the sync to ask about them later
+        extra = {"prompt": "consent"} if OFFLINE in scopes else {}  # OpenID Connect Core 11: asked with consent
+        started = self._client.create_authorization_url(redirect_uri, scope=" ".join(scopes), **extra)
         self.store.begin(digest(started["state"]), PendingRecord(started["nonce"], started["code_verifier"],
                                                                  redirect_uri, next_path), PENDING_LIFETIME)
         return started["url"], started["state"]
@@ -156,18 +180,48 @@ class OpenIdSignIn:
                 from None
         if not token.get("id_token"):
             raise SignInFailed("the provider sent no ID token; is 'openid' among SERGE_OIDC_SCOPES?", 502)
+        claims = self._checked_claims(token, pending.nonce)
+        found = dict(claims)
+        if metadata.get("userinfo_endpoint") and token.get("access_token"):
+            found = {**self._userinfo(token, claims["sub"]), **found}  # the signed token's claims win
+        person = identity(SOURCE, f"{self.config.issuer}#{claims['sub']}", found, self.config.claims)
+        refresh = token.get("refresh_token")
+        return replace(person, refresh_token=refresh if isinstance(refresh, str) and refresh else None), pending.next
+
+    def _checked_claims(self, token: dict, nonce: str | None):
         options = {"iss": {"essential": True, "value": self.config.issuer},
                    "aud": {"essential": True, "value": self.config.client_id}}
         try:
-            claims = self._client.parse_id_token(token, nonce=pending.nonce, claims_options=options, leeway=LEEWAY_S)
+            return self._client.parse_id_token(token, nonce=nonce, claims_options=options, leeway=LEEWAY_S)
         except JoseError as exc:
             raise SignInFailed(f"the provider's ID token was refused: {_why(exc)}") from None
         except PROVIDER_ERRORS as exc:
             raise SignInFailed(f"could not check the ID token ({type(exc).__name__}: {exc})", 502) from None
-        found = dict(claims)
-        if metadata.get("userinfo_endpoint") and token.get("access_token"):
-            found = {**self._userinfo(token, claims["sub"]), **found}  # the signed token's claims win
-        return identity(SOURCE, f"{self.config.issuer}#{claims['sub']}", found, self.config.claims), pending.next
+
+    def redeem(self, refresh_token: str, subject: str) -> Renewed:
+        """Exchange a refresh token of the person `subject` (`{issuer}#{sub}`) at the token endpoint. Raises
+        GrantRefused when the provider answers `invalid_grant`, SignInFailed (502) when it cannot be reached, answers
+        5xx or anything else, or sends an ID token that does not check out or is about someone else."""
+        metadata = self._metadata()
+        try:
+            with OAuth2Client(self.config.client_id, self.config.client_secret, **self._token_kwargs) as session:
+                token = session.refresh_token(metadata["token_endpoint"], refresh_token=refresh_token)
+        except OAuthError as exc:
+            said = exc.error + (f" ({exc.description})" if exc.description else "")
+            if exc.error == "invalid_grant":
+                raise GrantRefused(said) from None
+            raise SignInFailed(f"the provider did not renew the grant: {said}", 502) from None
+        except (*PROVIDER_ERRORS, KeyError) as exc:
+            raise SignInFailed(f"could not renew a grant at the provider ({type(exc).__name__}: {exc})", 502) \
+                from None
+        groups = None
+        if token.get("id_token"):
+            claims = self._checked_claims(token, None)  # a refreshed ID token carries no nonce of this sign-in
+            if f"{self.config.issuer}#{claims['sub']}" != subject:
+                raise SignInFailed("the renewed ID token is about someone else", 502)
+            groups = identity(SOURCE, subject, dict(claims), self.config.claims).groups
+        renewed = token.get("refresh_token")
+        return Renewed(renewed if isinstance(renewed, str) and renewed else refresh_token, groups)
 
     def _userinfo(self, token: dict, subject: str) -> dict:
         """The provider's userinfo (some put groups only there); ignored unless it is about the same subject."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from serge.accounts.service import NAME_PATTERN
 from serge.store.people.sign_ins import ExternalUser
@@ -40,6 +40,7 @@ class Identity:
 
     user: ExternalUser
     groups: tuple[str, ...] | None  # None: the provider sent no groups claim, so the groups are left as they are
+    refresh_token: str | None = field(default=None, repr=False)  # to ask the provider about them later (sync)
 
 
 def user_names(wanted: str, subject: str) -> tuple[str, ...]:

@@ -136,6 +136,7 @@ def callback(request: Request, state: str = "", code: str | None = None, error: 
     user = services(request).sign_ins.provision(found.user)
     if found.groups is not None:  # the provider's groups claim decides their groups of the provider's
         services(request).groups.sync(user.id, "oidc", found.groups)
+    services(request).grants.keep(user.id, found.refresh_token)  # for the sign-in sync to ask about them later
     log.info("signed in with OpenID Connect: user %s (%s)", user.name, user.id)
     response = start_session(request, user, target)
     response.delete_cookie(SIGN_IN_COOKIE, path="/auth/oidc")
