@@ -33,6 +33,8 @@ def add_parsers(sub, data_dir_flag) -> None:
                      "--url (repeatable)")
     add.add_argument("--env", action="append", default=[], metavar="K=V", help="set for COMMAND (repeatable)")
     add.add_argument("--admins-only", action="store_true", help="only admins may use it (default: every user)")
+    add.add_argument("--no-check", dest="check", action="store_false", help="save it without first listing its "
+                     "tools (by default a server that does not answer within 15 s is not saved)")
     rm = msub.add_parser("rm", help="remove a server (stopping it if Serge runs it)")
     rm.add_argument("name")
     listing = msub.add_parser("list", help="the registered servers with their tools, or why one cannot be reached")
@@ -63,7 +65,7 @@ def _pairs(values: list[str], sep: str, what: str) -> dict[str, str]:
 
 def run(settings: Settings, args: argparse.Namespace) -> None:
     from serge.services import Services
-    from serge.tools import ToolServerError
+    from serge.tools import ToolServerCheckFailed, ToolServerError
 
     services = Services.open(settings)
     servers = services.tools
@@ -74,9 +76,10 @@ def run(settings: Settings, args: argparse.Namespace) -> None:
             if not args.argv and not args.url:
                 raise ToolCommandFailed("give the server's command after -- (serge mcp add NAME -- COMMAND ...) "
                                         "or --url URL")
-            record = servers.register(args.name, command=args.argv or None, url=args.url,
-                                      headers=_pairs(args.header, ":", "header"), env=_pairs(args.env, "=", "env"),
-                                      admins_only=args.admins_only)
+            record = asyncio.run(servers.add(args.name, command=args.argv or None, url=args.url,
+                                             headers=_pairs(args.header, ":", "header"),
+                                             env=_pairs(args.env, "=", "env"), admins_only=args.admins_only,
+                                             check=args.check))
             print(f"Registered {record.name} ({record.transport}{', admins only' if record.admins_only else ''}); "
                   f"`serge mcp list` shows its tools.")
         elif args.mcp_command == "rm":
@@ -84,6 +87,8 @@ def run(settings: Settings, args: argparse.Namespace) -> None:
             print(f"Removed {args.name}.")
         else:
             asyncio.run(_list(servers))
+    except ToolServerCheckFailed as exc:
+        raise ToolCommandFailed(f"{exc.message} --no-check saves it anyway.") from None
     except ToolServerError as exc:
         raise ToolCommandFailed(exc.message) from None
     finally:

@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import logging
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 
@@ -69,8 +70,7 @@ class ServerSession:
         self._failures = 0  # in a row: starts that failed, connections that died
         self._retry_at = 0.0
         self._last_error: str | None = None
-        # what its errors must never show: the URL's password and query values, header and environment values
-        self._secrets = secrets_of(connection.url, [v for _, v in (*connection.headers, *connection.env)])
+        self._secrets = _secrets(connection)
 
     # --- callers ------------------------------------------------------------------
     async def tools(self) -> list[ToolSpec]:
@@ -129,24 +129,8 @@ class ServerSession:
         self._last_error = reason
         self._retry_at = time.monotonic() + min(BACKOFF_MOST_S, BACKOFF_FIRST_S * 2 ** (self._failures - 1))
 
-    def _clients(self) -> list:
-        """The ways to connect, in order: a stdio server's one; a URL's streamable HTTP, then SSE."""
-        from mcp import Client
-
-        conn = self.connection
-        if conn.command:
-            from mcp.client.stdio import StdioServerParameters
-
-            command, *args = conn.command
-            if command in ("python", "python3"):  # the Python Serge runs on, with the packages it has (mcp-server-time ...)
-                command = sys.executable
-            params = StdioServerParameters(command=command, args=args, env=dict(conn.env) or None)
-            return [lambda: Client(_stdio(params, self.errlog or sys.stderr))]
-        headers = dict(conn.headers)
-        return [lambda: Client(_streamable_http(conn.url, headers)), lambda: Client(_sse(conn.url, headers))]
-
     async def _run(self, current: _Connection) -> None:
-        ways = self._clients()
+        ways = _clients(self.connection, self.errlog)
         try:
             for attempt, client_of in enumerate(ways):
                 try:
@@ -219,6 +203,52 @@ class ServerSession:
                     text=f"the tool server {self.name!r} stopped during the call", is_error=True, cut=False))
 
 
+async def first_listing(connection: ToolServerConnection, *, within_s: float) -> list[ToolSpec]:
+    """Connect, list the tools and leave, all within `within_s`: how a server is checked before it is kept.
+    ToolServerUnreachable says why not, with the last line a stdio server wrote to its stderr, and no secret of the
+    registration; a stdio server is stopped after."""
+    with tempfile.TemporaryFile("w+", errors="replace") as errlog:
+        ways = _clients(connection, errlog)
+        try:
+            with anyio.fail_after(within_s):
+                for attempt, client_of in enumerate(ways):
+                    try:
+                        async with client_of() as client:
+                            return await _list_tools(client, connection.name)
+                    except Exception:  # noqa: BLE001 - said below, as the last way's failure
+                        if attempt + 1 == len(ways):  # else not over streamable HTTP: try SSE
+                            raise
+        except Exception as exc:  # noqa: BLE001
+            reason = f"it did not answer within {within_s:g} s" if isinstance(exc, TimeoutError) else _reason(exc)
+            errlog.seek(0)
+            said = [line.strip() for line in errlog.read()[-4000:].splitlines() if line.strip()]
+            if said:
+                reason += f"; it said: {said[-1][:300]}"
+            raise ToolServerUnreachable(without_secrets(reason, _secrets(connection))) from None
+    return []
+
+
+def _secrets(connection: ToolServerConnection) -> tuple[str, ...]:
+    """What its errors must never show: the URL's password and query values, header and environment values."""
+    return secrets_of(connection.url, [v for _, v in (*connection.headers, *connection.env)])
+
+
+def _clients(conn: ToolServerConnection, errlog) -> list:
+    """The ways to connect, in order: a stdio server's one; a URL's streamable HTTP, then SSE."""
+    from mcp import Client
+
+    if conn.command:
+        from mcp.client.stdio import StdioServerParameters
+
+        command, *args = conn.command
+        if command in ("python", "python3"):  # the Python Serge runs on, with the packages it has (mcp-server-time ...)
+            command = sys.executable
+        params = StdioServerParameters(command=command, args=args, env=dict(conn.env) or None)
+        return [lambda: Client(_stdio(params, errlog or sys.stderr))]
+    headers = dict(conn.headers)
+    return [lambda: Client(_streamable_http(conn.url, headers)), lambda: Client(_sse(conn.url, headers))]
+
+
 async def _list_tools(client, name: str) -> list[ToolSpec]:
     specs, cursor = [], None
     while len(specs) < MAX_TOOLS:
@@ -271,4 +301,6 @@ def _reason(exc: BaseException) -> str:
     if isinstance(exc, FileNotFoundError):
         return f"its command was not found ({exc.filename or exc})"
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    if type(exc).__name__ == "ConnectError":  # httpx's: refused, or no such host
+        return f"nothing accepted a connection there ({text or 'refused'})"
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

@@ -21,7 +21,8 @@ from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from serge.accounts import InvalidAccountInput, QuotaExceeded
-from serge.tools import ToolServerError, ToolServerForbidden, ToolServerNotFound, ToolServerUnreachable
+from serge.tools import (ToolServerCheckFailed, ToolServerError, ToolServerForbidden, ToolServerNotFound,
+                         ToolServerUnreachable)
 from serge.chats import (ChatBusy, ChatNotFound, InvalidChatInput, InvalidCollectionInput, MessageNotFound,
                          PresetForbidden)
 from serge.documents import FileTooLarge, UnreadableFile, UnsupportedFile
@@ -156,6 +157,7 @@ ERRORS: dict[type[Exception], tuple[int, str, str | None]] = {
     ToolServerNotFound: (400, "tool_server_not_found", "tools"),
     ToolServerForbidden: (403, "tool_server_forbidden", "tools"),
     ToolServerUnreachable: (502, "tool_server_unreachable", None),
+    ToolServerCheckFailed: (422, "tool_server_unreachable", "url"),
     ToolServerError: (400, "invalid_value", None),
     QuotaExceeded: (429, "quota_exceeded", None),
     PresetNotFound: (404, "preset_not_found", "preset_id"),
