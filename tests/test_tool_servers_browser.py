@@ -10,6 +10,7 @@ import httpx
 import pytest
 
 from conftest import BROWSER, free_port, own_server
+from test_my_usage_browser import WIDTHS, fits, narrow_or_wide  # noqa: F401  (a fixture)
 from test_tool_servers import HttpMcp
 
 pytestmark = BROWSER
@@ -17,7 +18,6 @@ pytestmark = BROWSER
 playwright_sync = pytest.importorskip("playwright.sync_api")
 expect = playwright_sync.expect
 
-WIDTHS = [1280, 390]
 SECRETS = ("PASSWORD-6", "TOKEN-6", "SECRET-6")
 
 
@@ -35,32 +35,10 @@ def slow():
 
 @pytest.fixture(scope="module")
 def server(standin_settings, standin_engine, tmp_path_factory):
-    from serge.store import Database, ToolServerStore
-    from serge.tools import ToolServers
-
-    folder = tmp_path_factory.mktemp("tool-servers-browser")
-    db = Database(f"sqlite:///{folder / 'serge.db'}")
-    db.migrate()
-    ToolServers(ToolServerStore(db)).register("gone", url=f"http://127.0.0.1:{free_port()}/mcp?token=TOKEN-6")
-    db.close()
-    with own_server(standin_settings, standin_engine, folder) as url:
+    with own_server(standin_settings, standin_engine, tmp_path_factory.mktemp("tool-servers-browser")) as url:
+        gone = {"name": "gone", "url": f"http://127.0.0.1:{free_port()}/mcp?token=TOKEN-6", "check": False}
+        assert httpx.post(url + "/api/mcp/servers", json=gone).status_code == 201
         yield url
-
-
-@pytest.fixture
-def sized(browser, request):
-    """A page of the width the test is parametrized with (`width`), failing the test if its script throws."""
-    context = browser.new_context(viewport={"width": request.node.callspec.params["width"], "height": 860})
-    page = context.new_page()
-    errors = []
-    page.on("pageerror", lambda exc: errors.append(str(exc)))
-    yield page
-    context.close()
-    assert not errors, f"the page threw: {errors}"
-
-
-def fits(page, width: int) -> None:
-    assert page.evaluate("document.documentElement.scrollWidth") <= width
 
 
 def add_on_the_page(page, name: str, url: str, headers: str = "") -> None:
@@ -71,9 +49,9 @@ def add_on_the_page(page, name: str, url: str, headers: str = "") -> None:
 
 
 @pytest.mark.parametrize("width", WIDTHS)
-def test_the_admin_form_refuses_a_url_nothing_answers_at_and_saves_it_only_when_told_to(sized, server, remote,
-                                                                                          width):
-    page = sized
+def test_the_admin_form_refuses_a_url_nothing_answers_at_and_saves_it_only_when_told_to(
+        narrow_or_wide, server, remote, width):  # noqa: F811
+    page = narrow_or_wide
     page.goto(server + "/admin/tools")
     nowhere = f"http://someone:PASSWORD-6@127.0.0.1:{free_port()}/mcp?token=TOKEN-6"
     add_on_the_page(page, f"far{width}", nowhere, "Authorization: Bearer SECRET-6")
@@ -98,9 +76,9 @@ def test_the_admin_form_refuses_a_url_nothing_answers_at_and_saves_it_only_when_
 
 
 @pytest.mark.parametrize("width", WIDTHS)
-def test_a_server_that_cannot_list_its_tools_is_unavailable_in_the_chat_and_cannot_be_ticked(sized, server,
-                                                                                              width):
-    page = sized
+def test_a_server_that_cannot_list_its_tools_is_unavailable_in_the_chat_and_cannot_be_ticked(
+        narrow_or_wide, server, width):  # noqa: F811
+    page = narrow_or_wide
     page.goto(server + "/")
     page.get_by_role("button", name="Settings").click()
     note = page.locator('.tool-names[data-server="gone"]')
@@ -114,12 +92,13 @@ def test_a_server_that_cannot_list_its_tools_is_unavailable_in_the_chat_and_cann
 
 
 @pytest.mark.parametrize("width", WIDTHS)
-def test_a_server_slow_to_list_its_tools_says_so_until_they_are_named(sized, server, slow, width):
+def test_a_server_slow_to_list_its_tools_says_so_until_they_are_named(
+        narrow_or_wide, server, slow, width):  # noqa: F811
     with httpx.Client(base_url=server, timeout=60) as client:  # a server not started yet: its listing takes 3 s
-        added = client.post("/api/mcp/servers", json={"name": f"slow{width}", "url": f"http://127.0.0.1:{slow.port}/mcp",
-                                                      "check": False})
+        added = client.post("/api/mcp/servers", json={"name": f"slow{width}", "check": False,
+                                                      "url": f"http://127.0.0.1:{slow.port}/mcp"})
         assert added.status_code == 201, added.text
-    page = sized
+    page = narrow_or_wide
     page.goto(server + "/")
     page.get_by_role("button", name="Settings").click()
     note = page.locator(f'.tool-names[data-server="slow{width}"]')
