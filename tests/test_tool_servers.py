@@ -190,6 +190,29 @@ def test_a_server_nothing_answers_at_is_refused_with_why_and_is_kept_only_when_t
         assert near.status_code == 201, near.text
 
 
+def test_a_server_nothing_answers_at_is_said_at_once_while_it_waits_to_be_tried_again(tmp_path):
+    from serge.store import Database, ToolServerStore
+    from serge.tools import ToolServers, ToolServerUnreachable
+
+    db = Database(f"sqlite:///{tmp_path / 'serge.db'}")
+    db.migrate()
+    servers = ToolServers(ToolServerStore(db))
+    servers.register("gone", url=f"http://127.0.0.1:{free_port()}/mcp")
+
+    async def listings() -> float:
+        started = time.monotonic()
+        for _ in range(5):  # pauses of 0.5, 1, 2 and 4 s between its tries: a page would wait for each
+            with pytest.raises(ToolServerUnreachable, match="nothing accepted a connection"):
+                await servers.tools("gone")
+        return time.monotonic() - started
+
+    try:
+        assert asyncio.run(listings()) < 3.0
+    finally:
+        asyncio.run(servers.close())
+        db.close()
+
+
 def test_serge_mcp_add_refuses_a_server_that_does_not_answer_unless_told_not_to_check(cli, tmp_path):
     data = str(tmp_path)
     nowhere = f"http://127.0.0.1:{free_port()}/mcp?key=KEY-5"

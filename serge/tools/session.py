@@ -69,11 +69,17 @@ class ServerSession:
         self._current: _Connection | None = None
         self._failures = 0  # in a row: starts that failed, connections that died
         self._retry_at = 0.0
-        self._last_error: str | None = None
+        self._unreachable: str | None = None  # why the last start failed, while that is the last news of it
         self._secrets = _secrets(connection)
 
     # --- callers ------------------------------------------------------------------
     async def tools(self) -> list[ToolSpec]:
+        """The tools; a server whose last start failed says so at once during its pause, not after it (a page
+        listing several servers would wait for each)."""
+        current = self._current
+        down = current is None or current.over or current.task.done()
+        if down and self._unreachable is not None and self._retry_at > time.monotonic():
+            raise ToolServerUnreachable(self._unreachable)
         return await self._up()
 
     async def call(self, tool: str, arguments: dict) -> ToolOutcome:
@@ -126,7 +132,6 @@ class ServerSession:
 
     def _failed(self, reason: str) -> None:
         self._failures += 1
-        self._last_error = reason
         self._retry_at = time.monotonic() + min(BACKOFF_MOST_S, BACKOFF_FIRST_S * 2 ** (self._failures - 1))
 
     async def _run(self, current: _Connection) -> None:
@@ -138,7 +143,7 @@ class ServerSession:
                         with anyio.fail_after(self.timeout_s):
                             specs = await _list_tools(client, self.name)
                         current.ready.set_result(specs)
-                        self._failures = 0
+                        self._failures, self._unreachable = 0, None
                         async with anyio.create_task_group() as group:
                             while (call := await current.calls.get()) is not None:
                                 group.start_soon(self._serve, client, call, current)
@@ -153,10 +158,11 @@ class ServerSession:
                     self._failed(reason)
                     if not current.ready.done():
                         log.warning("MCP server %r could not be started: %s", self.name, reason)
-                        current.ready.set_exception(ToolServerUnreachable(
-                            f"the tool server {self.name!r} could not be reached: {reason}"))
+                        self._unreachable = f"the tool server {self.name!r} could not be reached: {reason}"
+                        current.ready.set_exception(ToolServerUnreachable(self._unreachable))
                     else:
                         log.warning("MCP server %r stopped: %s", self.name, reason)
+                        self._unreachable = None
                     return
         finally:
             if not current.ready.done():
