@@ -202,7 +202,7 @@ def test_calls_and_results_are_exported_and_imported(client):
 def test_a_server_not_registered_cannot_be_named_and_no_request_gives_a_command(client):
     r = client.post("/api/chats", json={"tools": ["python -m http.server"]})
     assert r.status_code == 400 and "no tool server named" in r.json()["error"]["message"]
-    r = client.post("/api/mcp/servers", json={"name": "evil", "url": "http://127.0.0.1:1/mcp",
+    r = client.post("/api/mcp/servers", json={"name": "evil", "url": "http://127.0.0.1:1/mcp", "check": False,
                                                "command": ["sh", "-c", "touch /tmp/owned"]})
     assert r.status_code == 400 and "command" in r.json()["error"]["message"]
     chat = chat_with(client, ["echo"])

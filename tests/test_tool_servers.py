@@ -32,7 +32,7 @@ settings, engine = stand_in("settings", "engine")
 def test_serge_mcp_list_keeps_a_servers_own_stderr_out_of_its_listing(cli, tmp_path):
     data = str(tmp_path)
     noisy = ["python", "-c", "import sys; print('NOISE FROM' + ' THE SERVER', file=sys.stderr); sys.exit(3)"]
-    assert cli("mcp", "add", "noisy", "--data-dir", data, "--", *noisy).returncode == 0
+    assert cli("mcp", "add", "noisy", "--no-check", "--data-dir", data, "--", *noisy).returncode == 0
     # the real command: a stdio server's stderr is a file descriptor, which only a process of its own shows
     listing = subprocess.run([sys.executable, "-m", "serge", "mcp", "list", "--data-dir", data], capture_output=True,
                              text=True, timeout=120)
@@ -45,7 +45,7 @@ def test_serge_mcp_add_then_list_shows_the_servers_tools_and_never_a_secret(cli,
     added = cli("mcp", "add", "clock", "--data-dir", data, "--", "python", "-m", "mcp_server_time")
     assert added.returncode == 0 and "Registered clock" in added.stdout
     assert cli("mcp", "add", "web", "--url", "http://127.0.0.1:9/mcp", "--header", "Authorization: Bearer SECRET-1",
-               "--admins-only", "--data-dir", data).returncode == 0
+               "--admins-only", "--no-check", "--data-dir", data).returncode == 0
     listing = cli("mcp", "list", "--data-dir", data)
     assert listing.returncode == 0, listing.stderr
     assert "clock  stdio  python -m mcp_server_time" in listing.stdout
@@ -95,13 +95,13 @@ def test_a_user_not_allowed_a_server_cannot_tick_it_nor_name_it(accounts_server)
 
 
 def test_the_admin_page_lists_adds_and_removes_servers_and_never_shows_a_header_value(accounts_server):
-    with closing(login(accounts_server, "alice")) as alice:
+    with closing(login(accounts_server, "alice")) as alice, HttpMcp() as remote:
         page = alice.get("/admin/tools")
         assert page.status_code == 200 and "open" in page.text and "echo" in page.text
-        added = alice.post("/admin/tools", data={"name": "remote", "url": "http://127.0.0.1:9/mcp",
+        added = alice.post("/admin/tools", data={"name": "remote", "url": f"http://127.0.0.1:{remote.port}/mcp",
                                                  "headers": "X-Token: SECRET-2"})
         assert added.status_code == 201 and "remote" in added.text and "X-Token" in added.text
-        assert "SECRET-2" not in added.text
+        assert "SECRET-2" not in added.text and "control" in added.text  # its tools, listed
         listed = alice.get("/api/mcp/servers").json()["servers"]
         remote = next(s for s in listed if s["name"] == "remote")
         assert remote["headers"] == ["X-Token"] and "SECRET-2" not in str(listed)
@@ -110,9 +110,10 @@ def test_the_admin_page_lists_adds_and_removes_servers_and_never_shows_a_header_
 
 
 class HttpMcp:
-    """The SDK's MCP server over streamable HTTP on 127.0.0.1, in a thread; it records the headers it got."""
+    """The SDK's MCP server over streamable HTTP on 127.0.0.1, in a thread; it records the headers it got, and
+    answers a listing of its tools `listing_delay_s` late (a server slow to start its tools)."""
 
-    def __init__(self, sse: bool = False):
+    def __init__(self, sse: bool = False, listing_delay_s: float = 0.0):
         self.port = free_port()
         self.headers: list[dict] = []
         server = build("remote", {"echo", "control"})
@@ -121,6 +122,11 @@ class HttpMcp:
         async def recording(scope, receive, send):
             if scope["type"] == "http":
                 self.headers.append({k.decode(): v.decode() for k, v in scope["headers"]})
+                if listing_delay_s and scope["method"] == "POST":
+                    first = await receive()
+                    if b'"tools/list"' in first.get("body", b""):
+                        await asyncio.sleep(listing_delay_s)
+                    receive = _replayed(first, receive)
             await app(scope, receive, send)
         self.server = uvicorn.Server(uvicorn.Config(recording, host="127.0.0.1", port=self.port, log_level="warning"))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
@@ -137,6 +143,15 @@ class HttpMcp:
         self.thread.join(10)
 
 
+def _replayed(first: dict, receive):
+    """`receive` with `first`, already read, given again first."""
+    waiting = [first]
+
+    async def again():
+        return waiting.pop() if waiting else await receive()
+    return again
+
+
 def test_a_streamable_http_server_is_called_from_a_chat_with_its_headers(settings, engine, tmp_path):
     with HttpMcp() as remote, own_server(settings, engine, tmp_path) as url, \
             httpx.Client(base_url=url, timeout=120) as client:
@@ -149,6 +164,67 @@ def test_a_streamable_http_server_is_called_from_a_chat_with_its_headers(setting
         assert calls[-1]["state"] == "done" and calls[-1]["server"] == "remote"
         assert reply["status"] == "complete"
         assert any(h.get("authorization") == "Bearer SECRET-3" for h in remote.headers)
+
+
+def test_a_server_nothing_answers_at_is_refused_with_why_and_is_kept_only_when_the_admin_says_so(settings, engine,
+                                                                                                    tmp_path):
+    nowhere = f"http://someone:PASSWORD-4@127.0.0.1:{free_port()}/mcp?token=TOKEN-4"  # nothing listens there
+    secrets = ("PASSWORD-4", "TOKEN-4", "SECRET-4")
+    with HttpMcp() as remote, own_server(settings, engine, tmp_path) as url, \
+            httpx.Client(base_url=url, timeout=120) as client:
+        far = {"name": "far", "url": nowhere, "headers": {"Authorization": "Bearer SECRET-4"}}
+        refused = client.post("/api/mcp/servers", json=far)
+        assert refused.status_code == 422, refused.text
+        error = refused.json()["error"]
+        assert error["code"] == "tool_server_unreachable" and error["param"] == "url"
+        assert "could not list its tools at http://someone:***@127.0.0.1:" in error["message"]
+        assert "nothing accepted a connection" in error["message"] and '"check": false' in error["message"]
+        assert not any(secret in refused.text for secret in secrets)
+        assert client.get("/api/mcp/servers").json()["servers"] == []  # nothing kept
+        assert [s["name"] for s in client.get("/api/tools").json()["servers"]] == ["serge"]
+        assert client.post("/api/mcp/servers", json={**far, "check": False}).status_code == 201  # on purpose
+        listed = {s["name"]: s for s in client.get("/api/tools").json()["servers"]}
+        assert listed["far"]["tools"] == [] and "could not be reached" in listed["far"]["error"]
+        assert not any(secret in str(listed) for secret in secrets)
+        near = client.post("/api/mcp/servers", json={"name": "near", "url": f"http://127.0.0.1:{remote.port}/mcp"})
+        assert near.status_code == 201, near.text
+
+
+def test_a_server_nothing_answers_at_is_said_at_once_while_it_waits_to_be_tried_again(tmp_path):
+    from serge.store import Database, ToolServerStore
+    from serge.tools import ToolServers, ToolServerUnreachable
+
+    db = Database(f"sqlite:///{tmp_path / 'serge.db'}")
+    db.migrate()
+    servers = ToolServers(ToolServerStore(db))
+    servers.register("gone", url=f"http://127.0.0.1:{free_port()}/mcp")
+
+    async def listings() -> float:
+        started = time.monotonic()
+        for _ in range(5):  # pauses of 0.5, 1, 2 and 4 s between its tries: a page would wait for each
+            with pytest.raises(ToolServerUnreachable, match="nothing accepted a connection"):
+                await servers.tools("gone")
+        return time.monotonic() - started
+
+    try:
+        assert asyncio.run(listings()) < 3.0
+    finally:
+        asyncio.run(servers.close())
+        db.close()
+
+
+def test_serge_mcp_add_refuses_a_server_that_does_not_answer_unless_told_not_to_check(cli, tmp_path):
+    data = str(tmp_path)
+    nowhere = f"http://127.0.0.1:{free_port()}/mcp?key=KEY-5"
+    refused = cli("mcp", "add", "far", "--url", nowhere, "--data-dir", data)
+    assert refused.returncode == 2 and "'far' was not saved" in refused.stderr and "--no-check" in refused.stderr
+    assert "KEY-5" not in refused.stdout + refused.stderr
+    broken = cli("mcp", "add", "broken", "--data-dir", data, "--", "python", "-c", "import no_such_mcp_module")
+    assert broken.returncode == 2 and "No module named 'no_such_mcp_module'" in broken.stderr  # what it said
+    assert "its command is right" in broken.stderr
+    assert "No MCP servers" in cli("mcp", "list", "--data-dir", data).stdout
+    assert cli("mcp", "add", "far", "--url", nowhere, "--no-check", "--data-dir", data).returncode == 0
+    assert "far  http" in cli("mcp", "list", "--data-dir", data).stdout
 
 
 def test_mcp_server_git_answers_about_a_temporary_repository(tmp_path):

@@ -29,6 +29,8 @@ def add_parsers(sub, data_dir_flag) -> None:
                      "--url (repeatable)")
     add.add_argument("--env", action="append", default=[], metavar="K=V", help="set for COMMAND (repeatable)")
     add.add_argument("--admins-only", action="store_true", help="only admins may use it (default: every user)")
+    add.add_argument("--no-check", dest="check", action="store_false", help="save it without first listing its "
+                     "tools (by default a server that does not answer within 15 s is not saved)")
     rm = msub.add_parser("rm", help="remove a server (stopping it if Serge runs it)")
     rm.add_argument("name")
     listing = msub.add_parser("list", help="the registered servers with their tools, or why one cannot be reached")
@@ -58,7 +60,7 @@ def _pairs(values: list[str], sep: str, what: str) -> dict[str, str]:
 
 
 def run(settings: Settings, args: argparse.Namespace) -> None:
-    from serge.tools import ToolServerError
+    from serge.tools import ToolServerCheckFailed, ToolServerError
 
     with opened(settings, ToolServerError) as services:
         servers = services.tools
@@ -67,9 +69,13 @@ def run(settings: Settings, args: argparse.Namespace) -> None:
                 raise CliError("give either --url or a command after --, not both")
             if not args.argv and not args.url:
                 raise CliError("give the server's command after -- (serge mcp add NAME -- COMMAND ...) or --url URL")
-            record = servers.register(args.name, command=args.argv or None, url=args.url,
-                                      headers=_pairs(args.header, ":", "header"), env=_pairs(args.env, "=", "env"),
-                                      admins_only=args.admins_only)
+            try:
+                record = asyncio.run(servers.add(args.name, command=args.argv or None, url=args.url,
+                                                 headers=_pairs(args.header, ":", "header"),
+                                                 env=_pairs(args.env, "=", "env"), admins_only=args.admins_only,
+                                                 check=args.check))
+            except ToolServerCheckFailed as exc:
+                raise CliError(f"{exc.message} --no-check saves it anyway.") from None
             print(f"Registered {record.name} ({record.transport}{', admins only' if record.admins_only else ''}); "
                   f"`serge mcp list` shows its tools.")
         elif args.mcp_command == "rm":

@@ -6,8 +6,8 @@ It knows nothing of HTTP nor of chats.
 """
 
 from serge.tools.servers import ToolServers, check_registration
-from serge.tools.specs import (ToolOutcome, ToolServerError, ToolServerForbidden, ToolServerNotFound,
-                               ToolServerUnreachable, ToolSpec)
+from serge.tools.specs import (ToolOutcome, ToolServerCheckFailed, ToolServerError, ToolServerForbidden,
+                               ToolServerNotFound, ToolServerUnreachable, ToolSpec)
 
-__all__ = ["ToolOutcome", "ToolServerError", "ToolServerForbidden", "ToolServerNotFound", "ToolServerUnreachable",
-           "ToolServers", "ToolSpec", "check_registration"]
+__all__ = ["ToolOutcome", "ToolServerCheckFailed", "ToolServerError", "ToolServerForbidden", "ToolServerNotFound",
+           "ToolServerUnreachable", "ToolServers", "ToolSpec", "check_registration"]

@@ -1,6 +1,7 @@
 """`ToolServers`: the one owner of Serge's MCP client sessions, one per app, and the registry's rules.
 
-It registers servers (names, commands and URLs checked here, kept by `serge.store.tools`),
+It registers servers (names, commands and URLs checked here, kept by `serge.store.tools`; an
+admin's `add` first lists the new server's tools, so one nothing answers at is refused),
 says which a user may use (`usable`), lists a server's tools and runs calls through a
 `ServerSession` per server, made on first use and shared by every chat. Registrations are
 read from the database on each use, so `serge mcp add` / `rm` on a running server take effect
@@ -21,9 +22,11 @@ from urllib.parse import urlsplit
 
 from serge.store.people.audit import note
 from serge.access import is_hidden
-from serge.store import ToolServerExists, ToolServerMissing, ToolServerRecord, ToolServerStore
-from serge.tools.session import ServerSession
-from serge.tools.specs import ToolOutcome, ToolServerError, ToolServerForbidden, ToolServerNotFound, ToolSpec
+from serge.store import ToolServerConnection, ToolServerExists, ToolServerMissing, ToolServerRecord, ToolServerStore
+from serge.tools.secrets import shown_url
+from serge.tools.session import ServerSession, first_listing
+from serge.tools.specs import (ToolOutcome, ToolServerCheckFailed, ToolServerError, ToolServerForbidden,
+                               ToolServerNotFound, ToolServerUnreachable, ToolSpec)
 
 if TYPE_CHECKING:
     from serge.store import UserRecord
@@ -35,6 +38,7 @@ MAX_ARG_CHARS = 4096
 MAX_HEADERS = 32
 HEADER_NAME = re.compile(r"[A-Za-z0-9!#$%&'*+.^_`|~-]{1,100}")
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,99}")
+CHECK_WITHIN_S = 15.0  # an admin waits this long at most for a new server to list its tools
 
 
 class ToolServers:
@@ -75,6 +79,24 @@ class ToolServers:
             raise ToolServerError(str(exc)) from None
         note(self.store.db, "tool_server.add", f"{name}{' (admins only)' if admins_only else ''}")  # never its secrets
         return added
+
+    async def add(self, name: str, *, command: Sequence[str] | None = None, url: str | None = None,
+                  headers: Mapping[str, str] | None = None, env: Mapping[str, str] | None = None,
+                  admins_only: bool = False, check: bool = True) -> ToolServerRecord:
+        """Register a server as an admin does: first connect and list its tools (unless `check` is False), so one that
+        nothing answers at is refused with why (`ToolServerCheckFailed`) instead of offered to users, and not kept."""
+        check_registration(name, command, url, headers or {}, env or {})  # a bad one is said before any wait
+        if check and self.store.get(name) is None:  # (a taken name too, by `register`)
+            connection = ToolServerConnection(name=name, command=tuple(command) if command else None, url=url,
+                                              headers=tuple((headers or {}).items()), env=tuple((env or {}).items()))
+            try:
+                await first_listing(connection, within_s=min(CHECK_WITHIN_S, self.timeout_s))
+            except ToolServerUnreachable as exc:
+                where, what = (f"at {shown_url(url)}", "URL") if url else (f"from `{' '.join(command)}`", "command")
+                raise ToolServerCheckFailed(
+                    f"{name!r} was not saved: Serge could not list its tools {where}: {exc.message}. Check that the "
+                    f"server is running and that its {what} is right.", param="url" if url else "command") from None
+        return self.register(name, command=command, url=url, headers=headers, env=env, admins_only=admins_only)
 
     async def unregister(self, name: str) -> None:
         try:

@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import logging
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 
@@ -68,12 +69,17 @@ class ServerSession:
         self._current: _Connection | None = None
         self._failures = 0  # in a row: starts that failed, connections that died
         self._retry_at = 0.0
-        self._last_error: str | None = None
-        # what its errors must never show: the URL's password and query values, header and environment values
-        self._secrets = secrets_of(connection.url, [v for _, v in (*connection.headers, *connection.env)])
+        self._unreachable: str | None = None  # why the last start failed, while that is the last news of it
+        self._secrets = _secrets(connection)
 
     # --- callers ------------------------------------------------------------------
     async def tools(self) -> list[ToolSpec]:
+        """The tools; a server whose last start failed says so at once during its pause, not after it (a page
+        listing several servers would wait for each)."""
+        current = self._current
+        down = current is None or current.over or current.task.done()
+        if down and self._unreachable is not None and self._retry_at > time.monotonic():
+            raise ToolServerUnreachable(self._unreachable)
         return await self._up()
 
     async def call(self, tool: str, arguments: dict) -> ToolOutcome:
@@ -126,27 +132,10 @@ class ServerSession:
 
     def _failed(self, reason: str) -> None:
         self._failures += 1
-        self._last_error = reason
         self._retry_at = time.monotonic() + min(BACKOFF_MOST_S, BACKOFF_FIRST_S * 2 ** (self._failures - 1))
 
-    def _clients(self) -> list:
-        """The ways to connect, in order: a stdio server's one; a URL's streamable HTTP, then SSE."""
-        from mcp import Client
-
-        conn = self.connection
-        if conn.command:
-            from mcp.client.stdio import StdioServerParameters
-
-            command, *args = conn.command
-            if command in ("python", "python3"):  # the Python Serge runs on, with the packages it has (mcp-server-time ...)
-                command = sys.executable
-            params = StdioServerParameters(command=command, args=args, env=dict(conn.env) or None)
-            return [lambda: Client(_stdio(params, self.errlog or sys.stderr))]
-        headers = dict(conn.headers)
-        return [lambda: Client(_streamable_http(conn.url, headers)), lambda: Client(_sse(conn.url, headers))]
-
     async def _run(self, current: _Connection) -> None:
-        ways = self._clients()
+        ways = _clients(self.connection, self.errlog)
         try:
             for attempt, client_of in enumerate(ways):
                 try:
@@ -154,7 +143,7 @@ class ServerSession:
                         with anyio.fail_after(self.timeout_s):
                             specs = await _list_tools(client, self.name)
                         current.ready.set_result(specs)
-                        self._failures = 0
+                        self._failures, self._unreachable = 0, None
                         async with anyio.create_task_group() as group:
                             while (call := await current.calls.get()) is not None:
                                 group.start_soon(self._serve, client, call, current)
@@ -169,10 +158,11 @@ class ServerSession:
                     self._failed(reason)
                     if not current.ready.done():
                         log.warning("MCP server %r could not be started: %s", self.name, reason)
-                        current.ready.set_exception(ToolServerUnreachable(
-                            f"the tool server {self.name!r} could not be reached: {reason}"))
+                        self._unreachable = f"the tool server {self.name!r} could not be reached: {reason}"
+                        current.ready.set_exception(ToolServerUnreachable(self._unreachable))
                     else:
                         log.warning("MCP server %r stopped: %s", self.name, reason)
+                        self._unreachable = None
                     return
         finally:
             if not current.ready.done():
@@ -217,6 +207,52 @@ class ServerSession:
             if not call.future.done():
                 call.future.set_result(outcome or ToolOutcome(
                     text=f"the tool server {self.name!r} stopped during the call", is_error=True, cut=False))
+
+
+async def first_listing(connection: ToolServerConnection, *, within_s: float) -> list[ToolSpec]:
+    """Connect, list the tools and leave, all within `within_s`: how a server is checked before it is kept.
+    ToolServerUnreachable says why not, with the last line a stdio server wrote to its stderr, and no secret of the
+    registration; a stdio server is stopped after."""
+    with tempfile.TemporaryFile("w+", errors="replace") as errlog:
+        ways = _clients(connection, errlog)
+        try:
+            with anyio.fail_after(within_s):
+                for attempt, client_of in enumerate(ways):
+                    try:
+                        async with client_of() as client:
+                            return await _list_tools(client, connection.name)
+                    except Exception:  # noqa: BLE001 - said below, as the last way's failure
+                        if attempt + 1 == len(ways):  # else not over streamable HTTP: try SSE
+                            raise
+        except Exception as exc:  # noqa: BLE001
+            reason = f"it did not answer within {within_s:g} s" if isinstance(exc, TimeoutError) else _reason(exc)
+            errlog.seek(0)
+            said = [line.strip() for line in errlog.read()[-4000:].splitlines() if line.strip()]
+            if said:
+                reason += f"; it said: {said[-1][:300]}"
+            raise ToolServerUnreachable(without_secrets(reason, _secrets(connection))) from None
+    return []
+
+
+def _secrets(connection: ToolServerConnection) -> tuple[str, ...]:
+    """What its errors must never show: the URL's password and query values, header and environment values."""
+    return secrets_of(connection.url, [v for _, v in (*connection.headers, *connection.env)])
+
+
+def _clients(conn: ToolServerConnection, errlog) -> list:
+    """The ways to connect, in order: a stdio server's one; a URL's streamable HTTP, then SSE."""
+    from mcp import Client
+
+    if conn.command:
+        from mcp.client.stdio import StdioServerParameters
+
+        command, *args = conn.command
+        if command in ("python", "python3"):  # the Python Serge runs on, with the packages it has (mcp-server-time ...)
+            command = sys.executable
+        params = StdioServerParameters(command=command, args=args, env=dict(conn.env) or None)
+        return [lambda: Client(_stdio(params, errlog or sys.stderr))]
+    headers = dict(conn.headers)
+    return [lambda: Client(_streamable_http(conn.url, headers)), lambda: Client(_sse(conn.url, headers))]
 
 
 async def _list_tools(client, name: str) -> list[ToolSpec]:
@@ -271,4 +307,6 @@ def _reason(exc: BaseException) -> str:
     if isinstance(exc, FileNotFoundError):
         return f"its command was not found ({exc.filename or exc})"
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    if type(exc).__name__ == "ConnectError":  # httpx's: refused, or no such host
+        return f"nothing accepted a connection there ({text or 'refused'})"
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

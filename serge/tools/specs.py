@@ -40,6 +40,16 @@ class ToolServerUnreachable(ToolServerError):
     status = 502
 
 
+class ToolServerCheckFailed(ToolServerError):
+    """A server being registered did not list its tools: nothing was kept. `param` names what to fix."""
+
+    status = 422
+
+    def __init__(self, message: str, param: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
 @dataclass(frozen=True)
 class ToolSpec:
     server: str

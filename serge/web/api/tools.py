@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from serge.chats.tools import KNOWLEDGE_SERVER, SEARCH_KNOWLEDGE
 from serge.tools.secrets import shown_url
 from serge.store import ToolServerRecord
-from serge.tools import ToolServerError, ToolServers, ToolSpec
+from serge.tools import ToolServerCheckFailed, ToolServerError, ToolServers, ToolSpec
 from serge.web.http.auth import admins_only, current_user
 from serge.web.http.context import services
 
@@ -34,6 +34,8 @@ class ServerIn(BaseModel):
     headers: dict[Annotated[str, Field(max_length=100)], Annotated[str, Field(max_length=4000)]] = Field(
         default_factory=dict, max_length=32, description="Sent with every request to it; never shown again.")
     admins_only: bool = Field(False, description="Only admins may use it.")
+    check: bool = Field(True, description="First connect and list its tools (within 15 s); if that fails, answer "
+                                          "422 `tool_server_unreachable` and keep nothing. false: save it anyway.")
 
 
 def servers(request: Request) -> ToolServers:
@@ -77,9 +79,12 @@ def list_servers(request: Request):
 
 @router.post("/api/mcp/servers", dependencies=[ADMIN],
              status_code=201, summary="Register a streamable-HTTP MCP server (admins only)")
-def add_server(body: ServerIn, request: Request):
-    return server_out(servers(request).register(body.name, url=body.url, headers=body.headers,
-                                                admins_only=body.admins_only))
+async def add_server(body: ServerIn, request: Request):
+    try:
+        return server_out(await servers(request).add(body.name, url=body.url, headers=body.headers,
+                                                     admins_only=body.admins_only, check=body.check))
+    except ToolServerCheckFailed as exc:
+        raise ToolServerCheckFailed(f'{exc.message} To save it anyway, send "check": false.', exc.param) from None
 
 
 @router.delete("/api/mcp/servers/{name}", dependencies=[ADMIN],

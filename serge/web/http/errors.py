@@ -21,7 +21,8 @@ from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from serge.accounts import InvalidAccountInput, QuotaExceeded
-from serge.tools import ToolServerError, ToolServerForbidden, ToolServerNotFound, ToolServerUnreachable
+from serge.tools import (ToolServerCheckFailed, ToolServerError, ToolServerForbidden, ToolServerNotFound,
+                         ToolServerUnreachable)
 from serge.chats import (ChatBusy, ChatNotFound, CollectionReadOnly, InvalidChatInput, InvalidCollectionInput,
                          MessageNotFound, PresetForbidden)
 from serge.documents import FileTooLarge, UnreadableFile, UnsupportedFile
@@ -147,6 +148,7 @@ ERRORS: dict[type[Exception], tuple[int, str, str | None]] = {
     InvalidCollectionInput: (400, "invalid_value", "name"),
     ToolServerNotFound: (400, "tool_server_not_found", "tools"),
     ToolServerForbidden: (403, "tool_server_forbidden", "tools"),
+    ToolServerCheckFailed: (422, "tool_server_unreachable", "url"),
     PresetNotFound: (404, "preset_not_found", "preset_id"),
     PresetExists: (409, "preset_exists", "name"),
     PresetForbidden: (403, "admin_only", "shared"),

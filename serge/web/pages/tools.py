@@ -16,7 +16,7 @@ from fastapi.templating import Jinja2Templates
 
 from serge import __version__
 from serge.accounts import LOCAL_USER
-from serge.tools import ToolServerError
+from serge.tools import ToolServerCheckFailed, ToolServerError
 from serge.tools.secrets import shown_url
 from serge.web.http.auth import current_user
 from serge.web.pages.accounts import TEMPLATES
@@ -66,12 +66,16 @@ async def tools_page(request: Request):
 
 
 @router.post("/admin/tools")
-async def add_server(request: Request, name: Text = "", url: Text = "", headers: Lines = "", admins_only: Text = ""):
+async def add_server(request: Request, name: Text = "", url: Text = "", headers: Lines = "", admins_only: Text = "",
+                     check: Text = "on"):
     if not current_user(request).admin:
         return await _page(request)
     try:
-        added = services(request).tools.register(name.strip(), url=url.strip(), headers=_headers(headers),
-                                                 admins_only=bool(admins_only))
+        added = await services(request).tools.add(name.strip(), url=url.strip(), headers=_headers(headers),
+                                                  admins_only=bool(admins_only), check=check != "off")
+    except ToolServerCheckFailed as exc:  # the form again, as typed, with "Save without checking"
+        return await _page(request, exc.status, error=exc.message, unanswered=True, name=name, url=url,
+                           headers=headers, admins_only=bool(admins_only))
     except ToolServerError as exc:
         return await _page(request, 400, error=exc.message, name=name, url=url)
     return await _page(request, 201, added=added)

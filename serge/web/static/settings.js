@@ -63,9 +63,18 @@ export function settingsPanel({ panel, form, error, saved, toggle, chatId }) {
       const note = [...form.querySelectorAll(".tool-names")].find((n) => n.dataset.server === server.name);
       if (!note) continue;
       note.textContent = server.error
-        ? server.error
+        ? `Unavailable: ${server.error}`
         : server.tools.map((t) => t.name + (t.read_only ? "" : " (asks first)")).join(", ") || "no tools";
+      if (server.error) unavailable(form.querySelector(`input[name="tools"][value="${CSS.escape(server.name)}"]`));
     }
+  }
+
+  // A server that cannot list its tools cannot be ticked; one the chat already has ticked can still be unticked.
+  function unavailable(box) {
+    if (!box) return;
+    box.closest("label").classList.add("unavailable");
+    box.disabled = !box.checked;
+    box.addEventListener("change", () => { box.disabled = !box.checked; });
   }
 
   function show(open) {
