@@ -13,13 +13,13 @@ from dataclasses import dataclass
 
 class ToolServerError(Exception):
     """Something about a registered MCP server the caller should tell its user; `status` is the HTTP status the web
-    layer answers with."""
+    layer answers with, `param` the request field at fault where one is."""
 
     status = 400
 
-    def __init__(self, message: str) -> None:
+    def __init__(self, message: str, param: str | None = None) -> None:
         super().__init__(message)
-        self.message = message
+        self.message, self.param = message, param
 
 
 class ToolServerNotFound(ToolServerError):
@@ -44,10 +44,6 @@ class ToolServerCheckFailed(ToolServerError):
     """A server being registered did not list its tools: nothing was kept. `param` names what to fix."""
 
     status = 422
-
-    def __init__(self, message: str, param: str) -> None:
-        super().__init__(message)
-        self.param = param
 
 
 @dataclass(frozen=True)
