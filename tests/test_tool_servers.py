@@ -113,19 +113,26 @@ class HttpMcp:
     """The SDK's MCP server over streamable HTTP on 127.0.0.1, in a thread; it records the headers it got, and
     answers a listing of its tools `listing_delay_s` late (a server slow to start its tools)."""
 
-    def __init__(self, sse: bool = False, listing_delay_s: float = 0.0):
+    def __init__(self, sse: bool = False, listing_delay_s: float = 0.0,
+                 meet: tuple[threading.Event, threading.Event] | None = None):
+        """`meet` (mine, theirs): asked to list its tools, it says so (mine) and waits up to 8 s for the other
+        server to be asked too (theirs); `met` tells whether it was."""
         self.port = free_port()
         self.headers: list[dict] = []
+        self.met: bool | None = None
         server = build("remote", {"echo", "control"})
         app = server.sse_app() if sse else server.streamable_http_app()
 
         async def recording(scope, receive, send):
             if scope["type"] == "http":
                 self.headers.append({k.decode(): v.decode() for k, v in scope["headers"]})
-                if listing_delay_s and scope["method"] == "POST":
+                if (listing_delay_s or meet) and scope["method"] == "POST":
                     first = await receive()
                     if b'"tools/list"' in first.get("body", b""):
                         await asyncio.sleep(listing_delay_s)
+                        if meet and self.met is None:
+                            meet[0].set()
+                            self.met = await asyncio.to_thread(meet[1].wait, 8)
                     receive = _replayed(first, receive)
             await app(scope, receive, send)
         self.server = uvicorn.Server(uvicorn.Config(recording, host="127.0.0.1", port=self.port, log_level="warning"))
@@ -150,6 +157,21 @@ def _replayed(first: dict, receive):
     async def again():
         return waiting.pop() if waiting else await receive()
     return again
+
+
+def test_the_tools_of_every_server_are_listed_at_once(settings, engine, tmp_path):
+    """Each of two servers answers its listing only once the other has been asked too (or after 8 s): one after
+    the other, the first would wait out its 8 s alone; asked at once, they meet."""
+    first, second = threading.Event(), threading.Event()
+    with HttpMcp(meet=(first, second)) as a, HttpMcp(meet=(second, first)) as b, \
+            own_server(settings, engine, tmp_path) as url, httpx.Client(base_url=url, timeout=120) as client:
+        for name, server in (("a", a), ("b", b)):
+            r = client.post("/api/mcp/servers", json={"name": name, "url": f"http://127.0.0.1:{server.port}/mcp",
+                                                      "check": False})
+            assert r.status_code == 201, r.text
+        listed = {s["name"]: s for s in client.get("/api/tools").json()["servers"]}
+        assert [sorted(t["name"] for t in listed[n]["tools"]) for n in "ab"] == [["control", "echo"]] * 2
+        assert (a.met, b.met) == (True, True), "each server was asked while the other waited"
 
 
 def test_a_streamable_http_server_is_called_from_a_chat_with_its_headers(settings, engine, tmp_path):

@@ -93,12 +93,6 @@ async def _list(servers) -> None:
     from serge.tools import ToolServerError
     from serge.tools.secrets import shown_url
 
-    async def tools_of(name: str):
-        try:
-            return await servers.tools(name)
-        except ToolServerError as exc:
-            return exc
-
     await servers.start()
     with open(os.devnull, "w") as quiet:
         servers.errlog = quiet
@@ -107,8 +101,9 @@ async def _list(servers) -> None:
             if not records:
                 print("No MCP servers. Register one with `serge mcp add NAME -- COMMAND` or `serge mcp add NAME --url "
                       "URL`.")
-            listed = await asyncio.gather(*(tools_of(r.name) for r in records))
-            for record, tools in zip(records, listed):
+            listed = await servers.listings([r.name for r in records])
+            for record in records:
+                tools = listed[record.name]
                 where = " ".join(record.command) if record.command else shown_url(record.url)
                 secrets = [f"header {h}" for h in record.header_names] + [f"env {e}" for e in record.env_names]
                 print(f"{record.name}  {record.transport}  {where}{'  admins only' if record.admins_only else ''}"

@@ -148,6 +148,15 @@ class ToolServers:
         """The server's tools (started first if need be); ToolServerUnreachable says why it cannot be reached."""
         return await self._session(server).tools()
 
+    async def listings(self, servers: Sequence[str]) -> dict[str, list[ToolSpec] | ToolServerError]:
+        """Each server's tools, or why it cannot list them, all asked at once: a slow server holds back no other."""
+        async def listing(server: str) -> list[ToolSpec] | ToolServerError:
+            try:
+                return await self.tools(server)
+            except ToolServerError as exc:
+                return exc
+        return dict(zip(servers, await asyncio.gather(*(listing(server) for server in servers))))
+
     async def call(self, server: str, tool: str, arguments: dict) -> ToolOutcome:
         """Run one call, bounded by SERGE_TOOL_TIMEOUT_S and the server's concurrency; the server's faults (a
         timeout, a crash, an error) come back as an outcome with `is_error`, never as an exception."""

@@ -61,13 +61,11 @@ def tool_out(spec: ToolSpec) -> dict:
 async def usable_tools(request: Request):
     found = [{"name": KNOWLEDGE_SERVER, "title": "Knowledge search (the chat's files and collections)",
               "tools": [tool_out(SEARCH_KNOWLEDGE)], "error": None}]
-    for name in servers(request).usable(current_user(request)):
-        entry = {"name": name, "title": name, "tools": [], "error": None}
-        try:
-            entry["tools"] = [tool_out(t) for t in await servers(request).tools(name)]
-        except ToolServerError as exc:
-            entry["error"] = exc.message
-        found.append(entry)
+    listed = await servers(request).listings(servers(request).usable(current_user(request)))
+    for name, tools in listed.items():
+        failed = isinstance(tools, ToolServerError)
+        found.append({"name": name, "title": name, "tools": [] if failed else [tool_out(t) for t in tools],
+                      "error": tools.message if failed else None})
     return {"servers": found}
 
 

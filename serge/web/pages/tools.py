@@ -48,14 +48,14 @@ async def _page(request: Request, status_code: int = 200, **context) -> Response
         return templates.TemplateResponse(request, "tools.html", {**base, "forbidden": True, "servers": []},
                                           status_code=403)
     servers = services(request).tools
+    records = servers.registered()
+    listings = await servers.listings([r.name for r in records])
     listed = []
-    for record in servers.registered():
-        try:
-            tools, error = await servers.tools(record.name), None
-        except ToolServerError as exc:
-            tools, error = [], exc.message
-        listed.append({"record": record, "url": shown_url(record.url) if record.url else None, "tools": tools,
-                       "error": error})
+    for record in records:
+        tools = listings[record.name]
+        failed = isinstance(tools, ToolServerError)
+        listed.append({"record": record, "url": shown_url(record.url) if record.url else None,
+                       "tools": [] if failed else tools, "error": tools.message if failed else None})
     return templates.TemplateResponse(request, "tools.html", {**base, "servers": listed, **context},
                                       status_code=status_code)
 
