@@ -18,7 +18,7 @@ from datetime import timedelta
 from serge.accounts import Accounts, LoginSessions, Usage, load_secret
 from serge.accounts.groups import Groups
 from serge.accounts.signin.grants import ProviderGrants
-from serge.accounts.signin.ldap import ldap_sign_in
+from serge.accounts.signin.ldap import LdapSignIn, ldap_sign_in
 from serge.accounts.signin.oidc import OpenIdSignIn, open_id_sign_in
 from serge.accounts.signin.proxy import ProxySignIn
 from serge.accounts.signin.sync import SignInSync, SyncLoop
@@ -57,6 +57,7 @@ class Services:
     grants: ProviderGrants  # the providers' refresh tokens, sealed
     sign_in_sync: SignInSync  # asks the providers about the people they signed in
     oidc: OpenIdSignIn | None = None  # the OpenID Connect sign-in, where SERGE_OIDC_ISSUER is set
+    ldap: LdapSignIn | None = None  # the directory's, where SERGE_LDAP_URL is set
     proxy_sign_in: ProxySignIn | None = None
     # with an engine
     engine: Engine | None = None
@@ -80,6 +81,7 @@ class Services:
         reservations = Reservations(usage, ReservationStore(database, process_name(), LEASE_S))
         secret, groups = load_secret(settings.data_dir), Groups(GroupStore(database))
         grants, oidc = ProviderGrants(sign_ins, secret), open_id_sign_in(settings, sign_ins)
+        ldap = ldap_sign_in(settings)
         made = cls(
             settings=settings, database=database, accounts=Accounts(accounts),
             sessions=LoginSessions(accounts, secret, timedelta(days=settings.session_days)),
@@ -87,8 +89,8 @@ class Services:
             reservations=reservations.start() if serving else reservations,
             tools=ToolServers.of(ToolServerStore(database), settings),  # MCP servers start on first use
             decisions=ToolDecisions(DecisionStore(database)), grants=grants,
-            sign_in_sync=SignInSync(sign_ins, groups, database, grants, ldap_sign_in(settings), oidc),
-            oidc=oidc,
+            sign_in_sync=SignInSync(sign_ins, groups, database, grants, ldap, oidc),
+            oidc=oidc, ldap=ldap,
             proxy_sign_in=ProxySignIn(settings.proxy_user_header, settings.proxy_user_from, sign_ins)
             if settings.proxy_user_header else None)
         if serving and settings.sign_in_sync_s and made.sign_in_sync.has_providers:

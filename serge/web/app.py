@@ -21,7 +21,6 @@ from serge.engine import Engine
 from serge.services import Services
 from serge.settings import Settings
 from serge.chats.lookup import Lookup
-from serge.accounts.signin.ldap import ldap_sign_in
 from serge.web.api.audit import router as audit_router
 from serge.web.api.groups import router as groups_router
 from serge.web.pages.groups import router as group_pages
@@ -105,7 +104,6 @@ def build_app(settings: Settings, engine: Engine) -> FastAPI:
     )
     app.state.settings = settings
     app.state.draining = False
-    app.state.ldap = ldap_sign_in(settings)  # None unless SERGE_LDAP_URL is set
     limits = UserLimits(settings.user_max_streams, settings.user_requests_per_minute)
     # Innermost first: every request has a user (or is refused) before routes run, and only
     # after the Host, Origin and body checks (outer) have let it through.

@@ -159,7 +159,7 @@ class Authenticate:
             return await self.app(scope, receive, send)
         request = Request(scope)
         path = scope["path"]
-        state, ldap = services(request), request.app.state.ldap
+        state = services(request)
         try:
             user, key_id, bad_key, accounts_exist = await run_in_threadpool(_resolve, state.accounts, state.sessions,
                                                                              request)
@@ -169,7 +169,7 @@ class Authenticate:
             return await self._refuse(scope, receive, send, 401, "the API key is not valid (revoked or mistyped); "
                                       "create one on the settings page or with `serge keys create`", "invalid_api_key")
         if user is None and path not in OPEN_PATHS:
-            if not accounts_exist and state.oidc is None and ldap is None:  # else: signing in makes one
+            if not accounts_exist and state.oidc is None and state.ldap is None:  # else: signing in makes one
                 return await self._refuse(scope, receive, send, 403, "Serge has no accounts yet, so it answers only "
                                           "requests made on this machine; create one with `serge users add NAME`",
                                           "no_accounts")

@@ -75,7 +75,7 @@ def build_account_pages(limits: UserLimits) -> APIRouter:
     # --- login ----------------------------------------------------------------
     @router.get("/login")
     def login_page(request: Request, next: str | None = None):
-        if not accounts(request).has_users() and services(request).oidc is None and request.app.state.ldap is None:
+        if not accounts(request).has_users() and services(request).oidc is None and services(request).ldap is None:
             return RedirectResponse("/", status_code=303)
         return render(request, "login.html", next=safe_next(next), name="", error=None)
 

@@ -79,7 +79,7 @@ def start_session(request: Request, user: UserRecord, target: str) -> RedirectRe
 def directory_login(request: Request, name: str, password: str) -> UserRecord | None:
     """The account of the person the directory (LDAP) signs in with this password, their groups set from it; None
     when no directory is set or it refuses. Raises DirectoryUnavailable when it cannot be asked."""
-    ldap = request.app.state.ldap
+    ldap = services(request).ldap
     if ldap is None:
         return None
     try:
