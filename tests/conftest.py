@@ -497,9 +497,12 @@ def browser():
 
 
 @pytest.fixture
-def page(browser):
-    """A fresh page in its own context that fails the test if its script throws."""
-    context = browser.new_context(viewport={"width": 1280, "height": 860})
+def page(browser, request):
+    """A fresh page in its own context that fails the test if its script throws; as wide as the test's `width`
+    parameter where it has one (1280 and 390 px: a desktop and a phone), else 1280 px."""
+    callspec = getattr(request.node, "callspec", None)
+    width = callspec.params.get("width", 1280) if callspec else 1280
+    context = browser.new_context(viewport={"width": width, "height": 860})
     page = context.new_page()
     errors = []
     page.on("pageerror", lambda exc: errors.append(str(exc)))

@@ -13,8 +13,9 @@ import httpx
 import pytest
 from conftest import BROWSER, MODEL as REAL, ServerThread, held_port, open_chat, own_server
 from standin import NAME as MODEL, stand_in
-from test_accounts_api import PASSWORDS, add_user, login, serge
+from test_accounts_api import add_user, login, serge
 from test_browser import expect
+from test_usage_browser import sign_in
 from test_usage_quotas import HELLO, key_of
 
 from serge.settings import Settings
@@ -34,27 +35,6 @@ def site(settings, engine, tmp_path_factory):
             add_user(own.data_dir, name, *(["--admin"] if name == "alice" else []))
         serge(own.data_dir, "users", "quota", "bob", "--tokens-per-day", "5")
         yield {"url": running.url, "data_dir": own.data_dir}
-
-
-@pytest.fixture
-def narrow_or_wide(browser, request):
-    """A page of the width the test is parametrized with (`width`)."""
-    width = request.node.callspec.params["width"]
-    context = browser.new_context(viewport={"width": width, "height": 860})
-    page = context.new_page()
-    errors = []
-    page.on("pageerror", lambda exc: errors.append(str(exc)))
-    yield page
-    context.close()
-    assert not errors, f"the page threw: {errors}"
-
-
-def sign_in(page, url: str, name: str) -> None:
-    page.goto(url + "/login")
-    page.get_by_label("Name").fill(name)
-    page.get_by_label("Password").fill(PASSWORDS[name])
-    page.get_by_role("button", name="Log in").click()
-    expect(page).to_have_url(url + "/")
 
 
 def fits(page, width: int) -> None:
@@ -83,8 +63,8 @@ def test_a_wait_reads_in_hours_and_minutes():
 @BROWSER[0]
 @BROWSER[1]
 @pytest.mark.parametrize("width", WIDTHS)
-def test_a_refused_message_stays_in_the_box_with_a_human_wait_and_leaves_no_empty_chat(site, narrow_or_wide, width):
-    page, url = narrow_or_wide, site["url"]
+def test_a_refused_message_stays_in_the_box_with_a_human_wait_and_leaves_no_empty_chat(site, page, width):
+    url = site["url"]
     spend(site, "bob")
     sign_in(page, url, "bob")
     before = login(url, "bob").get("/api/chats").json()["data"]
@@ -105,8 +85,8 @@ def test_a_refused_message_stays_in_the_box_with_a_human_wait_and_leaves_no_empt
 @BROWSER[0]
 @BROWSER[1]
 @pytest.mark.parametrize("width", WIDTHS)
-def test_every_user_reads_their_usage_against_their_caps_in_plain_words(site, narrow_or_wide, width):
-    page, url = narrow_or_wide, site["url"]
+def test_every_user_reads_their_usage_against_their_caps_in_plain_words(site, page, width):
+    url = site["url"]
     spend(site, "bob")
     mine = login(url, "bob").get("/api/usage/mine").json()
     assert mine["user"] == "bob" and mine["today"]["cap"] == 5 and mine["today"]["tokens"] >= 5
@@ -137,8 +117,8 @@ def test_my_usage_is_only_ever_the_callers_own(site):
 @BROWSER[0]
 @BROWSER[1]
 @pytest.mark.parametrize("width", WIDTHS)
-def test_the_admin_pages_fit_a_phone_and_label_every_cap_box(site, narrow_or_wide, width):
-    page, url = narrow_or_wide, site["url"]
+def test_the_admin_pages_fit_a_phone_and_label_every_cap_box(site, page, width):
+    url = site["url"]
     spend(site, "bob")
     sign_in(page, url, "alice")
     page.goto(url + "/admin/users")
@@ -168,11 +148,10 @@ def real_site(real_settings, engines, tmp_path_factory):
 @BROWSER[1]
 @pytest.mark.real_model
 @pytest.mark.parametrize("width", WIDTHS)
-def test_the_model_picker_offers_no_embedding_model(real_site, narrow_or_wide, width):
+def test_the_model_picker_offers_no_embedding_model(real_site, page, width):
     listed = httpx.get(f"{real_site}/api/models").json()
     embedding = [m["name"] for m in listed["data"] if m["kind"] == "embedding"]
     assert embedding, "the models dir has no embedding model to leave out (make model pulls one)"
-    page = narrow_or_wide
     page.goto(real_site + "/")
     offered = page.locator("#set-model option").all_text_contents()
     assert any(REAL in o for o in offered), offered

@@ -33,17 +33,6 @@ def server(standin_settings, standin_engine, tmp_path_factory):
         yield url
 
 
-@pytest.fixture
-def sized(browser, request):
-    context = browser.new_context(viewport={"width": request.node.callspec.params["width"], "height": 860})
-    page = context.new_page()
-    errors = []
-    page.on("pageerror", lambda exc: errors.append(str(exc)))
-    yield page
-    context.close()
-    assert not errors, f"the page threw: {errors}"
-
-
 def presets(url: str) -> dict[str, dict]:
     return {p["name"]: p for p in httpx.get(url + "/api/presets").json()["data"]}
 
@@ -62,8 +51,8 @@ def test_a_preset_keeps_its_tools_and_tool_choice_over_the_api(server):
 @BROWSER[0]
 @BROWSER[1]
 @pytest.mark.parametrize("width", WIDTHS)
-def test_save_as_a_preset_keeps_the_ticked_tools_and_call_a_tool_and_picking_it_shows_them(server, sized, width):
-    page, name = sized, f"tooled-{width}"
+def test_save_as_a_preset_keeps_the_ticked_tools_and_call_a_tool_and_picking_it_shows_them(server, page, width):
+    name = f"tooled-{width}"
     page.goto(server + "/")
     page.get_by_role("button", name="Settings").click()
     set_setting(page, "System prompt", "Answer like a harbour master.")
@@ -90,7 +79,7 @@ def test_save_as_a_preset_keeps_the_ticked_tools_and_call_a_tool_and_picking_it_
 @BROWSER[0]
 @BROWSER[1]
 @pytest.mark.parametrize("width", WIDTHS)
-def test_a_presets_budget_too_small_for_its_forced_tool_is_said_in_the_users_words(server, sized, width):
+def test_a_presets_budget_too_small_for_its_forced_tool_is_said_in_the_users_words(server, page, width):
     name = f"terse-{width}"
     made = httpx.post(server + "/api/presets", json={"name": name, "model": NAME, "tools": ["echo"],
                                                      "tool_choice": "first", "settings": {"max_new_tokens": 6}})
@@ -104,7 +93,6 @@ def test_a_presets_budget_too_small_for_its_forced_tool_is_said_in_the_users_wor
                         r"tool” to “when the model decides”\.", said), said
     assert "max_tokens" not in said
 
-    page = sized
     page.goto(f"{server}/c/{chat['id']}")
     box = page.get_by_label("Message")
     expect(box).to_be_focused()
