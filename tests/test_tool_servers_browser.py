@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from conftest import BROWSER, free_port, own_server
-from test_my_usage_browser import WIDTHS, fits, narrow_or_wide  # noqa: F401  (a fixture)
+from test_my_usage_browser import WIDTHS, fits
 from test_tool_servers import HttpMcp
 
 pytestmark = BROWSER
@@ -50,8 +50,7 @@ def add_on_the_page(page, name: str, url: str, headers: str = "") -> None:
 
 @pytest.mark.parametrize("width", WIDTHS)
 def test_the_admin_form_refuses_a_url_nothing_answers_at_and_saves_it_only_when_told_to(
-        narrow_or_wide, server, remote, width):  # noqa: F811
-    page = narrow_or_wide
+        page, server, remote, width):
     page.goto(server + "/admin/tools")
     nowhere = f"http://someone:PASSWORD-6@127.0.0.1:{free_port()}/mcp?token=TOKEN-6"
     add_on_the_page(page, f"far{width}", nowhere, "Authorization: Bearer SECRET-6")
@@ -77,8 +76,7 @@ def test_the_admin_form_refuses_a_url_nothing_answers_at_and_saves_it_only_when_
 
 @pytest.mark.parametrize("width", WIDTHS)
 def test_a_server_that_cannot_list_its_tools_is_unavailable_in_the_chat_and_cannot_be_ticked(
-        narrow_or_wide, server, width):  # noqa: F811
-    page = narrow_or_wide
+        page, server, width):
     page.goto(server + "/")
     page.get_by_role("button", name="Settings").click()
     note = page.locator('.tool-names[data-server="gone"]')
@@ -93,12 +91,11 @@ def test_a_server_that_cannot_list_its_tools_is_unavailable_in_the_chat_and_cann
 
 @pytest.mark.parametrize("width", WIDTHS)
 def test_a_server_slow_to_list_its_tools_says_so_until_they_are_named(
-        narrow_or_wide, server, slow, width):  # noqa: F811
+        page, server, slow, width):
     with httpx.Client(base_url=server, timeout=60) as client:  # a server not started yet: its listing takes 3 s
         added = client.post("/api/mcp/servers", json={"name": f"slow{width}", "check": False,
                                                       "url": f"http://127.0.0.1:{slow.port}/mcp"})
         assert added.status_code == 201, added.text
-    page = narrow_or_wide
     page.goto(server + "/")
     page.get_by_role("button", name="Settings").click()
     note = page.locator(f'.tool-names[data-server="slow{width}"]')
