@@ -10,7 +10,6 @@ max_tokens instead, and one at or above it is steered to close; Anthropic's budg
 
 from __future__ import annotations
 
-import json
 
 import anthropic
 import openai

@@ -58,7 +58,7 @@ def test_a_first_start_prints_fewer_than_30_lines_and_none_of_llama_cpps(tmp_pat
     assert len(lines) < 30, "\n".join(lines)
     assert not [line for line in lines if any(mark in line for mark in LLAMA_CPP_OWN)], "\n".join(lines)
     stages = "\n".join(lines)
-    assert "Re-quantizing" in stages and f"Loaded {CHAT}" in stages and f"Ready at http://127.0.0.1:" in stages
+    assert "Re-quantizing" in stages and f"Loaded {CHAT}" in stages and "Ready at http://127.0.0.1:" in stages
 
 
 def test_llama_cpps_own_log_is_there_at_debug_level(tmp_path):

@@ -21,7 +21,7 @@ import httpx
 import pytest
 from conftest import MODEL as REAL_MODEL, POSTGRES_URL, ServerThread, fresh_database, held_port, models_dir
 from standin import NAME as MODEL, standin_engine
-from test_accounts_api import add_user, login, serge
+from test_accounts_api import add_user, login
 from test_chats_api import wait_for
 from test_knowledge import indexed, make, put
 
