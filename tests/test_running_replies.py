@@ -1,6 +1,7 @@
 """Replies in progress kept in the database, for several processes sharing it: two chat services (each a
 process as far as the database can tell, each with its own `SharedReplies`) over one database and one
-stand-in engine. On SQLite the owner finds a Stop by polling its rows; on PostgreSQL a NOTIFY brings it.
+stand-in engine. A notice from the database brings a Stop to the owner at once (on PostgreSQL a NOTIFY, which
+reaches another `Database` too); the owner's poll of its rows is the fallback.
 No server, no real model: `test_cluster.py` has the same promises through two `serge serve` processes."""
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from standin import standin_engine
 from serge.chats import ChatService
 from serge.chats.replies.running import SharedReplies
 from serge.chats import ChatBusy
-from serge.store import AccountStore, ChatStore, NewMessage
+from serge.store import AccountStore, ChatStore, Database, NewMessage
 from serge.store.running import RunningStore
 
 LEASE_S = 1.5  # long enough for the steps before the sleep on a loaded machine
@@ -67,6 +68,26 @@ def test_a_stop_sent_to_the_other_process_stops_the_reply_and_returns_it_saved(t
     assert reply.wait(5) is not None and reply.finished  # the owner's reply ended, not only its record
     assert took < 5, f"the stop took {took:.2f} s"
     assert other.stop("me", chat.id) is None  # nothing runs now, in either process
+
+
+def test_a_stop_reaches_the_owner_by_notice_not_by_its_poll(db, engine):
+    """The owner polls its rows once a minute here: only the notice can stop its reply within the stop's wait.
+    On PostgreSQL the asking process has a `Database` of its own, as another process has."""
+    other_db = db if db.engine.dialect.name == "sqlite" else Database(POSTGRES_URL)
+    one = ChatService(ChatStore(db), engine, shared=SharedReplies(db, poll_s=60, heartbeat_s=60))
+    other = ChatService(ChatStore(other_db), engine, shared=SharedReplies(other_db, poll_s=60, heartbeat_s=60))
+    try:
+        chat = one.create("me", settings=ENDLESS)
+        reply = one.reply("me", chat.id, "Tell me a long story.")
+        _streaming(one, chat.id)
+        stopped = other.stop("me", chat.id, timeout=15)
+        assert stopped is not None and stopped.status == "stopped", stopped
+        assert reply.wait(5) is not None and reply.finished
+    finally:
+        one.close()
+        other.close()
+        if other_db is not db:
+            other_db.close()
 
 
 def test_a_chat_answering_in_one_process_is_busy_in_the_other_until_it_ends(two):

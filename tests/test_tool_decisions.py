@@ -169,3 +169,28 @@ def test_always_allow_is_listed_in_the_page_and_revoked_there(browser, site):
         expect(listed).to_have_count(0)
         page.close()
         assert api.get(f"/api/chats/{chat}").json()["tool_approvals"] == []
+
+
+@pytest.mark.parametrize("kind", DATABASES)
+def test_an_answer_wakes_the_waiting_call_by_notice_not_by_its_poll(kind, tmp_path):
+    """The waiting side reads its row once a minute here: only the database's notice brings the Allow within
+    the wait. On PostgreSQL the answer comes through a `Database` of its own, as from another process."""
+    from serge.chats.tools import ToolDecisions
+    from serge.store import Database, DecisionStore
+    from serge.store.decisions import ALLOWED
+
+    url = f"sqlite:///{tmp_path / 'serge.db'}" if kind == "sqlite" else POSTGRES_URL
+    here = fresh_database(url)
+    there = here if kind == "sqlite" else Database(url)
+    try:
+        decisions = ToolDecisions(DecisionStore(here), poll_s=60)
+        decisions.store.ask("call_notice", "alice", None, "notes", "write_note", "{}")
+        answering = threading.Timer(1.0, lambda: DecisionStore(there).answer("call_notice", "alice", True))
+        answering.start()
+        found = decisions.wait("call_notice", threading.Event(), wait_s=20)
+        answering.join()
+        assert found is not None and found.state == ALLOWED, found
+    finally:
+        if there is not here:
+            there.close()
+        here.close()

@@ -36,6 +36,8 @@ from sqlalchemy.engine import Engine, ExceptionContext, make_url
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
+from serge.store.notices import Notices
+
 try:
     import sqlite_vec
 except ImportError:  # the chat database works without it: vectors are then scored by Serge
@@ -180,6 +182,7 @@ class Database:
         if sqlite:
             event.listen(self.engine, "connect", _sqlite_pragmas(busy_timeout_s, self._loaded, load_sqlite_vec))
         self.sessions = sessionmaker(self.engine, expire_on_commit=False)
+        self.notices = Notices(self.engine)  # a Stop's or an Allow's news, to every process at once
 
     @property
     def sqlite_vec(self) -> str | None:
@@ -231,4 +234,5 @@ class Database:
         self._loaded.pop("pgvector", None)  # read again: 0008 may have made the column
 
     def close(self) -> None:
+        self.notices.close()
         self.engine.dispose()

@@ -2,7 +2,8 @@
 
 A chat's call that needs a person's Allow or Deny is a row in "waiting" while its reply waits;
 an answer (from any process, any tab) turns it into "allowed" or "denied" with one conditional
-UPDATE, so two answers cannot both win. The Responses API's approval requests are rows too:
+UPDATE, so two answers cannot both win, and sends a notice on `DECISION_CHANNEL` that wakes the
+waiting reply in whichever process runs it. The Responses API's approval requests are rows too:
 the request that answers one takes it, and a second answer of the same id finds it taken.
 What an answer means for a reply is the chat service's business (serge/chats/tools).
 """
@@ -18,6 +19,7 @@ from serge.store.db import Database
 from serge.store.tables import ToolDecision, now
 
 WAITING, ALLOWED, DENIED = "waiting", "allowed", "denied"
+DECISION_CHANNEL = "serge_decision"
 
 
 @dataclass(frozen=True)
@@ -56,7 +58,10 @@ class DecisionStore:
         with self.db.session() as session, session.begin():
             result = session.execute(query.values(state=ALLOWED if allow else DENIED, always=allow and always,
                                                   decided_at=now()))
-            return result.rowcount == 1
+            if result.rowcount != 1:
+                return False
+            self.db.notices.send(session, DECISION_CHANNEL, id)
+            return True
 
     def answer_once(self, id: str, owner: str, allow: bool) -> bool:
         """Take an approval request's answer: True for the first answer of `id`, False ever after (a retry, a

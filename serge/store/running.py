@@ -4,21 +4,19 @@
 claim from any process fails), asks the owning process to stop one, renews its own rows' heartbeat
 and clears other processes' rows whose heartbeat is older than the lease (a process that died), marking
 their replies interrupted. It counts a user's open streams under a lock on the user's row, so two
-processes cannot both take the last one. On PostgreSQL a stop request is also sent as a NOTIFY on
-`STOP_CHANNEL` and `listen()` delivers them; elsewhere the owner finds them by polling `stops()`.
+processes cannot both take the last one. A stop request is also sent as a notice on `STOP_CHANNEL`
+(serge/store/notices.py); the owner finds it by polling `stops()` too, should the notice be lost.
 What the rows mean for a reply, and when to poll, is the chat service's business (serge/chats/replies/running.py).
 Times are the processes' own clocks (UTC): processes on several machines need their clocks in sync.
 """
 
 from __future__ import annotations
 
-import threading
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import delete, func, select, text, update
+from sqlalchemy import delete, func, select, update
 from sqlalchemy.exc import IntegrityError
 
 from serge.store.db import Database
@@ -46,11 +44,6 @@ class RunningRecord:
 class RunningStore:
     def __init__(self, db: Database, process: str, lease_s: float) -> None:
         self.db, self.process, self.lease = db, process, timedelta(seconds=lease_s)
-
-    @property
-    def notifies(self) -> bool:
-        """Whether stop requests travel as NOTIFY (PostgreSQL), besides the rows the owner polls."""
-        return self.db.engine.dialect.name == "postgresql"
 
     def _fresh(self):
         return RunningReply.heartbeat_at >= now() - self.lease
@@ -104,8 +97,7 @@ class RunningStore:
             if row is None:
                 return None
             row.stop_requested = True
-            if self.notifies:
-                session.execute(text("SELECT pg_notify(:channel, :chat)"), {"channel": STOP_CHANNEL, "chat": chat_id})
+            self.db.notices.send(session, STOP_CHANNEL, chat_id)
             return RunningRecord.of(row)
 
     def stops(self) -> list[str]:
@@ -163,19 +155,3 @@ class RunningStore:
         if rows:
             session.execute(delete(RunningReply).where(RunningReply.chat_id.in_([r.chat_id for r in rows]),
                                                        RunningReply.heartbeat_at < cutoff))
-
-    # --- PostgreSQL's LISTEN -------------------------------------------------------------
-    def listen(self, on_stop: Callable[[str], None], stopping: threading.Event, wait_s: float = 1.0) -> None:
-        """Call `on_stop(chat_id)` for each stop request NOTIFYed, until `stopping` is set (looked at every
-        `wait_s`). On a connection of its own, out of the pool; a lost connection ends it (the poll goes on)."""
-        raw = self.db.engine.raw_connection()
-        connection = raw.driver_connection
-        raw.detach()  # LISTEN belongs to this connection: it never goes back to the pool
-        try:
-            connection.autocommit = True
-            connection.execute(f"LISTEN {STOP_CHANNEL}")
-            while not stopping.is_set():
-                for notice in connection.notifies(timeout=wait_s):
-                    on_stop(notice.payload)
-        finally:
-            raw.close()

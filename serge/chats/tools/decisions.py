@@ -2,8 +2,9 @@
 
 A chat's call that needs approval is a waiting row (`serge.store.DecisionStore`): the page shows it
 with its buttons in every tab (`waiting`), an Allow or Deny sent to any process answers it once
-(`decide`), and the process running the reply finds the answer by polling the row, as it finds a
-Stop. A reload of the page leaves the call waiting. On the Responses API the turn ends with the
+(`decide`), and the process running the reply hears of it as it hears of a Stop: a notice from the
+database wakes it at once (serge/store/notices.py), and it reads the row every `poll_s` should a notice be
+lost. A reload of the page leaves the call waiting. On the Responses API the turn ends with the
 approval request, also kept as a row, and the request answering it takes it once (`take`): a client
 that sends the same answer again runs nothing.
 """
@@ -19,16 +20,20 @@ from serge.chats.tools.offer import OfferedTool
 from serge.chats.tools.turn import approval_id
 from serge.engine import ToolCall
 from serge.store import DecisionRecord, DecisionStore
-from serge.store.decisions import ALLOWED, WAITING
+from serge.store.decisions import ALLOWED, DECISION_CHANNEL, WAITING
 
 log = logging.getLogger(__name__)
 
-POLL_S = 0.25  # how often a waiting turn reads its row
+POLL_S = 1.0  # how often a waiting turn reads its row though no notice came
+TICK_S = 0.05  # how soon a waiting turn sees a notice or a Stop
 
 
 class ToolDecisions:
     def __init__(self, store: DecisionStore, poll_s: float = POLL_S) -> None:
         self.store, self.poll_s = store, poll_s
+        self._heard: dict[str, threading.Event] = {}  # the calls this process waits on, set when answered
+        self._lock = threading.Lock()
+        self._listening = False  # subscribed at the first wait: a CLI command never waits, nor listens
 
     def person(self, owner: str, chat_id: str, always: frozenset[str], remember: Callable[[str], None],
                wait_s: float) -> PersonApproves:
@@ -50,17 +55,34 @@ class ToolDecisions:
 
     def wait(self, id: str, cancelled: threading.Event, wait_s: float) -> DecisionRecord | None:
         """The row once answered; None when stopped first, or not answered in `wait_s` (the row then goes)."""
-        deadline = time.monotonic() + wait_s
+        heard = threading.Event()
+        with self._lock:
+            self._heard[id] = heard
+            if not self._listening:
+                self._listening = True
+                self.store.db.notices.subscribe(DECISION_CHANNEL, self._answered)
+        deadline, read_at = time.monotonic() + wait_s, time.monotonic()
         try:
-            while not cancelled.wait(self.poll_s):
-                found = self.store.get(id)
-                if found is None or found.state != WAITING:
-                    return found
+            while not cancelled.wait(TICK_S):
+                if heard.is_set() or time.monotonic() - read_at >= self.poll_s:
+                    heard.clear()
+                    read_at = time.monotonic()
+                    found = self.store.get(id)
+                    if found is None or found.state != WAITING:
+                        return found
                 if time.monotonic() >= deadline:
                     return None
             return None
         finally:
+            with self._lock:
+                self._heard.pop(id, None)
             self.store.forget(id)
+
+    def _answered(self, id: str) -> None:
+        with self._lock:
+            heard = self._heard.get(id)
+        if heard is not None:
+            heard.set()
 
 
 class PersonApproves:
